@@ -1,0 +1,268 @@
+// Package agent wires volume-agent together: a source (manifest directory or
+// API server), the populator, the two caches, the executor and operator with
+// the volume plugins, the reconciler, and the local HTTP endpoints (debug
+// JSON, health, Prometheus metrics).
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"k8s.io/utils/clock"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/events"
+	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/operations/mountutil"
+	"github.com/volume-agent/volume-agent/operations/plugins"
+	"github.com/volume-agent/volume-agent/operations/plugins/emptydir"
+	"github.com/volume-agent/volume-agent/operations/plugins/hostpath"
+	"github.com/volume-agent/volume-agent/operations/plugins/local"
+	"github.com/volume-agent/volume-agent/populator"
+	"github.com/volume-agent/volume-agent/reconciler"
+	"github.com/volume-agent/volume-agent/source"
+	"github.com/volume-agent/volume-agent/source/manifest"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// Config is the agent's configuration; cmd/volume-agent fills it from flags.
+type Config struct {
+	NodeName string
+	// NodeLabels are this node's labels in standalone mode (used to check
+	// PV node affinity); kubernetes.io/hostname is added from NodeName.
+	NodeLabels map[string]string
+	RootDir    string
+	// PodManifestPath selects standalone mode.
+	PodManifestPath string
+
+	DebugAddress   string
+	MetricsAddress string
+
+	ResyncPeriod            time.Duration
+	OperationTimeout        time.Duration
+	MaxConcurrentOperations int
+	// ShutdownGracePeriod bounds how long a stopping agent waits for
+	// running operations.
+	ShutdownGracePeriod time.Duration
+
+	Log *zap.Logger
+}
+
+// Agent is a running volume-agent.
+type Agent struct {
+	cfg        Config
+	log        *zap.Logger
+	source     source.Source
+	dsw        *cache.DesiredStateOfWorld
+	asw        *cache.ActualStateOfWorld
+	executor   *operations.Executor
+	populator  *populator.Populator
+	reconciler *reconciler.Reconciler
+	events     *events.Log
+	metrics    *Metrics
+
+	debugListener   net.Listener
+	metricsListener net.Listener
+}
+
+// New builds an agent and opens its listeners; Run starts it.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	if cfg.NodeName == "" {
+		return nil, errors.New("the node name is required (--node-name)")
+	}
+	if cfg.RootDir == "" || !filepath.IsAbs(cfg.RootDir) {
+		return nil, fmt.Errorf("the root directory must be an absolute path, not %q", cfg.RootDir)
+	}
+	if cfg.ShutdownGracePeriod <= 0 {
+		cfg.ShutdownGracePeriod = 30 * time.Second
+	}
+	paths := volume.Paths{Root: filepath.Clean(cfg.RootDir)}
+	if err := os.MkdirAll(paths.PodsDir(), 0o750); err != nil {
+		return nil, fmt.Errorf("creating root directory: %w", err)
+	}
+	log := cfg.Log
+	a := &Agent{cfg: cfg, log: log}
+
+	var err error
+	switch {
+	case cfg.PodManifestPath != "":
+		a.source, err = manifest.New(manifest.Options{Dir: cfg.PodManifestPath, NodeName: cfg.NodeName, Logger: log.Named("source")})
+	default:
+		err = errors.New("no source: give --pod-manifest-path")
+	}
+	if err != nil {
+		return nil, err
+	}
+
+	clk := clock.RealClock{}
+	a.dsw = cache.NewDesiredStateOfWorld(clk)
+	a.asw = cache.NewActualStateOfWorld(clk)
+	a.events = events.NewLog(log.Named("events"), 200, nil)
+
+	host := plugins.Host{Paths: paths, Mounter: mountutil.New(), NodeName: cfg.NodeName, Log: log.Named("plugins")}
+	registry := plugins.NewRegistry(emptydir.New(host), hostpath.New(host), local.New(host))
+
+	nodeLabels := map[string]string{"kubernetes.io/hostname": cfg.NodeName}
+	for k, v := range cfg.NodeLabels {
+		nodeLabels[k] = v
+	}
+	var rec *reconciler.Reconciler
+	rep := &reporter{log: log.Named("operations"), events: a.events}
+	a.executor = operations.NewExecutor(operations.ExecutorOptions{
+		MaxConcurrent: cfg.MaxConcurrentOperations,
+		Timeout:       cfg.OperationTimeout,
+		Observer:      rep,
+		OnStateChange: func() { rec.Trigger() },
+	})
+	a.populator = populator.New(populator.Options{
+		Source:       a.source,
+		DSW:          a.dsw,
+		Plugins:      registry,
+		Node:         func() populator.Node { return populator.Node{Name: cfg.NodeName, Labels: nodeLabels} },
+		ResyncPeriod: cfg.ResyncPeriod,
+		Events:       a.events,
+		Log:          log.Named("populator"),
+	})
+	a.metrics = NewMetrics(a.dsw, a.asw, a.executor, a.source, a.populator.Ready)
+	rep.metrics = a.metrics
+	a.populator.SetObserver(a.metrics)
+
+	operator := &operations.Operator{Plugins: registry, ASW: a.asw, DSW: a.dsw, Paths: paths, Log: log.Named("operations")}
+	rec = reconciler.New(reconciler.Options{
+		DSW: a.dsw, ASW: a.asw, Executor: a.executor,
+		Handler:      &reconciler.OperatorHandler{Operator: operator},
+		SourcesReady: a.populator.Ready,
+		ResyncPeriod: cfg.ResyncPeriod,
+		Observer:     a.metrics,
+		Log:          log.Named("reconciler"),
+	})
+	a.reconciler = rec
+
+	if a.debugListener, err = listen(cfg.DebugAddress); err != nil {
+		return nil, fmt.Errorf("debug endpoint: %w", err)
+	}
+	if a.metricsListener, err = listen(cfg.MetricsAddress); err != nil {
+		a.closeListeners()
+		return nil, fmt.Errorf("metrics endpoint: %w", err)
+	}
+	return a, nil
+}
+
+func listen(addr string) (net.Listener, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	return net.Listen("tcp", addr)
+}
+
+func (a *Agent) closeListeners() {
+	for _, l := range []net.Listener{a.debugListener, a.metricsListener} {
+		if l != nil {
+			l.Close()
+		}
+	}
+}
+
+// DebugAddress is where the debug endpoint listens ("" if disabled).
+func (a *Agent) DebugAddress() string { return addrOf(a.debugListener) }
+
+// MetricsAddress is where the metrics endpoint listens ("" if disabled).
+func (a *Agent) MetricsAddress() string { return addrOf(a.metricsListener) }
+
+func addrOf(l net.Listener) string {
+	if l == nil {
+		return ""
+	}
+	return l.Addr().String()
+}
+
+// readiness says whether the agent acts on a complete view of its sources.
+func (a *Agent) readiness() (string, bool) {
+	if !a.source.HasSynced() {
+		return "sources not read completely yet", false
+	}
+	if !a.populator.Ready() {
+		return "desired state not populated yet", false
+	}
+	return "", true
+}
+
+// Run runs the agent until ctx ends. Stopping unmounts nothing: mounts stay
+// for the pods that use them, and the next start adopts them.
+func (a *Agent) Run(ctx context.Context) error {
+	a.log.Info("starting", zap.String("node", a.cfg.NodeName), zap.String("rootDir", a.cfg.RootDir),
+		zap.String("debugAddress", a.DebugAddress()), zap.String("metricsAddress", a.MetricsAddress()))
+
+	var servers []*http.Server
+	if a.debugListener != nil {
+		servers = append(servers, &http.Server{Handler: a.debugMux(), ReadHeaderTimeout: 10 * time.Second})
+	}
+	if a.metricsListener != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.Registry, promhttp.HandlerOpts{}))
+		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second})
+	}
+	listeners := []net.Listener{}
+	for _, l := range []net.Listener{a.debugListener, a.metricsListener} {
+		if l != nil {
+			listeners = append(listeners, l)
+		}
+	}
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 1+len(servers))
+	for i, s := range servers {
+		wg.Add(1)
+		go func(s *http.Server, l net.Listener) {
+			defer wg.Done()
+			if err := s.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}(s, listeners[i])
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		if err := a.source.Run(runCtx); err != nil && runCtx.Err() == nil {
+			errc <- fmt.Errorf("source: %w", err)
+		}
+	}()
+	go func() { defer wg.Done(); a.populator.Run(runCtx) }()
+	go func() { defer wg.Done(); a.reconciler.Run(runCtx) }()
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		a.log.Error("stopping after a fatal error", zap.Error(err))
+	}
+	cancel()
+	a.log.Info("stopping: waiting for running operations; nothing will be unmounted")
+	waitCtx, waitCancel := context.WithTimeout(context.Background(), a.cfg.ShutdownGracePeriod)
+	if werr := a.executor.Wait(waitCtx); werr != nil {
+		a.log.Warn("operations still running at exit", zap.Error(werr))
+	}
+	waitCancel()
+	for _, s := range servers {
+		shutdownCtx, c := context.WithTimeout(context.Background(), time.Second)
+		_ = s.Shutdown(shutdownCtx)
+		c()
+	}
+	wg.Wait()
+	a.log.Info("stopped")
+	return err
+}

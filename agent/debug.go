@@ -1,0 +1,202 @@
+package agent
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/pprof"
+	"sort"
+	"time"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/events"
+	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/source"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// The debug endpoint's JSON documents. docs/debug-endpoint.md describes them.
+
+// DSWDocument is GET /debug/dsw.
+type DSWDocument struct {
+	Generation   uint64      `json:"generation"`
+	SourcesReady bool        `json:"sourcesReady"`
+	Volumes      []DSWVolume `json:"volumes"`
+	Pods         []DSWPod    `json:"pods"`
+}
+
+// DSWVolume is one desired volume.
+type DSWVolume struct {
+	Name        volume.UniqueName `json:"name"`
+	Plugin      string            `json:"plugin"`
+	SpecName    string            `json:"specName"`
+	Attributes  volume.Attributes `json:"attributes"`
+	PV          string            `json:"persistentVolume,omitempty"`
+	PVC         string            `json:"persistentVolumeClaim,omitempty"`
+	DesiredSize string            `json:"desiredSize,omitempty"`
+	Pods        []DSWVolumePod    `json:"pods"`
+}
+
+// DSWVolumePod is one pod wanting a volume.
+type DSWVolumePod struct {
+	volume.PodRef
+	OuterVolumeNames []string  `json:"outerVolumeNames"`
+	ReadOnly         bool      `json:"readOnly,omitempty"`
+	Since            time.Time `json:"since"`
+}
+
+// DSWPod is one pod with its volumes and errors.
+type DSWPod struct {
+	volume.PodRef
+	Volumes           []volume.UniqueName `json:"volumes"`
+	VolumesReady      bool                `json:"volumesReady"`
+	Errors            []PodError          `json:"errors,omitempty"`
+	UnresolvedVolumes []string            `json:"unresolvedVolumes,omitempty"`
+	Since             time.Time           `json:"since"`
+}
+
+// PodError is one problem with a pod's volume.
+type PodError struct {
+	Volume  string `json:"volume"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+// ASWDocument is GET /debug/asw.
+type ASWDocument struct {
+	Generation uint64      `json:"generation"`
+	Volumes    []ASWVolume `json:"volumes"`
+}
+
+// ASWVolume is one attached or mounted volume.
+type ASWVolume struct {
+	Name             volume.UniqueName       `json:"name"`
+	Plugin           string                  `json:"plugin"`
+	Attributes       volume.Attributes       `json:"attributes"`
+	AttachState      cache.AttachState       `json:"attachState,omitempty"`
+	DeviceMountState cache.DeviceMountState  `json:"deviceMountState"`
+	DevicePath       string                  `json:"devicePath,omitempty"`
+	DeviceMountPath  string                  `json:"deviceMountPath,omitempty"`
+	Size             string                  `json:"size,omitempty"`
+	ResizeBlocked    string                  `json:"resizeBlocked,omitempty"`
+	Pods             []*cache.ActualPodMount `json:"pods"`
+}
+
+// OperationsDocument is GET /debug/operations.
+type OperationsDocument struct {
+	Operations []operations.OperationStatus `json:"operations"`
+}
+
+func (a *Agent) dswDocument() DSWDocument {
+	s := a.dsw.Snapshot()
+	asw := a.asw.Snapshot()
+	doc := DSWDocument{Generation: s.Generation, SourcesReady: a.populator.Ready(), Volumes: []DSWVolume{}, Pods: []DSWPod{}}
+	for _, v := range s.Volumes {
+		dv := DSWVolume{Name: v.Name, Plugin: v.Plugin, SpecName: v.SpecName, Attributes: v.Attributes, Pods: []DSWVolumePod{}}
+		if v.Spec != nil && v.Spec.PV != nil {
+			dv.PV = v.Spec.PV.Name
+			dv.PVC = v.Spec.ClaimRef()
+		}
+		if v.DesiredSize != nil {
+			dv.DesiredSize = v.DesiredSize.String()
+		}
+		for _, p := range v.Pods {
+			dv.Pods = append(dv.Pods, DSWVolumePod{PodRef: p.Pod.PodRef, OuterVolumeNames: p.OuterNames, ReadOnly: p.Spec.ReadOnly, Since: p.Since})
+		}
+		sort.Slice(dv.Pods, func(i, j int) bool { return dv.Pods[i].UID < dv.Pods[j].UID })
+		doc.Volumes = append(doc.Volumes, dv)
+	}
+	sort.Slice(doc.Volumes, func(i, j int) bool { return doc.Volumes[i].Name < doc.Volumes[j].Name })
+	for _, p := range s.Pods {
+		dp := DSWPod{PodRef: p.Pod.PodRef, Volumes: p.Volumes, VolumesReady: PodVolumesReady(p, asw), UnresolvedVolumes: p.Unresolved, Since: p.Since}
+		if dp.Volumes == nil {
+			dp.Volumes = []volume.UniqueName{}
+		}
+		for _, e := range p.Errors {
+			dp.Errors = append(dp.Errors, PodError{Volume: e.Volume, Reason: e.Reason, Message: e.Error()})
+		}
+		doc.Pods = append(doc.Pods, dp)
+	}
+	sort.Slice(doc.Pods, func(i, j int) bool {
+		if doc.Pods[i].Namespace != doc.Pods[j].Namespace {
+			return doc.Pods[i].Namespace < doc.Pods[j].Namespace
+		}
+		return doc.Pods[i].Name < doc.Pods[j].Name
+	})
+	return doc
+}
+
+func (a *Agent) aswDocument() ASWDocument {
+	s := a.asw.Snapshot()
+	doc := ASWDocument{Generation: s.Generation, Volumes: []ASWVolume{}}
+	for _, v := range s.Volumes {
+		av := ASWVolume{
+			Name: v.Name, Plugin: v.Plugin, Attributes: v.Attributes, AttachState: v.AttachState,
+			DeviceMountState: v.DeviceState, DevicePath: v.DevicePath, DeviceMountPath: v.DeviceMountPath,
+			ResizeBlocked: v.ResizeBlocked, Pods: []*cache.ActualPodMount{},
+		}
+		if v.Size != nil {
+			av.Size = v.Size.String()
+		}
+		for _, m := range v.Pods {
+			av.Pods = append(av.Pods, m)
+		}
+		sort.Slice(av.Pods, func(i, j int) bool { return av.Pods[i].Pod.UID < av.Pods[j].Pod.UID })
+		doc.Volumes = append(doc.Volumes, av)
+	}
+	sort.Slice(doc.Volumes, func(i, j int) bool { return doc.Volumes[i].Name < doc.Volumes[j].Name })
+	return doc
+}
+
+// SourcesDocument is GET /debug/sources.
+type SourcesDocument struct {
+	Synced      bool                `json:"synced"`
+	InputErrors []source.InputError `json:"inputErrors"`
+}
+
+// EventsDocument is GET /debug/events.
+type EventsDocument struct {
+	Events []events.Event `json:"events"`
+}
+
+func (a *Agent) debugMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /debug/dsw", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, a.dswDocument()) })
+	mux.HandleFunc("GET /debug/asw", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, a.aswDocument()) })
+	mux.HandleFunc("GET /debug/operations", func(w http.ResponseWriter, _ *http.Request) {
+		ops := a.executor.Status()
+		if ops == nil {
+			ops = []operations.OperationStatus{}
+		}
+		writeJSON(w, OperationsDocument{Operations: ops})
+	})
+	mux.HandleFunc("GET /debug/sources", func(w http.ResponseWriter, _ *http.Request) {
+		doc := SourcesDocument{Synced: a.source.HasSynced(), InputErrors: []source.InputError{}}
+		if r, ok := a.source.(source.ErrorReporter); ok {
+			doc.InputErrors = append(doc.InputErrors, r.InputErrors()...)
+		}
+		writeJSON(w, doc)
+	})
+	mux.HandleFunc("GET /debug/events", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, EventsDocument{Events: a.events.Recent()})
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if msg, ok := a.readiness(); !ok {
+			http.Error(w, msg, http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,231 @@
+package agent
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/reconciler"
+	"github.com/volume-agent/volume-agent/source"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+const namespace = "volume_agent"
+
+// buckets cover a fast tmpfs mount (well under a millisecond) up to a CSI
+// call that ran into its timeout.
+var buckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+
+// Metrics holds the agent's Prometheus metrics. Counts of volumes, pods and
+// pending operations are computed at scrape time from the caches, so an idle
+// agent spends nothing keeping them up to date.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	operationDuration *prometheus.HistogramVec
+	reconcileDuration prometheus.Histogram
+	populateDuration  prometheus.Histogram
+	podReady          prometheus.Histogram
+	podVolumeErrors   *prometheus.CounterVec
+	actions           *prometheus.CounterVec
+
+	mu        sync.Mutex
+	readyPods map[types.UID]bool
+}
+
+// NewMetrics registers the metrics. The state functions are read at scrape
+// time.
+func NewMetrics(dsw *cache.DesiredStateOfWorld, asw *cache.ActualStateOfWorld, exec *operations.Executor, src source.Source, sourcesReady func() bool) *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		operationDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "operation_duration_seconds",
+			Help:    "Duration of volume operations by operation, plugin and result (success, uncertain, failure, stale).",
+			Buckets: buckets,
+		}, []string{"operation", "plugin", "result"}),
+		reconcileDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "reconcile_duration_seconds",
+			Help: "Duration of one reconciler pass (planning and dispatching).", Buckets: buckets,
+		}),
+		populateDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "populate_duration_seconds",
+			Help: "Duration of one populator pass over all pods.", Buckets: buckets,
+		}),
+		podReady: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "pod_volumes_ready_seconds",
+			Help:    "Time from a pod first being desired to all of its volumes being mounted.",
+			Buckets: buckets,
+		}),
+		podVolumeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "pod_volume_errors_total",
+			Help: "Problems found resolving pods' volumes (missing claims, wrong modes, unsupported types...), by reason.",
+		}, []string{"reason"}),
+		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "planned_actions_total",
+			Help: "Actions the reconciler planned, by operation (including ones not started because of a conflict or backoff).",
+		}, []string{"operation"}),
+		readyPods: map[types.UID]bool{},
+	}
+	m.Registry.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.operationDuration, m.reconcileDuration, m.populateDuration, m.podReady, m.podVolumeErrors, m.actions,
+		&stateCollector{dsw: dsw, asw: asw, exec: exec, src: src, sourcesReady: sourcesReady},
+	)
+	return m
+}
+
+// OperationFinished implements operations.Observer.
+func (m *Metrics) OperationFinished(_ operations.Key, op *operations.Operation, took time.Duration, err error, _ time.Duration) {
+	m.operationDuration.WithLabelValues(op.Name, op.Plugin, resultOf(err)).Observe(took.Seconds())
+}
+
+func resultOf(err error) string {
+	switch {
+	case err == nil:
+		return "success"
+	case errors.Is(err, operations.ErrStale):
+		return "stale"
+	case volume.IsUncertain(err):
+		return "uncertain"
+	}
+	return "failure"
+}
+
+// Populated implements populator.Observer.
+func (m *Metrics) Populated(took time.Duration, _ int) { m.populateDuration.Observe(took.Seconds()) }
+
+// PodVolumeError implements populator.Observer.
+func (m *Metrics) PodVolumeError(err *volume.PodVolumeError) {
+	m.podVolumeErrors.WithLabelValues(err.Reason).Inc()
+}
+
+// Reconciled implements reconciler.Observer: it times the pass and records,
+// for every pod whose volumes all became mounted, how long that took.
+func (m *Metrics) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, actions []reconciler.Action, took time.Duration) {
+	m.reconcileDuration.Observe(took.Seconds())
+	for i := range actions {
+		m.actions.WithLabelValues(string(actions[i].Op)).Inc()
+	}
+	now := time.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for uid, p := range dsw.Pods {
+		if m.readyPods[uid] || !PodVolumesReady(p, asw) {
+			continue
+		}
+		m.readyPods[uid] = true
+		m.podReady.Observe(now.Sub(p.Since).Seconds())
+	}
+	for uid := range m.readyPods {
+		if _, ok := dsw.Pods[uid]; !ok {
+			delete(m.readyPods, uid)
+		}
+	}
+}
+
+// PodVolumesReady reports whether every volume of the pod resolved and is
+// mounted.
+func PodVolumesReady(p *cache.DesiredPod, asw *cache.ActualSnapshot) bool {
+	if len(p.Errors) > 0 || len(p.Unresolved) > 0 {
+		return false
+	}
+	for _, name := range p.Volumes {
+		m, ok := asw.PodMount(name, p.Pod.UID)
+		if !ok || m.State != cache.Mounted {
+			return false
+		}
+	}
+	return true
+}
+
+// stateCollector reports gauges computed from the caches at scrape time.
+type stateCollector struct {
+	dsw          *cache.DesiredStateOfWorld
+	asw          *cache.ActualStateOfWorld
+	exec         *operations.Executor
+	src          source.Source
+	sourcesReady func() bool
+}
+
+var (
+	volumesDesc = prometheus.NewDesc(namespace+"_volumes",
+		"Pod volumes by world (desired, actual), plugin and state (desired; mounted, uncertain).",
+		[]string{"world", "plugin", "state"}, nil)
+	deviceMountsDesc = prometheus.NewDesc(namespace+"_device_mounts",
+		"Device (global, staging) mounts by plugin and state (GloballyMounted, Uncertain).",
+		[]string{"plugin", "state"}, nil)
+	pendingDesc = prometheus.NewDesc(namespace+"_pending_operations",
+		"Entries of the pending-operations map by operation and state (queued, running, timedOut, backoff).",
+		[]string{"operation", "state"}, nil)
+	podsWithErrorsDesc = prometheus.NewDesc(namespace+"_pods_with_volume_errors",
+		"Pods with at least one volume that cannot be resolved.", nil, nil)
+	inputErrorsDesc = prometheus.NewDesc(namespace+"_source_input_errors",
+		"Inputs (manifest files, objects) that are currently unusable.", nil, nil)
+	sourcesReadyDesc = prometheus.NewDesc(namespace+"_sources_ready",
+		"1 once every source was read completely and the desired state reflects it.", nil, nil)
+)
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{volumesDesc, deviceMountsDesc, pendingDesc, podsWithErrorsDesc, inputErrorsDesc, sourcesReadyDesc} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	type key struct{ a, b, c string }
+	counts := map[key]int{}
+	dsw := c.dsw.Snapshot()
+	for _, v := range dsw.Volumes {
+		counts[key{"desired", v.Plugin, "desired"}] += len(v.Pods)
+	}
+	devices := map[key]int{}
+	for _, v := range c.asw.Snapshot().Volumes {
+		for _, m := range v.Pods {
+			state := "mounted"
+			if m.State == cache.MountUncertain {
+				state = "uncertain"
+			}
+			counts[key{"actual", v.Plugin, state}]++
+		}
+		if v.DeviceState.MayBeMounted() {
+			devices[key{v.Plugin, string(v.DeviceState), ""}]++
+		}
+	}
+	for k, n := range counts {
+		ch <- prometheus.MustNewConstMetric(volumesDesc, prometheus.GaugeValue, float64(n), k.a, k.b, k.c)
+	}
+	for k, n := range devices {
+		ch <- prometheus.MustNewConstMetric(deviceMountsDesc, prometheus.GaugeValue, float64(n), k.a, k.b)
+	}
+	pending := map[key]int{}
+	for _, s := range c.exec.Status() {
+		pending[key{s.Operation, s.State, ""}]++
+	}
+	for k, n := range pending {
+		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n), k.a, k.b)
+	}
+	withErrors := 0
+	for _, p := range dsw.Pods {
+		if len(p.Errors) > 0 {
+			withErrors++
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(podsWithErrorsDesc, prometheus.GaugeValue, float64(withErrors))
+	inputErrors := 0
+	if r, ok := c.src.(source.ErrorReporter); ok {
+		inputErrors = len(r.InputErrors())
+	}
+	ch <- prometheus.MustNewConstMetric(inputErrorsDesc, prometheus.GaugeValue, float64(inputErrors))
+	ready := 0.0
+	if c.sourcesReady() {
+		ready = 1
+	}
+	ch <- prometheus.MustNewConstMetric(sourcesReadyDesc, prometheus.GaugeValue, ready)
+}

@@ -1,0 +1,289 @@
+package cache
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// DeviceMountState is the state of a shared volume's device (staging) mount.
+type DeviceMountState string
+
+const (
+	DeviceNotMounted      DeviceMountState = "NotMounted"
+	DeviceMountUncertain  DeviceMountState = "Uncertain"
+	DeviceGloballyMounted DeviceMountState = "GloballyMounted"
+)
+
+// MayBeMounted reports whether the device may be mounted and so must be
+// unmounted before the volume can be forgotten.
+func (s DeviceMountState) MayBeMounted() bool {
+	return s == DeviceMountUncertain || s == DeviceGloballyMounted
+}
+
+// MountState is the state of a pod's mount of a volume. A pod that has not
+// mounted the volume has no entry at all.
+type MountState string
+
+const (
+	// Mounted: set up and verified.
+	Mounted MountState = "Mounted"
+	// MountUncertain: an operation may have left it mounted or half
+	// mounted. It is retried while wanted and unmounted when not.
+	MountUncertain MountState = "Uncertain"
+)
+
+// AttachState says whether an attachable volume is attached to the node.
+type AttachState string
+
+const (
+	NotAttached     AttachState = "NotAttached"
+	AttachUncertain AttachState = "Uncertain"
+	Attached        AttachState = "Attached"
+	AttachNotNeeded AttachState = "NotNeeded"
+)
+
+// ActualPodMount is one pod's mount of a volume.
+type ActualPodMount struct {
+	Pod volume.PodRef `json:"pod"`
+	// SpecName is the inner volume name, the last element of MountPath.
+	SpecName        string     `json:"specName"`
+	MountPath       string     `json:"mountPath"`
+	State           MountState `json:"mountState"`
+	RemountRequired bool       `json:"remountRequired,omitempty"`
+	// Reconstructed marks a mount found on disk after a restart and not yet
+	// confirmed by a mount operation.
+	Reconstructed bool         `json:"reconstructed,omitempty"`
+	Spec          *volume.Spec `json:"-"`
+	// Since is when the mount reached its state.
+	Since time.Time `json:"since"`
+}
+
+// ActualVolume is a volume that is (or may be) attached or mounted.
+type ActualVolume struct {
+	Name       volume.UniqueName `json:"name"`
+	Plugin     string            `json:"plugin"`
+	Attributes volume.Attributes `json:"attributes"`
+	// Spec may be nil for a volume reconstructed from disk.
+	Spec            *volume.Spec     `json:"-"`
+	AttachState     AttachState      `json:"attachState,omitempty"`
+	DeviceState     DeviceMountState `json:"deviceMountState"`
+	DevicePath      string           `json:"devicePath,omitempty"`
+	DeviceMountPath string           `json:"deviceMountPath,omitempty"`
+	// Size is the volume size the node last made the filesystem fit.
+	Size *resource.Quantity `json:"size,omitempty"`
+	// ResizeBlocked holds the reason node expansion must not be retried
+	// (the driver said the volume is in use) until the pods change.
+	ResizeBlocked string                        `json:"resizeBlocked,omitempty"`
+	Pods          map[types.UID]*ActualPodMount `json:"pods"`
+}
+
+// empty reports whether nothing is left to undo for the volume.
+func (v *ActualVolume) empty() bool {
+	return len(v.Pods) == 0 && !v.DeviceState.MayBeMounted() &&
+		(v.AttachState == "" || v.AttachState == NotAttached || v.AttachState == AttachNotNeeded)
+}
+
+func (v *ActualVolume) clone() *ActualVolume {
+	nv := *v
+	nv.Pods = make(map[types.UID]*ActualPodMount, len(v.Pods)+1)
+	for k, p := range v.Pods {
+		nv.Pods[k] = p
+	}
+	return &nv
+}
+
+// ActualSnapshot is an immutable view of the ASW.
+type ActualSnapshot struct {
+	Volumes    map[volume.UniqueName]*ActualVolume
+	Generation uint64
+}
+
+// PodMount returns the pod's mount of the volume, if any.
+func (s *ActualSnapshot) PodMount(name volume.UniqueName, pod types.UID) (*ActualPodMount, bool) {
+	v, ok := s.Volumes[name]
+	if !ok {
+		return nil, false
+	}
+	m, ok := v.Pods[pod]
+	return m, ok
+}
+
+// VolumeIdentity is what identifies a volume when it is first recorded.
+type VolumeIdentity struct {
+	Name       volume.UniqueName
+	Plugin     string
+	Attributes volume.Attributes
+	Spec       *volume.Spec
+}
+
+// ActualStateOfWorld is what is attached and mounted on the node. Only
+// operations write it.
+type ActualStateOfWorld struct {
+	clock clock.PassiveClock
+
+	mu         sync.RWMutex
+	volumes    map[volume.UniqueName]*ActualVolume
+	generation uint64
+	snapshot   *ActualSnapshot
+}
+
+// NewActualStateOfWorld returns an empty ASW.
+func NewActualStateOfWorld(c clock.PassiveClock) *ActualStateOfWorld {
+	return &ActualStateOfWorld{clock: c, volumes: map[volume.UniqueName]*ActualVolume{}}
+}
+
+// update applies fn to a copy of the volume's entry (a new one if absent)
+// and publishes the result, dropping the entry when nothing is left of it.
+func (a *ActualStateOfWorld) update(id VolumeIdentity, fn func(v *ActualVolume)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var v *ActualVolume
+	if old, ok := a.volumes[id.Name]; ok {
+		v = old.clone()
+		if v.Spec == nil {
+			v.Spec = id.Spec
+		}
+	} else {
+		if id.Plugin == "" {
+			return // nothing known about it and nothing to record
+		}
+		v = &ActualVolume{
+			Name: id.Name, Plugin: id.Plugin, Attributes: id.Attributes, Spec: id.Spec,
+			DeviceState: DeviceNotMounted, Pods: map[types.UID]*ActualPodMount{},
+		}
+	}
+	fn(v)
+	if v.empty() {
+		delete(a.volumes, id.Name)
+	} else {
+		a.volumes[id.Name] = v
+	}
+	a.generation++
+}
+
+// SetAttachState records whether the volume is attached.
+func (a *ActualStateOfWorld) SetAttachState(id VolumeIdentity, state AttachState, devicePath string) {
+	a.update(id, func(v *ActualVolume) {
+		v.AttachState = state
+		if devicePath != "" {
+			v.DevicePath = devicePath
+		}
+	})
+}
+
+// SetDeviceState records the device mount state. An empty devicePath or
+// deviceMountPath keeps the recorded one: unmounting must not forget where
+// the device was.
+func (a *ActualStateOfWorld) SetDeviceState(id VolumeIdentity, state DeviceMountState, devicePath, deviceMountPath string) {
+	a.update(id, func(v *ActualVolume) {
+		v.DeviceState = state
+		if devicePath != "" {
+			v.DevicePath = devicePath
+		}
+		if deviceMountPath != "" {
+			v.DeviceMountPath = deviceMountPath
+		}
+	})
+}
+
+// SetPodMount records a pod's mount (state Mounted or MountUncertain).
+func (a *ActualStateOfWorld) SetPodMount(id VolumeIdentity, m ActualPodMount) {
+	m.Since = a.clock.Now()
+	a.update(id, func(v *ActualVolume) {
+		if old, ok := v.Pods[m.Pod.UID]; ok && old.State == m.State {
+			m.Since = old.Since
+		}
+		mm := m
+		v.Pods[m.Pod.UID] = &mm
+	})
+}
+
+// DeletePodMount records that the pod's mount is gone.
+func (a *ActualStateOfWorld) DeletePodMount(name volume.UniqueName, pod types.UID) {
+	a.update(VolumeIdentity{Name: name}, func(v *ActualVolume) { delete(v.Pods, pod) })
+}
+
+// SetSize records the size the node made the volume's filesystem fit.
+func (a *ActualStateOfWorld) SetSize(name volume.UniqueName, size *resource.Quantity) {
+	a.update(VolumeIdentity{Name: name}, func(v *ActualVolume) {
+		if size != nil {
+			s := size.DeepCopy()
+			v.Size = &s
+		}
+	})
+}
+
+// SetResizeBlocked records (or clears, with "") why expansion must not be
+// retried.
+func (a *ActualStateOfWorld) SetResizeBlocked(name volume.UniqueName, reason string) {
+	a.update(VolumeIdentity{Name: name}, func(v *ActualVolume) { v.ResizeBlocked = reason })
+}
+
+// MarkRemountRequired flags every mount of the pod whose plugin needs a
+// remount on pod updates.
+func (a *ActualStateOfWorld) MarkRemountRequired(pod types.UID) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for name, v := range a.volumes {
+		m, ok := v.Pods[pod]
+		if !ok || !v.Attributes.RequiresRemount || m.RemountRequired {
+			continue
+		}
+		nv := v.clone()
+		mm := *m
+		mm.RemountRequired = true
+		nv.Pods[pod] = &mm
+		a.volumes[name] = nv
+		a.generation++
+	}
+}
+
+// Volume returns the current entry of a volume.
+func (a *ActualStateOfWorld) Volume(name volume.UniqueName) (*ActualVolume, bool) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	v, ok := a.volumes[name]
+	return v, ok
+}
+
+// PodMounts lists every mount of the pod, sorted by volume name.
+func (a *ActualStateOfWorld) PodMounts(pod types.UID) []*ActualPodMount {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	var out []*ActualPodMount
+	for _, v := range a.volumes {
+		if m, ok := v.Pods[pod]; ok {
+			out = append(out, m)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].MountPath < out[j].MountPath })
+	return out
+}
+
+// Snapshot returns an immutable view of the ASW.
+func (a *ActualStateOfWorld) Snapshot() *ActualSnapshot {
+	a.mu.RLock()
+	if s := a.snapshot; s != nil && s.Generation == a.generation {
+		a.mu.RUnlock()
+		return s
+	}
+	a.mu.RUnlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s := a.snapshot; s != nil && s.Generation == a.generation {
+		return s
+	}
+	s := &ActualSnapshot{Volumes: make(map[volume.UniqueName]*ActualVolume, len(a.volumes)), Generation: a.generation}
+	for k, v := range a.volumes {
+		s.Volumes[k] = v
+	}
+	a.snapshot = s
+	return s
+}

@@ -1,0 +1,332 @@
+package cache
+
+import (
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+
+	"github.com/volume-agent/volume-agent/internal/notify"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// PodVolume is one resolved volume of one pod, as the populator hands it in.
+type PodVolume struct {
+	Name       volume.UniqueName
+	Plugin     string
+	Attributes volume.Attributes
+	// OuterName is the pod's name for the volume (pod.spec.volumes[].name).
+	OuterName string
+	Spec      *volume.Spec
+	// DesiredSize is the size the volume should have (PV capacity) when the
+	// node may need to expand it, nil otherwise.
+	DesiredSize *resource.Quantity
+}
+
+// DesiredPodVolume is one pod's use of a desired volume.
+type DesiredPodVolume struct {
+	Pod        volume.PodInfo `json:"pod"`
+	OuterNames []string       `json:"outerVolumeNames"`
+	Spec       *volume.Spec   `json:"-"`
+	// Since is when the pod first wanted this volume.
+	Since time.Time `json:"since"`
+}
+
+// DesiredVolume is a volume some pod on the node wants mounted.
+type DesiredVolume struct {
+	Name       volume.UniqueName `json:"name"`
+	Plugin     string            `json:"plugin"`
+	Attributes volume.Attributes `json:"attributes"`
+	// SpecName is the inner volume name (directory name under the pod).
+	SpecName string `json:"specName"`
+	// Spec is the spec of one of the pods, used for volume-wide operations.
+	Spec        *volume.Spec                    `json:"-"`
+	DesiredSize *resource.Quantity              `json:"desiredSize,omitempty"`
+	Pods        map[types.UID]*DesiredPodVolume `json:"pods"`
+}
+
+// DesiredPod is what the DSW knows about one pod.
+type DesiredPod struct {
+	Pod volume.PodInfo `json:"pod"`
+	// Volumes are the unique names of the pod's resolved volumes.
+	Volumes []volume.UniqueName `json:"volumes"`
+	// Errors are the problems found resolving the pod's volumes.
+	Errors []*volume.PodVolumeError `json:"-"`
+	// Unresolved lists the pod's volume names that could not be resolved and
+	// were never resolved before; the reconciler must not unmount anything of
+	// this pod under those names (they may be mounted from before a restart).
+	Unresolved []string `json:"unresolvedVolumes,omitempty"`
+	// Since is when the pod was first seen.
+	Since time.Time `json:"since"`
+}
+
+// DesiredSnapshot is an immutable view of the DSW.
+type DesiredSnapshot struct {
+	Volumes map[volume.UniqueName]*DesiredVolume
+	Pods    map[types.UID]*DesiredPod
+	// Generation increases with every change.
+	Generation uint64
+}
+
+// HasPodVolume reports whether pod wants volume.
+func (s *DesiredSnapshot) HasPodVolume(name volume.UniqueName, pod types.UID) bool {
+	v, ok := s.Volumes[name]
+	if !ok {
+		return false
+	}
+	_, ok = v.Pods[pod]
+	return ok
+}
+
+// DesiredStateOfWorld is the set of volumes the pods on this node want.
+type DesiredStateOfWorld struct {
+	clock   clock.PassiveClock
+	changed *notify.Signal
+
+	mu         sync.RWMutex
+	volumes    map[volume.UniqueName]*DesiredVolume
+	pods       map[types.UID]*DesiredPod
+	generation uint64
+	snapshot   *DesiredSnapshot // cached for generation
+}
+
+// NewDesiredStateOfWorld returns an empty DSW.
+func NewDesiredStateOfWorld(c clock.PassiveClock) *DesiredStateOfWorld {
+	return &DesiredStateOfWorld{
+		clock:   c,
+		changed: notify.New(),
+		volumes: map[volume.UniqueName]*DesiredVolume{},
+		pods:    map[types.UID]*DesiredPod{},
+	}
+}
+
+// Changed is signalled after every change.
+func (d *DesiredStateOfWorld) Changed() <-chan struct{} { return d.changed.C() }
+
+// SetPod makes the pod want exactly vols (replacing what it wanted before)
+// and records errs and the names of volumes that could not be resolved.
+// It reports whether anything changed.
+func (d *DesiredStateOfWorld) SetPod(pod volume.PodInfo, vols []PodVolume, errs []*volume.PodVolumeError, unresolved []string) bool {
+	now := d.clock.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+
+	old := d.pods[pod.UID]
+	changed := old == nil || old.Pod != pod || !slices.Equal(old.Unresolved, unresolved) || !sameErrors(old.Errors, errs)
+
+	// Group the pod's volumes by unique name: two pod volumes may resolve to
+	// the same volume (two names for one claim).
+	wanted := map[volume.UniqueName]*DesiredPodVolume{}
+	var names []volume.UniqueName
+	for i := range vols {
+		pv := &vols[i]
+		if dp, ok := wanted[pv.Name]; ok {
+			dp.OuterNames = append(dp.OuterNames, pv.OuterName)
+			continue
+		}
+		since := now
+		if v, ok := d.volumes[pv.Name]; ok {
+			if existing, ok := v.Pods[pod.UID]; ok {
+				since = existing.Since
+			}
+		}
+		wanted[pv.Name] = &DesiredPodVolume{Pod: pod, OuterNames: []string{pv.OuterName}, Spec: pv.Spec, Since: since}
+		names = append(names, pv.Name)
+	}
+	sort.Slice(names, func(i, j int) bool { return names[i] < names[j] })
+
+	if old != nil {
+		for _, name := range old.Volumes {
+			if _, keep := wanted[name]; !keep {
+				d.removePodFromVolume(name, pod.UID)
+				changed = true
+			}
+		}
+	}
+	for i := range vols {
+		pv := &vols[i]
+		dp := wanted[pv.Name]
+		if dp == nil {
+			continue // already merged into an earlier entry
+		}
+		delete(wanted, pv.Name)
+		if d.setPodVolume(pv, dp) {
+			changed = true
+		}
+	}
+
+	if !changed {
+		return false
+	}
+	since := now
+	if old != nil {
+		since = old.Since
+	}
+	d.pods[pod.UID] = &DesiredPod{Pod: pod, Volumes: names, Errors: errs, Unresolved: unresolved, Since: since}
+	d.bump()
+	return true
+}
+
+// setPodVolume adds or replaces one pod's use of a volume; it reports whether
+// anything changed.
+func (d *DesiredStateOfWorld) setPodVolume(pv *PodVolume, dp *DesiredPodVolume) bool {
+	v, ok := d.volumes[pv.Name]
+	if ok {
+		if cur, ok := v.Pods[dp.Pod.UID]; ok && cur.Spec == dp.Spec && slices.Equal(cur.OuterNames, dp.OuterNames) && cur.Pod == dp.Pod &&
+			sameSize(v.DesiredSize, pv.DesiredSize) {
+			return false
+		}
+	}
+	nv := &DesiredVolume{
+		Name:        pv.Name,
+		Plugin:      pv.Plugin,
+		Attributes:  pv.Attributes,
+		SpecName:    pv.Spec.Name,
+		Spec:        pv.Spec,
+		DesiredSize: pv.DesiredSize,
+		Pods:        map[types.UID]*DesiredPodVolume{},
+	}
+	if ok {
+		nv.Spec = v.Spec
+		for uid, p := range v.Pods {
+			nv.Pods[uid] = p
+		}
+	}
+	nv.Pods[dp.Pod.UID] = dp
+	d.volumes[pv.Name] = nv
+	return true
+}
+
+func (d *DesiredStateOfWorld) removePodFromVolume(name volume.UniqueName, pod types.UID) {
+	v, ok := d.volumes[name]
+	if !ok {
+		return
+	}
+	if _, ok := v.Pods[pod]; !ok {
+		return
+	}
+	if len(v.Pods) == 1 {
+		delete(d.volumes, name)
+		return
+	}
+	nv := *v
+	nv.Pods = make(map[types.UID]*DesiredPodVolume, len(v.Pods)-1)
+	for uid, p := range v.Pods {
+		if uid != pod {
+			nv.Pods[uid] = p
+		}
+	}
+	if nv.Spec == v.Pods[pod].Spec {
+		for _, p := range nv.Pods {
+			nv.Spec = p.Spec
+			break
+		}
+	}
+	d.volumes[name] = &nv
+}
+
+// DeletePod forgets the pod and every volume only it wanted.
+func (d *DesiredStateOfWorld) DeletePod(uid types.UID) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p, ok := d.pods[uid]
+	if !ok {
+		return false
+	}
+	for _, name := range p.Volumes {
+		d.removePodFromVolume(name, uid)
+	}
+	delete(d.pods, uid)
+	d.bump()
+	return true
+}
+
+// PodUIDs lists the pods the DSW knows.
+func (d *DesiredStateOfWorld) PodUIDs() []types.UID {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := make([]types.UID, 0, len(d.pods))
+	for uid := range d.pods {
+		out = append(out, uid)
+	}
+	return out
+}
+
+// Pod returns what the DSW knows about one pod.
+func (d *DesiredStateOfWorld) Pod(uid types.UID) (*DesiredPod, bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	p, ok := d.pods[uid]
+	return p, ok
+}
+
+// HasPodVolume reports whether the pod currently wants the volume.
+func (d *DesiredStateOfWorld) HasPodVolume(name volume.UniqueName, pod types.UID) bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	v, ok := d.volumes[name]
+	if !ok {
+		return false
+	}
+	_, ok = v.Pods[pod]
+	return ok
+}
+
+// Snapshot returns an immutable view of the DSW.
+func (d *DesiredStateOfWorld) Snapshot() *DesiredSnapshot {
+	d.mu.RLock()
+	if s := d.snapshot; s != nil && s.Generation == d.generation {
+		d.mu.RUnlock()
+		return s
+	}
+	d.mu.RUnlock()
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s := d.snapshot; s != nil && s.Generation == d.generation {
+		return s
+	}
+	s := &DesiredSnapshot{
+		Volumes:    make(map[volume.UniqueName]*DesiredVolume, len(d.volumes)),
+		Pods:       make(map[types.UID]*DesiredPod, len(d.pods)),
+		Generation: d.generation,
+	}
+	for k, v := range d.volumes {
+		s.Volumes[k] = v
+	}
+	for k, v := range d.pods {
+		s.Pods[k] = v
+	}
+	d.snapshot = s
+	return s
+}
+
+func (d *DesiredStateOfWorld) bump() {
+	d.generation++
+	d.changed.Notify()
+}
+
+func sameErrors(a, b []*volume.PodVolumeError) bool {
+	return slices.EqualFunc(a, b, func(x, y *volume.PodVolumeError) bool {
+		return x.Volume == y.Volume && x.Reason == y.Reason && x.Error() == y.Error()
+	})
+}
+
+func sameSize(a, b *resource.Quantity) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Cmp(*b) == 0
+}
+
+// HasVolume reports whether any pod wants the volume.
+func (d *DesiredStateOfWorld) HasVolume(name volume.UniqueName) bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	_, ok := d.volumes[name]
+	return ok
+}

@@ -1,0 +1,9 @@
+// Package cache owns the two views the reconciler compares: the desired state
+// of world (DSW: which volumes the pods on this node want, filled by the
+// populator) and the actual state of world (ASW: what is attached and mounted,
+// written only by operations).
+//
+// Both are copy-on-write: an entry is never modified once published, a change
+// replaces it. A Snapshot is therefore a cheap, consistent, immutable view that
+// the planner can read without locks, and that the debug endpoint can encode.
+package cache

@@ -1,0 +1,90 @@
+// Command volume-agent manages the volumes of the pods on its node, the way
+// the kubelet's volume manager does, as a standalone program. See README.md.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/volume-agent/volume-agent/agent"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "volume-agent:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var cfg agent.Config
+	var nodeLabels, logLevel string
+	fs := flag.NewFlagSet("volume-agent", flag.ContinueOnError)
+	fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
+	fs.StringVar(&nodeLabels, "node-labels", "", "standalone mode: this node's labels, k=v,k2=v2 (checked against PV node affinity)")
+	fs.StringVar(&cfg.RootDir, "root-dir", "/var/lib/volume-agent", "directory holding pods' volume directories and the agent's state")
+	fs.StringVar(&cfg.PodManifestPath, "pod-manifest-path", "", "standalone mode: directory of Pod, PV, PVC, StorageClass and CSIDriver manifests (YAML or JSON)")
+	fs.StringVar(&cfg.DebugAddress, "debug-address", "127.0.0.1:9808", "address of the debug endpoint (/debug/*, /healthz, /readyz); empty disables it")
+	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9809", "address of the Prometheus endpoint (/metrics); empty disables it")
+	fs.DurationVar(&cfg.ResyncPeriod, "resync-period", time.Minute, "longest time between two full passes of the populator and the reconciler (changes trigger passes at once)")
+	fs.DurationVar(&cfg.OperationTimeout, "operation-timeout", 2*time.Minute, "time limit of each volume operation")
+	fs.IntVar(&cfg.MaxConcurrentOperations, "max-concurrent-operations", 64, "volume operations running at once")
+	fs.DurationVar(&cfg.ShutdownGracePeriod, "shutdown-grace-period", 30*time.Second, "on SIGTERM, how long to wait for running operations")
+	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return err
+	}
+	labels, err := parseLabels(nodeLabels)
+	if err != nil {
+		return err
+	}
+	cfg.NodeLabels = labels
+
+	var level zapcore.Level
+	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	zcfg := zap.NewProductionConfig()
+	zcfg.Level = zap.NewAtomicLevelAt(level)
+	zcfg.Sampling = nil
+	zcfg.EncoderConfig.TimeKey = "time"
+	zcfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	log, err := zcfg.Build()
+	if err != nil {
+		return err
+	}
+	defer log.Sync() //nolint:errcheck
+	cfg.Log = log
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	a, err := agent.New(cfg)
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
+}
+
+func parseLabels(s string) (map[string]string, error) {
+	out := map[string]string{}
+	if s == "" {
+		return out, nil
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--node-labels: %q is not key=value", kv)
+		}
+		out[k] = v
+	}
+	return out, nil
+}

@@ -1,0 +1,406 @@
+package operations
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sort"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// Key identifies what an operation works on. Pod is empty for operations on
+// the whole volume.
+type Key struct {
+	Volume volume.UniqueName
+	Pod    types.UID
+}
+
+// Operation is one attempt at changing the node's state.
+type Operation struct {
+	// Name is the operation kind ("mount_volume", ...), used for backoff
+	// bookkeeping (a different name resets the backoff) and metrics.
+	Name   string
+	Plugin string
+	Pod    volume.PodRef
+	// Waiting are the pods a volume-wide operation works for, so its
+	// failures can be reported to them.
+	Waiting []volume.PodRef
+	// Spec is the volume's spec, for reporting (may be nil).
+	Spec *volume.Spec
+	// Fn does the work. It must be idempotent and honour ctx.
+	Fn func(ctx context.Context) error
+}
+
+// ErrAlreadyExists is returned by Run when a conflicting operation is running.
+var ErrAlreadyExists = errors.New("an operation on this volume is already running")
+
+// BackoffError is returned by Run when the key failed recently.
+type BackoffError struct {
+	RetryAt time.Time
+	LastErr error
+}
+
+func (e *BackoffError) Error() string {
+	return fmt.Sprintf("in backoff until %s after: %v", e.RetryAt.Format(time.RFC3339Nano), e.LastErr)
+}
+
+// IsExpected reports whether err from Run is an expected condition (a
+// conflicting operation is running, or the key is in backoff): these are not
+// failures and must not be logged as such.
+func IsExpected(err error) bool {
+	var b *BackoffError
+	return errors.Is(err, ErrAlreadyExists) || errors.As(err, &b)
+}
+
+// ErrStale is returned by an operation body that found its precondition no
+// longer holds (the plan it came from is out of date). Nothing was done, no
+// backoff applies, and the reconciler simply plans again.
+var ErrStale = errors.New("operation skipped: state changed since it was planned")
+
+// Observer learns about finished operations (metrics, logs, events).
+type Observer interface {
+	OperationFinished(key Key, op *Operation, took time.Duration, err error, retryIn time.Duration)
+}
+
+// ExecutorOptions configures an Executor. Zero values get defaults.
+type ExecutorOptions struct {
+	// MaxConcurrent bounds the operations running at once (default 64).
+	MaxConcurrent int
+	// Timeout bounds each operation (default 2m).
+	Timeout time.Duration
+	// InitialBackoff is the first delay after a failure (default 500ms);
+	// it doubles up to MaxBackoff (default 2m2s).
+	InitialBackoff time.Duration
+	MaxBackoff     time.Duration
+	Clock          clock.WithDelayedExecution
+	Observer       Observer
+	// OnStateChange is called after an operation finished (successfully,
+	// stale or uncertain) and when a backoff expires: the moments a new
+	// plan may differ.
+	OnStateChange func()
+}
+
+// Executor runs operations, at most one per (nested) key.
+type Executor struct {
+	opts ExecutorOptions
+	sem  chan struct{}
+
+	mu       sync.Mutex
+	byVolume map[volume.UniqueName][]*entry
+	running  int
+	idle     *sync.Cond
+}
+
+// entry is a key's bookkeeping: a running operation, or the last failed one
+// while its backoff lasts.
+type entry struct {
+	key     Key
+	op      *Operation
+	pending bool
+	started time.Time
+	// queued is true while a pending operation waits for a worker slot.
+	queued bool
+	// timedOut is true when the operation outlived its timeout: its worker
+	// slot is released but the key stays pending until it returns.
+	timedOut bool
+
+	lastErr     error
+	lastErrTime time.Time
+	delay       time.Duration
+}
+
+func (e *entry) retryAt() time.Time { return e.lastErrTime.Add(e.delay) }
+
+// NewExecutor returns an Executor.
+func NewExecutor(opts ExecutorOptions) *Executor {
+	if opts.MaxConcurrent <= 0 {
+		opts.MaxConcurrent = 64
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 2 * time.Minute
+	}
+	if opts.InitialBackoff <= 0 {
+		opts.InitialBackoff = 500 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 2*time.Minute + 2*time.Second
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	if opts.OnStateChange == nil {
+		opts.OnStateChange = func() {}
+	}
+	e := &Executor{
+		opts:     opts,
+		sem:      make(chan struct{}, opts.MaxConcurrent),
+		byVolume: map[volume.UniqueName][]*entry{},
+	}
+	e.idle = sync.NewCond(&e.mu)
+	return e
+}
+
+// matches reports whether an entry on the same volume conflicts with key.
+func matches(a, b Key) bool { return a.Pod == "" || b.Pod == "" || a.Pod == b.Pod }
+
+// Run starts op on key unless a conflicting operation is running
+// (ErrAlreadyExists) or the key is in backoff for the same operation
+// (*BackoffError). It does not wait for the operation.
+func (e *Executor) Run(key Key, op *Operation) error {
+	now := e.opts.Clock.Now()
+	e.mu.Lock()
+	entries := e.byVolume[key.Volume]
+	var reuse *entry
+	for _, en := range entries {
+		if !matches(en.key, key) {
+			continue
+		}
+		if en.pending {
+			e.mu.Unlock()
+			return ErrAlreadyExists
+		}
+		// A failed entry: prefer the exact key, else the first match.
+		if reuse == nil || (en.key == key && reuse.key != key) {
+			reuse = en
+		}
+	}
+	if reuse != nil {
+		if reuse.op.Name == op.Name && now.Before(reuse.retryAt()) {
+			err := &BackoffError{RetryAt: reuse.retryAt(), LastErr: reuse.lastErr}
+			e.mu.Unlock()
+			return err
+		}
+		if reuse.op.Name != op.Name {
+			reuse.delay, reuse.lastErr, reuse.lastErrTime = 0, nil, time.Time{}
+		}
+		reuse.key = key
+	} else {
+		reuse = &entry{key: key}
+		e.byVolume[key.Volume] = append(entries, reuse)
+	}
+	en := reuse
+	en.op, en.pending, en.queued, en.timedOut, en.started = op, true, true, false, now
+	e.running++
+	e.mu.Unlock()
+
+	go e.execute(en)
+	return nil
+}
+
+func (e *Executor) execute(en *entry) {
+	e.sem <- struct{}{}
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { <-e.sem }) }
+	defer release()
+
+	e.mu.Lock()
+	en.queued = false
+	start := e.opts.Clock.Now()
+	en.started = start
+	e.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), e.opts.Timeout)
+	defer cancel()
+	// An operation stuck in a syscall cannot be cancelled; give its worker
+	// slot back after the timeout (plus a grace period for a clean return)
+	// so one wedged volume cannot starve the others. Its key stays pending.
+	grace := e.opts.Clock.AfterFunc(e.opts.Timeout+e.opts.Timeout/10+time.Second, func() {
+		e.mu.Lock()
+		en.timedOut = true
+		e.mu.Unlock()
+		release()
+	})
+	defer grace.Stop()
+
+	err := runSafely(ctx, en.op.Fn)
+	e.finish(en, start, err)
+}
+
+// runSafely turns a panicking operation into an error.
+func runSafely(ctx context.Context, fn func(context.Context) error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("operation panicked: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return fn(ctx)
+}
+
+func (e *Executor) finish(en *entry, start time.Time, err error) {
+	now := e.opts.Clock.Now()
+	stale := errors.Is(err, ErrStale)
+	var retryIn time.Duration
+
+	e.mu.Lock()
+	en.pending = false
+	if err == nil || stale {
+		e.remove(en)
+	} else {
+		if en.delay == 0 {
+			en.delay = e.opts.InitialBackoff
+		} else {
+			en.delay = min(2*en.delay, e.opts.MaxBackoff)
+		}
+		en.lastErr, en.lastErrTime = err, now
+		retryIn = en.delay
+	}
+	e.running--
+	if e.running == 0 {
+		e.idle.Broadcast()
+	}
+	op, key := en.op, en.key
+	e.mu.Unlock()
+
+	if e.opts.Observer != nil {
+		e.opts.Observer.OperationFinished(key, op, now.Sub(start), err, retryIn)
+	}
+	if retryIn > 0 {
+		e.opts.Clock.AfterFunc(retryIn, e.opts.OnStateChange)
+	}
+	// An uncertain result changed the ASW too (the mount is now uncertain).
+	if err == nil || stale || volume.IsUncertain(err) {
+		e.opts.OnStateChange()
+	}
+}
+
+func (e *Executor) remove(en *entry) {
+	entries := e.byVolume[en.key.Volume]
+	for i, x := range entries {
+		if x == en {
+			entries = append(entries[:i], entries[i+1:]...)
+			break
+		}
+	}
+	if len(entries) == 0 {
+		delete(e.byVolume, en.key.Volume)
+	} else {
+		e.byVolume[en.key.Volume] = entries
+	}
+}
+
+// IsPending reports whether an operation conflicting with key is running.
+func (e *Executor) IsPending(key Key) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, en := range e.byVolume[key.Volume] {
+		if en.pending && matches(en.key, key) {
+			return true
+		}
+	}
+	return false
+}
+
+// ResetBackoff lets every failed key of the volume be retried at once: used
+// when something the failure depended on changed (a driver registered, a
+// claim got bound).
+func (e *Executor) ResetBackoff(name volume.UniqueName) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, en := range e.byVolume[name] {
+		if !en.pending {
+			en.lastErrTime = time.Time{}
+		}
+	}
+}
+
+// Wait blocks until no operation runs or ctx ends.
+func (e *Executor) Wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		e.mu.Lock()
+		for e.running > 0 && ctx.Err() == nil {
+			e.idle.Wait()
+		}
+		e.mu.Unlock()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		e.mu.Lock()
+		e.idle.Broadcast()
+		e.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+// OperationStatus describes one entry of the pending-operations map.
+type OperationStatus struct {
+	Volume    volume.UniqueName `json:"volume"`
+	Pod       *volume.PodRef    `json:"pod,omitempty"`
+	Operation string            `json:"operation"`
+	Plugin    string            `json:"plugin"`
+	// State is "queued" (waiting for a worker), "running", "timedOut"
+	// (outlived its timeout, key still held) or "backoff".
+	State     string     `json:"state"`
+	Since     time.Time  `json:"since"`
+	LastError string     `json:"lastError,omitempty"`
+	RetryAt   *time.Time `json:"retryAt,omitempty"`
+}
+
+// Status lists the pending-operations map, sorted by volume and pod.
+func (e *Executor) Status() []OperationStatus {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []OperationStatus
+	for _, entries := range e.byVolume {
+		for _, en := range entries {
+			s := OperationStatus{Volume: en.key.Volume, Operation: en.op.Name, Plugin: en.op.Plugin, Since: en.started}
+			if en.key.Pod != "" {
+				pod := en.op.Pod
+				s.Pod = &pod
+			}
+			switch {
+			case en.pending && en.queued:
+				s.State = "queued"
+			case en.pending && en.timedOut:
+				s.State = "timedOut"
+			case en.pending:
+				s.State = "running"
+			default:
+				s.State = "backoff"
+				s.Since = en.lastErrTime
+				t := en.retryAt()
+				s.RetryAt = &t
+			}
+			if en.lastErr != nil {
+				s.LastError = en.lastErr.Error()
+			}
+			out = append(out, s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Volume != out[j].Volume {
+			return out[i].Volume < out[j].Volume
+		}
+		return podUID(out[i].Pod) < podUID(out[j].Pod)
+	})
+	return out
+}
+
+func podUID(p *volume.PodRef) types.UID {
+	if p == nil {
+		return ""
+	}
+	return p.UID
+}
+
+// LastError returns the last error of the key's entry, if it is in backoff.
+func (e *Executor) LastError(key Key) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, en := range e.byVolume[key.Volume] {
+		if en.key == key && !en.pending {
+			return en.lastErr
+		}
+	}
+	return nil
+}

@@ -1,0 +1,384 @@
+package operations
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// finished collects OperationFinished calls so tests can wait for them
+// without sleeping.
+type finished struct {
+	ch chan result
+}
+
+type result struct {
+	key     Key
+	name    string
+	err     error
+	retryIn time.Duration
+}
+
+func newFinished() *finished { return &finished{ch: make(chan result, 100)} }
+
+func (f *finished) OperationFinished(key Key, op *Operation, _ time.Duration, err error, retryIn time.Duration) {
+	f.ch <- result{key, op.Name, err, retryIn}
+}
+
+func (f *finished) wait(t *testing.T) result {
+	t.Helper()
+	select {
+	case r := <-f.ch:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("operation did not finish within 10s")
+		return result{}
+	}
+}
+
+func newTestExecutor(t *testing.T, opts ExecutorOptions) (*Executor, *clocktesting.FakeClock, *finished) {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	obs := newFinished()
+	if opts.Clock == nil {
+		opts.Clock = clk
+	}
+	opts.Observer = obs
+	return NewExecutor(opts), clk, obs
+}
+
+func op(name string, fn func(context.Context) error) *Operation {
+	return &Operation{Name: name, Plugin: "test", Fn: fn}
+}
+
+func noop(context.Context) error { return nil }
+
+var errBoom = errors.New("boom")
+
+func failing(context.Context) error { return errBoom }
+
+// blocking returns an operation body that runs until release is closed.
+func blocking(release <-chan struct{}) func(context.Context) error {
+	return func(context.Context) error { <-release; return nil }
+}
+
+func TestExecutorConflicts(t *testing.T) {
+	const v1, v2 = volume.UniqueName("plugin/v1"), volume.UniqueName("plugin/v2")
+	tests := []struct {
+		name          string
+		first, second Key
+		wantConflict  bool
+	}{
+		{"volume then same volume", Key{v1, ""}, Key{v1, ""}, true},
+		{"volume then volume+pod", Key{v1, ""}, Key{v1, "p1"}, true},
+		{"volume+pod then volume", Key{v1, "p1"}, Key{v1, ""}, true},
+		{"volume+pod then same volume+pod", Key{v1, "p1"}, Key{v1, "p1"}, true},
+		{"volume+pod then volume+other pod", Key{v1, "p1"}, Key{v1, "p2"}, false},
+		{"volume then other volume", Key{v1, ""}, Key{v2, ""}, false},
+		{"volume+pod then other volume+same pod", Key{v1, "p1"}, Key{v2, "p1"}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e, _, obs := newTestExecutor(t, ExecutorOptions{})
+			release := make(chan struct{})
+			if err := e.Run(tc.first, op("first", blocking(release))); err != nil {
+				t.Fatalf("first Run: %v", err)
+			}
+			err := e.Run(tc.second, op("second", noop))
+			if tc.wantConflict {
+				if !errors.Is(err, ErrAlreadyExists) || !IsExpected(err) {
+					t.Fatalf("second Run = %v, want ErrAlreadyExists", err)
+				}
+			} else if err != nil {
+				t.Fatalf("second Run = %v, want nil", err)
+			}
+			if !e.IsPending(tc.second) {
+				t.Errorf("IsPending(%v) = false while the first operation runs", tc.second)
+			}
+			close(release)
+			obs.wait(t)
+			if !tc.wantConflict {
+				obs.wait(t)
+			}
+			// Once the first finished, the second key is free again.
+			if err := e.Run(tc.second, op("second", noop)); err != nil {
+				t.Fatalf("Run after completion = %v, want nil", err)
+			}
+			obs.wait(t)
+		})
+	}
+}
+
+func TestExecutorBackoff(t *testing.T) {
+	key := Key{"plugin/v", "pod"}
+	e, clk, obs := newTestExecutor(t, ExecutorOptions{InitialBackoff: 500 * time.Millisecond, MaxBackoff: 2 * time.Second})
+
+	wantDelays := []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 2 * time.Second}
+	for i, want := range wantDelays {
+		if err := e.Run(key, op("mount", failing)); err != nil {
+			t.Fatalf("attempt %d: Run = %v", i, err)
+		}
+		r := obs.wait(t)
+		if !errors.Is(r.err, errBoom) || r.retryIn != want {
+			t.Fatalf("attempt %d: finished with (%v, retry in %v), want (boom, %v)", i, r.err, r.retryIn, want)
+		}
+		var b *BackoffError
+		if err := e.Run(key, op("mount", failing)); !errors.As(err, &b) || !IsExpected(err) {
+			t.Fatalf("attempt %d: Run during backoff = %v, want *BackoffError", i, err)
+		}
+		if !errors.Is(b.LastErr, errBoom) {
+			t.Errorf("BackoffError.LastErr = %v", b.LastErr)
+		}
+		clk.Step(want - time.Millisecond)
+		if err := e.Run(key, op("mount", failing)); !errors.As(err, &b) {
+			t.Fatalf("attempt %d: Run 1ms before retry = %v, want *BackoffError", i, err)
+		}
+		clk.Step(time.Millisecond)
+	}
+
+	// Success resets the backoff: the next failure waits the initial delay.
+	if err := e.Run(key, op("mount", noop)); err != nil {
+		t.Fatal(err)
+	}
+	obs.wait(t)
+	if err := e.Run(key, op("mount", failing)); err != nil {
+		t.Fatal(err)
+	}
+	if r := obs.wait(t); r.retryIn != 500*time.Millisecond {
+		t.Fatalf("after success, retry in %v, want 500ms", r.retryIn)
+	}
+}
+
+func TestExecutorBackoffResetByOtherOperation(t *testing.T) {
+	key := Key{"plugin/v", "pod"}
+	e, _, obs := newTestExecutor(t, ExecutorOptions{})
+	if err := e.Run(key, op("mount_volume", failing)); err != nil {
+		t.Fatal(err)
+	}
+	obs.wait(t)
+	if err := e.Run(key, op("mount_volume", noop)); !IsExpected(err) {
+		t.Fatalf("same operation during backoff = %v, want backoff", err)
+	}
+	// A different operation on the key is not held back by mount's backoff.
+	if err := e.Run(key, op("unmount_volume", failing)); err != nil {
+		t.Fatalf("different operation during backoff = %v, want nil", err)
+	}
+	if r := obs.wait(t); r.retryIn != 500*time.Millisecond {
+		t.Fatalf("backoff of the new operation = %v, want a fresh 500ms", r.retryIn)
+	}
+}
+
+func TestExecutorResetBackoff(t *testing.T) {
+	key := Key{"plugin/v", ""}
+	e, _, obs := newTestExecutor(t, ExecutorOptions{})
+	if err := e.Run(key, op("mount_device", failing)); err != nil {
+		t.Fatal(err)
+	}
+	obs.wait(t)
+	if err := e.Run(key, op("mount_device", noop)); !IsExpected(err) {
+		t.Fatalf("Run during backoff = %v", err)
+	}
+	e.ResetBackoff(key.Volume)
+	if err := e.Run(key, op("mount_device", noop)); err != nil {
+		t.Fatalf("Run after ResetBackoff = %v", err)
+	}
+	obs.wait(t)
+}
+
+func TestExecutorPanicIsFailure(t *testing.T) {
+	key := Key{"plugin/v", ""}
+	e, _, obs := newTestExecutor(t, ExecutorOptions{})
+	if err := e.Run(key, op("mount_device", func(context.Context) error { panic("oops") })); err != nil {
+		t.Fatal(err)
+	}
+	if r := obs.wait(t); r.err == nil || r.retryIn == 0 {
+		t.Fatalf("panicking operation finished with (%v, %v), want an error and backoff", r.err, r.retryIn)
+	}
+	if err := e.Run(key, op("mount_device", noop)); !IsExpected(err) {
+		t.Fatalf("Run after panic = %v, want backoff", err)
+	}
+}
+
+func TestExecutorStaleIsNotAFailure(t *testing.T) {
+	key := Key{"plugin/v", ""}
+	var changes atomic.Int32
+	e, _, obs := newTestExecutor(t, ExecutorOptions{OnStateChange: func() { changes.Add(1) }})
+	if err := e.Run(key, op("unmount_device", func(context.Context) error { return ErrStale })); err != nil {
+		t.Fatal(err)
+	}
+	if r := obs.wait(t); r.retryIn != 0 {
+		t.Fatalf("stale operation put the key in backoff for %v", r.retryIn)
+	}
+	if err := e.Run(key, op("unmount_device", noop)); err != nil {
+		t.Fatalf("Run after stale = %v, want nil", err)
+	}
+	obs.wait(t)
+	if changes.Load() < 1 {
+		t.Error("OnStateChange was not called")
+	}
+}
+
+func TestExecutorPendingFirst(t *testing.T) {
+	// Failed entries for pod1 and pod2 and a running one for pod3: a
+	// volume-wide operation must see the running one, not reuse a failed one.
+	const v = volume.UniqueName("plugin/v")
+	e, _, obs := newTestExecutor(t, ExecutorOptions{})
+	for _, p := range []string{"pod1", "pod2"} {
+		if err := e.Run(Key{v, types.UID(p)}, op("unmount_volume", failing)); err != nil {
+			t.Fatal(err)
+		}
+		obs.wait(t)
+	}
+	release := make(chan struct{})
+	if err := e.Run(Key{v, "pod3"}, op("unmount_volume", blocking(release))); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Run(Key{v, ""}, op("mount_device", noop)); !errors.Is(err, ErrAlreadyExists) {
+		t.Fatalf("volume-wide Run = %v, want ErrAlreadyExists", err)
+	}
+	close(release)
+	obs.wait(t)
+}
+
+func TestExecutorExactMatchReused(t *testing.T) {
+	const v = volume.UniqueName("plugin/v")
+	e, clk, obs := newTestExecutor(t, ExecutorOptions{})
+	for _, p := range []string{"pod1", "pod2", "pod3"} {
+		if err := e.Run(Key{v, types.UID(p)}, op("unmount_volume", failing)); err != nil {
+			t.Fatal(err)
+		}
+		obs.wait(t)
+	}
+	// A different operation on the whole volume reuses one failed entry.
+	if err := e.Run(Key{v, ""}, op("mount_device", failing)); err != nil {
+		t.Fatalf("volume-wide Run = %v", err)
+	}
+	obs.wait(t)
+	clk.Step(time.Second)
+	if err := e.Run(Key{v, "pod2"}, op("unmount_volume", noop)); err != nil {
+		t.Fatalf("pod2 retry = %v", err)
+	}
+	obs.wait(t)
+	for _, s := range e.Status() {
+		if s.Pod != nil && s.Pod.UID == "pod2" {
+			t.Fatalf("pod2 entry left after success: %+v", s)
+		}
+	}
+}
+
+func TestExecutorBoundedConcurrency(t *testing.T) {
+	const limit, total = 2, 6
+	e, _, obs := newTestExecutor(t, ExecutorOptions{MaxConcurrent: limit})
+	var running, peak atomic.Int32
+	release := make(chan struct{})
+	started := make(chan struct{}, total)
+	for i := 0; i < total; i++ {
+		key := Key{volume.UniqueName("plugin/v" + string(rune('a'+i))), ""}
+		err := e.Run(key, op("mount_device", func(context.Context) error {
+			n := running.Add(1)
+			for {
+				p := peak.Load()
+				if n <= p || peak.CompareAndSwap(p, n) {
+					break
+				}
+			}
+			started <- struct{}{}
+			<-release
+			running.Add(-1)
+			return nil
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < limit; i++ {
+		<-started
+	}
+	queued := 0
+	for _, s := range e.Status() {
+		if s.State == "queued" {
+			queued++
+		}
+	}
+	if queued != total-limit {
+		t.Errorf("%d operations queued, want %d", queued, total-limit)
+	}
+	close(release)
+	for i := 0; i < total; i++ {
+		obs.wait(t)
+	}
+	if p := peak.Load(); p > limit {
+		t.Fatalf("%d operations ran at once, limit %d", p, limit)
+	}
+	if err := e.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestExecutorTimeout(t *testing.T) {
+	key := Key{"plugin/v", "pod"}
+	obs := newFinished()
+	e := NewExecutor(ExecutorOptions{Timeout: 50 * time.Millisecond, Observer: obs})
+	if err := e.Run(key, op("mount_volume", func(ctx context.Context) error {
+		<-ctx.Done()
+		return volume.Uncertain(ctx.Err())
+	})); err != nil {
+		t.Fatal(err)
+	}
+	r := obs.wait(t)
+	if !errors.Is(r.err, context.DeadlineExceeded) || !volume.IsUncertain(r.err) {
+		t.Fatalf("operation finished with %v, want an uncertain deadline error", r.err)
+	}
+}
+
+func TestExecutorStatusAndWait(t *testing.T) {
+	e, _, obs := newTestExecutor(t, ExecutorOptions{})
+	release := make(chan struct{})
+	pod := volume.PodRef{UID: "pod", Namespace: "ns", Name: "p"}
+	if err := e.Run(Key{"plugin/a", "pod"}, &Operation{Name: "mount_volume", Plugin: "test", Pod: pod, Fn: blocking(release)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Run(Key{"plugin/b", ""}, op("mount_device", failing)); err != nil {
+		t.Fatal(err)
+	}
+	obs.wait(t)
+	waitUntil(t, func() bool {
+		st := e.Status()
+		return len(st) == 2 && st[0].State == "running"
+	})
+	st := e.Status()
+	if st[0].Volume != "plugin/a" || st[0].Pod == nil || *st[0].Pod != pod {
+		t.Errorf("status[0] = %+v", st[0])
+	}
+	if st[1].State != "backoff" || st[1].LastError != "boom" || st[1].RetryAt == nil {
+		t.Errorf("status[1] = %+v", st[1])
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if err := e.Wait(ctx); err == nil {
+		t.Fatal("Wait returned nil while an operation runs")
+	}
+	close(release)
+	obs.wait(t)
+	if err := e.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

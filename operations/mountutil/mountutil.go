@@ -1,0 +1,207 @@
+// Package mountutil is the agent's thin layer over the kernel's mount table:
+// tmpfs and bind mounts straight through mount(2) (forking mount(8) per
+// volume would cost more than the whole mount budget), unmounts that treat
+// "not mounted" as done, mount-point checks and formatting through
+// k8s.io/mount-utils, and directory removal that never follows a symlink out
+// of a volume and never descends into another mount.
+package mountutil
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/mount-utils"
+	"k8s.io/utils/exec"
+)
+
+// Mounter performs mounts. It is safe for concurrent use.
+type Mounter struct {
+	utils *mount.SafeFormatAndMount
+}
+
+// New returns a Mounter for this host.
+func New() *Mounter {
+	return &Mounter{utils: &mount.SafeFormatAndMount{Interface: mount.NewWithoutSystemd(""), Exec: exec.New()}}
+}
+
+// IsMountPoint reports whether path is a mount point. A missing path is not.
+func (m *Mounter) IsMountPoint(path string) (bool, error) {
+	ok, err := m.utils.IsMountPoint(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil && mount.IsCorruptedMnt(err) {
+		// A mount whose backing store went away (stale NFS, dead FUSE) is
+		// still a mount point and must be unmounted.
+		return true, nil
+	}
+	return ok, err
+}
+
+// TmpfsOptions configures a tmpfs mount.
+type TmpfsOptions struct {
+	// SizeBytes limits the tmpfs; 0 leaves the kernel default (half of RAM).
+	SizeBytes int64
+	// Mode of the tmpfs root directory.
+	Mode os.FileMode
+}
+
+// MountTmpfs mounts a new tmpfs at target, which must exist.
+func (m *Mounter) MountTmpfs(target string, o TmpfsOptions) error {
+	data := fmt.Sprintf("mode=%#o", o.Mode.Perm())
+	if o.SizeBytes > 0 {
+		data += fmt.Sprintf(",size=%d", o.SizeBytes)
+	}
+	if err := unix.Mount("tmpfs", target, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
+		return &os.PathError{Op: "mount tmpfs", Path: target, Err: err}
+	}
+	return nil
+}
+
+// BindOptions configures a bind mount.
+type BindOptions struct {
+	ReadOnly bool
+	// Recursive also binds the mounts below source (what users of hostPath
+	// expect: a container runtime binds host paths recursively too).
+	Recursive bool
+	// Flags are extra MS_* flags applied with the read-only remount, from
+	// mount options such as nosuid or noexec.
+	Flags uintptr
+}
+
+// BindMount makes source visible at target, which must exist (a directory
+// for a directory source, a file for anything else).
+func (m *Mounter) BindMount(source, target string, o BindOptions) error {
+	flags := uintptr(unix.MS_BIND)
+	if o.Recursive {
+		flags |= unix.MS_REC
+	}
+	if err := unix.Mount(source, target, "", flags, ""); err != nil {
+		return &os.PathError{Op: "bind mount " + source + " on", Path: target, Err: err}
+	}
+	if !o.ReadOnly && o.Flags == 0 {
+		return nil
+	}
+	if err := m.remountBind(target, o); err != nil {
+		// Never leave a writable bind mount where a read-only one was asked.
+		_ = unix.Unmount(target, 0)
+		return err
+	}
+	return nil
+}
+
+// remountBind applies read-only and other flags to a fresh bind mount. The
+// flags the source mount is locked with (nosuid, nodev, noexec...) must be
+// repeated or the kernel refuses the remount.
+func (m *Mounter) remountBind(target string, o BindOptions) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(target, &st); err != nil {
+		return &os.PathError{Op: "statfs", Path: target, Err: err}
+	}
+	flags := uintptr(unix.MS_BIND|unix.MS_REMOUNT) | o.Flags | lockedFlags(st.Flags)
+	if o.ReadOnly {
+		flags |= unix.MS_RDONLY
+	}
+	if err := unix.Mount("", target, "", flags, ""); err != nil {
+		return &os.PathError{Op: "remount", Path: target, Err: err}
+	}
+	if o.ReadOnly && o.Recursive {
+		// Make the mounts below read-only too; without this a recursive
+		// read-only bind would leave submounts writable.
+		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+		if err := unix.MountSetattr(-1, target, unix.AT_RECURSIVE, attr); err != nil && !errors.Is(err, unix.ENOSYS) {
+			return &os.PathError{Op: "mount_setattr", Path: target, Err: err}
+		}
+	}
+	return nil
+}
+
+func lockedFlags(statfsFlags int64) uintptr {
+	var f uintptr
+	for _, m := range []struct {
+		st int64
+		ms uintptr
+	}{
+		{unix.ST_NOSUID, unix.MS_NOSUID},
+		{unix.ST_NODEV, unix.MS_NODEV},
+		{unix.ST_NOEXEC, unix.MS_NOEXEC},
+		{unix.ST_NOATIME, unix.MS_NOATIME},
+		{unix.ST_NODIRATIME, unix.MS_NODIRATIME},
+		{unix.ST_RELATIME, unix.MS_RELATIME},
+	} {
+		if statfsFlags&m.st != 0 {
+			f |= m.ms
+		}
+	}
+	return f
+}
+
+// Unmount unmounts target. A target that is not mounted, or missing, is
+// already done.
+func (m *Mounter) Unmount(target string) error {
+	err := unix.Unmount(target, 0)
+	switch {
+	case err == nil, errors.Is(err, unix.ENOENT):
+		return nil
+	case errors.Is(err, unix.EINVAL):
+		// EINVAL means "not a mount point" (or a bad flag, which we do not
+		// pass); confirm before calling it done.
+		if mounted, cerr := m.IsMountPoint(target); cerr == nil && !mounted {
+			return nil
+		}
+	}
+	return &os.PathError{Op: "unmount", Path: target, Err: err}
+}
+
+// FormatAndMount mounts a block device, formatting it first only when it has
+// no filesystem at all; a device with a different filesystem is never
+// reformatted and fails with an error saying so.
+func (m *Mounter) FormatAndMount(device, target, fsType string, options []string) error {
+	return m.utils.FormatAndMount(device, target, fsType, options)
+}
+
+// DiskFormat returns the filesystem on device, "" if none.
+func (m *Mounter) DiskFormat(device string) (string, error) {
+	return m.utils.GetDiskFormat(device)
+}
+
+// MountRefs lists other mount points of the same mount as path (bind
+// mounts of a device mount).
+func (m *Mounter) MountRefs(path string) ([]string, error) {
+	return m.utils.GetMountRefs(path)
+}
+
+// EnsureDir creates dir (and parents) with mode if missing.
+func EnsureDir(dir string, mode os.FileMode) error {
+	err := os.Mkdir(dir, mode)
+	if err == nil || errors.Is(err, fs.ErrExist) {
+		return nil
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(filepath.Dir(dir), 0o750); err != nil {
+			return err
+		}
+		err = os.Mkdir(dir, mode)
+		if err == nil || errors.Is(err, fs.ErrExist) {
+			return nil
+		}
+	}
+	return err
+}
+
+// RemoveEmptyDirs removes dir and then its parents while they are empty,
+// stopping at (and never removing) stop. Errors are ignored: a directory that
+// is not empty is simply still in use.
+func RemoveEmptyDirs(dir, stop string) {
+	stop = filepath.Clean(stop)
+	for d := filepath.Clean(dir); d != stop && strings.HasPrefix(d, stop+"/"); d = filepath.Dir(d) {
+		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
+			return
+		}
+	}
+}

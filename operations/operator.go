@@ -1,0 +1,234 @@
+package operations
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/operations/mountutil"
+	"github.com/volume-agent/volume-agent/operations/plugins"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// Desired is the part of the DSW operations consult: an unmount that was
+// planned for a volume a pod wants again by the time it runs is skipped.
+type Desired interface {
+	HasPodVolume(name volume.UniqueName, pod types.UID) bool
+	HasVolume(name volume.UniqueName) bool
+}
+
+// Operator holds the operation bodies. Each checks, at the moment it runs,
+// that the state the plan saw still holds (returning ErrStale otherwise),
+// calls the plugin, and records the outcome in the ASW: done, uncertain, or
+// failed.
+type Operator struct {
+	Plugins *plugins.Registry
+	ASW     *cache.ActualStateOfWorld
+	DSW     Desired
+	Paths   volume.Paths
+	Log     *zap.Logger
+}
+
+// Target is a volume (and, for pod operations, a pod) an operation is about.
+type Target struct {
+	Volume     volume.UniqueName
+	Plugin     string
+	Attributes volume.Attributes
+	Spec       *volume.Spec
+	Pod        volume.PodInfo
+	// SpecName names the pod's volume directory.
+	SpecName string
+}
+
+func (t *Target) identity() cache.VolumeIdentity {
+	return cache.VolumeIdentity{Name: t.Volume, Plugin: t.Plugin, Attributes: t.Attributes, Spec: t.Spec}
+}
+
+func (o *Operator) logger(t *Target, op string) *zap.Logger {
+	l := o.Log.With(zap.String("volume", string(t.Volume)), zap.String("plugin", t.Plugin), zap.String("operation", op))
+	if t.Pod.UID != "" {
+		l = l.With(zap.String("pod", t.Pod.String()), zap.String("podUID", string(t.Pod.UID)))
+	}
+	return l
+}
+
+func (o *Operator) plugin(name string) (plugins.Plugin, error) {
+	p, ok := o.Plugins.ByName(name)
+	if !ok {
+		return nil, fmt.Errorf("volume plugin %q is not available on this node", name)
+	}
+	return p, nil
+}
+
+// MountDevice mounts (stages) a shared volume's device at its global path.
+func (o *Operator) MountDevice(ctx context.Context, t *Target) error {
+	p, err := o.plugin(t.Plugin)
+	if err != nil {
+		return err
+	}
+	dm, ok := p.(plugins.DeviceMounter)
+	if !ok {
+		return fmt.Errorf("plugin %s cannot mount devices", t.Plugin)
+	}
+	av, _ := o.ASW.Volume(t.Volume)
+	if av != nil && av.DeviceState == cache.DeviceGloballyMounted {
+		return ErrStale
+	}
+	if t.Attributes.Attachable && (av == nil || av.AttachState != cache.Attached) {
+		return ErrStale
+	}
+	req := &plugins.DeviceRequest{
+		VolumeName: t.Volume, Spec: t.Spec, Identity: t.Attributes.Identity,
+		DeviceMountPath: o.Paths.DeviceMountPath(t.Plugin, t.Attributes.Identity),
+		Log:             o.logger(t, "mount_device"),
+	}
+	if av != nil {
+		req.DevicePath = av.DevicePath
+	}
+	err = dm.MountDevice(ctx, req)
+	switch {
+	case err == nil:
+		o.ASW.SetDeviceState(t.identity(), cache.DeviceGloballyMounted, req.DevicePath, req.DeviceMountPath)
+	case volume.IsUncertain(err):
+		o.ASW.SetDeviceState(t.identity(), cache.DeviceMountUncertain, req.DevicePath, req.DeviceMountPath)
+	case av != nil && av.DeviceState == cache.DeviceMountUncertain:
+		// A final error means the plugin left nothing mounted.
+		o.ASW.SetDeviceState(t.identity(), cache.DeviceNotMounted, "", "")
+	}
+	return err
+}
+
+// MountVolume sets a volume up for one pod.
+func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
+	p, err := o.plugin(t.Plugin)
+	if err != nil {
+		return err
+	}
+	av, _ := o.ASW.Volume(t.Volume)
+	req := &plugins.SetUpRequest{
+		VolumeName: t.Volume, Spec: t.Spec, Pod: t.Pod,
+		Dir: o.Paths.PodVolumeDir(t.Pod.UID, t.Plugin, t.SpecName),
+		Log: o.logger(t, "mount_volume"),
+	}
+	if t.Attributes.DeviceMountable {
+		if av == nil || av.DeviceState != cache.DeviceGloballyMounted {
+			return ErrStale
+		}
+		req.DeviceMountPath = av.DeviceMountPath
+	}
+	if av != nil {
+		req.DevicePath = av.DevicePath
+	}
+	err = p.SetUp(ctx, req)
+	var prev *cache.ActualPodMount
+	if av != nil {
+		prev = av.Pods[t.Pod.UID]
+	}
+	mount := cache.ActualPodMount{Pod: t.Pod.PodRef, SpecName: t.SpecName, MountPath: req.Dir, Spec: t.Spec}
+	switch {
+	case err == nil:
+		mount.State = cache.Mounted
+		o.ASW.SetPodMount(t.identity(), mount)
+	case volume.IsUncertain(err):
+		mount.State = cache.MountUncertain
+		o.ASW.SetPodMount(t.identity(), mount)
+	case prev != nil && prev.State == cache.MountUncertain && !prev.Reconstructed:
+		// A final error means the plugin left nothing mounted. A mount
+		// found on disk after a restart stays uncertain regardless: it is
+		// someone's data and must still be torn down properly.
+		o.ASW.DeletePodMount(t.Volume, t.Pod.UID)
+	}
+	return err
+}
+
+// UnmountVolume tears a volume down for one pod and removes the pod's
+// directories that are left empty.
+func (o *Operator) UnmountVolume(ctx context.Context, t *Target, mountPath string) error {
+	if o.DSW.HasPodVolume(t.Volume, t.Pod.UID) {
+		return ErrStale
+	}
+	p, err := o.plugin(t.Plugin)
+	if err != nil {
+		return err
+	}
+	av, ok := o.ASW.Volume(t.Volume)
+	if !ok {
+		return ErrStale
+	}
+	prev, ok := av.Pods[t.Pod.UID]
+	if !ok {
+		return ErrStale
+	}
+	req := &plugins.TearDownRequest{
+		VolumeName: t.Volume, Spec: prev.Spec, Pod: t.Pod.PodRef, Dir: mountPath,
+		DeviceMountPath: av.DeviceMountPath, Log: o.logger(t, "unmount_volume"),
+	}
+	if err := p.TearDown(ctx, req); err != nil {
+		if prev.State != cache.MountUncertain {
+			m := *prev
+			m.State = cache.MountUncertain
+			o.ASW.SetPodMount(t.identity(), m)
+		}
+		return err
+	}
+	o.ASW.DeletePodMount(t.Volume, t.Pod.UID)
+	o.removePodDirs(t)
+	return nil
+}
+
+// removePodDirs removes the volume's state file and the pod's directories
+// that are now empty, up to the pod directory itself once nothing is left.
+func (o *Operator) removePodDirs(t *Target) {
+	state := o.Paths.PodVolumeStateFile(t.Pod.UID, t.Plugin, t.SpecName)
+	if err := os.Remove(state); err == nil || errors.Is(err, fs.ErrNotExist) {
+		mountutil.RemoveEmptyDirs(filepath.Dir(state), o.Paths.PodsDir())
+	}
+	mountutil.RemoveEmptyDirs(o.Paths.PodVolumeDir(t.Pod.UID, t.Plugin, t.SpecName), o.Paths.PodsDir())
+}
+
+// UnmountDevice unmounts (unstages) a shared volume's device once no pod
+// uses it.
+func (o *Operator) UnmountDevice(ctx context.Context, t *Target) error {
+	if o.DSW.HasVolume(t.Volume) {
+		return ErrStale
+	}
+	av, ok := o.ASW.Volume(t.Volume)
+	if !ok || !av.DeviceState.MayBeMounted() {
+		return ErrStale
+	}
+	if len(av.Pods) > 0 {
+		return ErrStale
+	}
+	p, err := o.plugin(t.Plugin)
+	if err != nil {
+		return err
+	}
+	dm, ok := p.(plugins.DeviceMounter)
+	if !ok {
+		return fmt.Errorf("plugin %s cannot unmount devices", t.Plugin)
+	}
+	req := &plugins.DeviceRequest{
+		VolumeName: t.Volume, Spec: av.Spec, Identity: av.Attributes.Identity,
+		DevicePath: av.DevicePath, DeviceMountPath: av.DeviceMountPath,
+		Log: o.logger(t, "unmount_device"),
+	}
+	if req.DeviceMountPath == "" {
+		req.DeviceMountPath = o.Paths.DeviceMountPath(t.Plugin, av.Attributes.Identity)
+	}
+	if err := dm.UnmountDevice(ctx, req); err != nil {
+		if av.DeviceState != cache.DeviceMountUncertain {
+			o.ASW.SetDeviceState(t.identity(), cache.DeviceMountUncertain, "", "")
+		}
+		return err
+	}
+	o.ASW.SetDeviceState(t.identity(), cache.DeviceNotMounted, "", "")
+	mountutil.RemoveEmptyDirs(o.Paths.VolumeDir(t.Plugin, av.Attributes.Identity), o.Paths.Root)
+	return nil
+}

@@ -1,0 +1,88 @@
+// Package emptydir implements emptyDir volumes: a directory on the node's
+// disk (medium "") or a tmpfs (medium Memory), created empty for the pod and
+// deleted with it.
+package emptydir
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/volume-agent/volume-agent/operations/mountutil"
+	"github.com/volume-agent/volume-agent/operations/plugins"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// Name is the plugin's name (the kubelet's, so directories look familiar).
+const Name = "kubernetes.io/empty-dir"
+
+// Plugin is the emptyDir plugin.
+type Plugin struct{ host plugins.Host }
+
+// New returns the plugin.
+func New(host plugins.Host) *Plugin { return &Plugin{host: host} }
+
+func (p *Plugin) Name() string { return Name }
+
+func (p *Plugin) CanSupport(spec *volume.Spec) bool {
+	return spec.Volume != nil && spec.Volume.EmptyDir != nil
+}
+
+func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
+	switch m := spec.Volume.EmptyDir.Medium; m {
+	case v1.StorageMediumDefault, v1.StorageMediumMemory:
+		return volume.Attributes{}, nil
+	default:
+		return volume.Attributes{}, fmt.Errorf("emptyDir medium %q is not supported (use \"\" or Memory)", m)
+	}
+}
+
+func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
+	src := req.Spec.Volume.EmptyDir
+	if err := mountutil.EnsureDir(req.Dir, 0o777); err != nil {
+		return err
+	}
+	if src.Medium == v1.StorageMediumMemory {
+		mounted, err := p.host.Mounter.IsMountPoint(req.Dir)
+		if err != nil {
+			return err
+		}
+		if !mounted {
+			if err := p.host.Mounter.MountTmpfs(req.Dir, mountutil.TmpfsOptions{SizeBytes: tmpfsSize(src, req.Pod), Mode: 0o777}); err != nil {
+				return err
+			}
+		}
+	} else if err := os.Chmod(req.Dir, 0o777); err != nil {
+		// mkdir is subject to the umask; emptyDir is world-writable so any
+		// container user can use it.
+		return err
+	}
+	return plugins.ApplyFSGroup(req.Dir, req.Pod, false)
+}
+
+// tmpfsSize is sizeLimit when set, else the pod's memory limit, else 0 (the
+// kernel's default): a memory-backed volume counts against the pod's memory.
+func tmpfsSize(src *v1.EmptyDirVolumeSource, pod volume.PodInfo) int64 {
+	size := int64(0)
+	if src.SizeLimit != nil && src.SizeLimit.Sign() > 0 {
+		size = src.SizeLimit.Value()
+	}
+	if pod.MemoryLimit != nil && pod.MemoryLimit.Sign() > 0 {
+		if limit := pod.MemoryLimit.Value(); size == 0 || limit < size {
+			size = limit
+		}
+	}
+	return size
+}
+
+// TearDown unmounts a tmpfs (whatever the spec says: after a restart the spec
+// may be unknown) and deletes the directory and its contents, never crossing
+// into another mount and never following a symbolic link.
+func (p *Plugin) TearDown(_ context.Context, req *plugins.TearDownRequest) error {
+	if err := plugins.UnmountAll(p.host.Mounter, req.Dir); err != nil {
+		return err
+	}
+	return mountutil.RemoveAll(req.Dir)
+}

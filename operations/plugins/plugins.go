@@ -1,0 +1,163 @@
+// Package plugins defines what a volume plugin is and finds the plugin for a
+// volume. A plugin implements Plugin; optional capabilities (device mounts,
+// attach, expansion) are separate interfaces found by type assertion, so a
+// simple plugin stays simple.
+//
+// Plugins never touch the desired or actual state of world: they get a
+// request, change the host, and return nil, a final error, or an error marked
+// volume.Uncertain when the outcome is unknown.
+package plugins
+
+import (
+	"context"
+	"fmt"
+
+	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/volume-agent/volume-agent/operations/mountutil"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// Host is what plugins get from the agent.
+type Host struct {
+	Paths    volume.Paths
+	Mounter  *mountutil.Mounter
+	NodeName string
+	Log      *zap.Logger
+}
+
+// Plugin handles one kind of volume.
+type Plugin interface {
+	// Name is the plugin's name, e.g. "kubernetes.io/empty-dir".
+	Name() string
+	// CanSupport reports whether the plugin handles the volume.
+	CanSupport(spec *volume.Spec) bool
+	// Attributes validates the spec and says how the volume is handled. It
+	// may look at the host (is this path a block device?) but must be cheap.
+	// An error here is a problem with the pod's volume, reported per pod.
+	Attributes(spec *volume.Spec) (volume.Attributes, error)
+	// SetUp makes the volume available to the pod at req.Dir. It must be
+	// idempotent: called again for a volume already set up, it succeeds.
+	SetUp(ctx context.Context, req *SetUpRequest) error
+	// TearDown undoes SetUp. It must be idempotent, must not follow paths
+	// out of req.Dir and must leave req.Dir removed.
+	TearDown(ctx context.Context, req *TearDownRequest) error
+}
+
+// SetUpRequest asks a plugin to make a volume available to one pod.
+type SetUpRequest struct {
+	VolumeName volume.UniqueName
+	Spec       *volume.Spec
+	Pod        volume.PodInfo
+	// Dir is where the pod expects the volume.
+	Dir string
+	// DevicePath is what attaching returned, for attachable volumes.
+	DevicePath string
+	// DeviceMountPath is the device (staging) mount, for device-mountable
+	// volumes.
+	DeviceMountPath string
+	Log             *zap.Logger
+}
+
+// TearDownRequest asks a plugin to remove a volume from one pod.
+type TearDownRequest struct {
+	VolumeName volume.UniqueName
+	// Spec is nil when the mount was found on disk after a restart and no
+	// pod wants it any more.
+	Spec            *volume.Spec
+	Pod             volume.PodRef
+	Dir             string
+	DeviceMountPath string
+	Log             *zap.Logger
+}
+
+// DeviceMounter is implemented by plugins whose volumes are mounted once per
+// node (formatted block devices, CSI staging) before per-pod SetUp.
+type DeviceMounter interface {
+	MountDevice(ctx context.Context, req *DeviceRequest) error
+	UnmountDevice(ctx context.Context, req *DeviceRequest) error
+}
+
+// DeviceRequest asks for a device (staging) mount or unmount.
+type DeviceRequest struct {
+	VolumeName volume.UniqueName
+	// Spec is nil for an unmount of a volume found on disk after a restart.
+	Spec            *volume.Spec
+	Identity        string
+	DevicePath      string
+	DeviceMountPath string
+	Log             *zap.Logger
+}
+
+// Expander is implemented by plugins that can grow a volume's filesystem on
+// the node.
+type Expander interface {
+	// Expand grows the filesystem of the volume to fit newSize and returns
+	// the size it now has.
+	Expand(ctx context.Context, req *ExpandRequest) (*resource.Quantity, error)
+}
+
+// ExpandRequest asks for a node-side expansion.
+type ExpandRequest struct {
+	VolumeName      volume.UniqueName
+	Spec            *volume.Spec
+	DevicePath      string
+	DeviceMountPath string
+	// VolumePath is one pod's mount of the volume (CSI needs one).
+	VolumePath string
+	OldSize    *resource.Quantity
+	NewSize    resource.Quantity
+	Log        *zap.Logger
+}
+
+// Registry finds plugins.
+type Registry struct {
+	plugins []Plugin
+	byName  map[string]Plugin
+}
+
+// NewRegistry returns a registry of the given plugins.
+func NewRegistry(ps ...Plugin) *Registry {
+	r := &Registry{byName: map[string]Plugin{}}
+	for _, p := range ps {
+		r.plugins = append(r.plugins, p)
+		r.byName[p.Name()] = p
+	}
+	return r
+}
+
+// ForSpec returns the one plugin that supports spec.
+func (r *Registry) ForSpec(spec *volume.Spec) (Plugin, error) {
+	var found Plugin
+	for _, p := range r.plugins {
+		if !p.CanSupport(spec) {
+			continue
+		}
+		if found != nil {
+			return nil, fmt.Errorf("both %s and %s support the volume", found.Name(), p.Name())
+		}
+		found = p
+	}
+	if found == nil {
+		return nil, fmt.Errorf("no plugin on this node supports %s volumes", describeType(spec))
+	}
+	return found, nil
+}
+
+// ByName returns the plugin with the given name.
+func (r *Registry) ByName(name string) (Plugin, bool) {
+	p, ok := r.byName[name]
+	return p, ok
+}
+
+// describeType names the kind of volume source for error messages.
+func describeType(spec *volume.Spec) string {
+	switch {
+	case spec.PV != nil:
+		return "PersistentVolume " + sourceKind(spec.PV.Spec.PersistentVolumeSource)
+	case spec.Volume != nil:
+		return sourceKind(spec.Volume.VolumeSource)
+	}
+	return "unknown"
+}

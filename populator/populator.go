@@ -1,0 +1,294 @@
+// Package populator fills the desired state of world from a Source: for every
+// running pod bound to the node, every volume a container uses, resolved
+// (claim, volume, plugin) into a cache.PodVolume; for every pod that is gone
+// or has terminated, nothing.
+//
+// Two rules protect running pods. A volume that resolved once stays desired
+// with its last spec while later lookups fail (the claim cannot be read
+// during an API outage; a PVC manifest was removed under a running pod): the
+// error is reported, the mount stays. And a pod whose volumes never resolved
+// is marked so the reconciler does not unmount what it may have mounted
+// before a restart.
+package populator
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/events"
+	"github.com/volume-agent/volume-agent/operations/plugins"
+	"github.com/volume-agent/volume-agent/source"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// Observer learns about populator passes (metrics).
+type Observer interface {
+	Populated(took time.Duration, pods int)
+	PodVolumeError(err *volume.PodVolumeError)
+}
+
+// Options configures a Populator.
+type Options struct {
+	Source  source.Source
+	DSW     *cache.DesiredStateOfWorld
+	Plugins *plugins.Registry
+	// Node returns this node's name and labels (labels may change in
+	// cluster mode).
+	Node func() Node
+	// IsTerminated reports whether a pod's volumes should be torn down even
+	// though the pod object is still there. Default: phase Succeeded or
+	// Failed.
+	IsTerminated func(*v1.Pod) bool
+	// ResyncPeriod re-resolves every pod even without a change signal
+	// (default 1m): host state plugins look at (paths) can change unseen.
+	ResyncPeriod time.Duration
+	Events       events.Recorder
+	Observer     Observer
+	Clock        clock.WithTicker
+	Log          *zap.Logger
+}
+
+// Populator fills the DSW from a Source.
+type Populator struct {
+	opts  Options
+	ready atomic.Bool
+
+	mu    sync.Mutex
+	state map[types.UID]*podState
+}
+
+// podState is what the populator remembers of a pod between passes.
+type podState struct {
+	pod  *v1.Pod
+	deps []dep
+	// resolved keeps the last good resolution of each of the pod's volumes
+	// (by the pod's volume name): the sticky rule.
+	resolved map[string]cache.PodVolume
+	errs     []*volume.PodVolumeError
+}
+
+// New returns a Populator.
+func New(opts Options) *Populator {
+	if opts.IsTerminated == nil {
+		opts.IsTerminated = PodTerminated
+	}
+	if opts.ResyncPeriod <= 0 {
+		opts.ResyncPeriod = time.Minute
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	return &Populator{opts: opts, state: map[types.UID]*podState{}}
+}
+
+// PodTerminated: a pod in phase Succeeded or Failed runs no containers and
+// never will again.
+func PodTerminated(pod *v1.Pod) bool {
+	return pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed
+}
+
+// Ready reports whether the DSW reflects a complete read of the source.
+func (p *Populator) Ready() bool { return p.ready.Load() }
+
+// Run populates on every source change and periodically until ctx ends.
+func (p *Populator) Run(ctx context.Context) {
+	resync := p.opts.Clock.NewTicker(p.opts.ResyncPeriod)
+	defer resync.Stop()
+	p.Sync(false)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.opts.Source.Changed():
+			p.Sync(false)
+		case <-resync.C():
+			p.Sync(true)
+		}
+	}
+}
+
+// Sync brings the DSW in line with the source. With force, every pod is
+// resolved again even if nothing it depends on changed.
+func (p *Populator) Sync(force bool) {
+	start := p.opts.Clock.Now()
+	synced := p.opts.Source.HasSynced()
+	pods := p.opts.Source.Pods()
+	node := p.opts.Node()
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	seen := make(map[types.UID]bool, len(pods))
+	for _, pod := range pods {
+		if p.opts.IsTerminated(pod) {
+			continue
+		}
+		seen[pod.UID] = true
+		p.syncPod(pod, node, force)
+	}
+	for _, uid := range p.opts.DSW.PodUIDs() {
+		if !seen[uid] {
+			p.opts.DSW.DeletePod(uid)
+		}
+	}
+	for uid := range p.state {
+		if !seen[uid] {
+			delete(p.state, uid)
+		}
+	}
+	if synced {
+		p.ready.Store(true)
+	}
+	if p.opts.Observer != nil {
+		p.opts.Observer.Populated(p.opts.Clock.Since(start), len(seen))
+	}
+}
+
+func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
+	st := p.state[pod.UID]
+	if st != nil && !force && st.pod == pod && p.depsUnchanged(st.deps) {
+		return
+	}
+	info := podInfo(pod)
+	r := &resolver{store: p.opts.Source, plugins: p.opts.Plugins, node: node}
+	prev := map[string]cache.PodVolume{}
+	if st != nil {
+		prev = st.resolved
+	}
+	next := &podState{pod: pod, resolved: map[string]cache.PodVolume{}}
+
+	var vols []cache.PodVolume
+	var unresolved []string
+	if err := volume.ValidatePathElement(string(pod.UID)); err != nil {
+		next.errs = append(next.errs, &volume.PodVolumeError{Pod: info.PodRef, Reason: ReasonPodUIDUnusable, Err: err})
+	} else {
+		usage := volumeUsage(pod)
+		for i := range pod.Spec.Volumes {
+			vol := &pod.Spec.Volumes[i]
+			use, used := usage[vol.Name]
+			if !used {
+				continue
+			}
+			pv, verr := r.resolve(pod, info, vol, use)
+			if verr == nil {
+				next.resolved[vol.Name] = pv
+				vols = append(vols, pv)
+				continue
+			}
+			next.errs = append(next.errs, verr)
+			if old, ok := prev[vol.Name]; ok {
+				next.resolved[vol.Name] = old
+				vols = append(vols, old)
+			} else {
+				unresolved = append(unresolved, vol.Name)
+			}
+		}
+	}
+	next.deps = r.deps
+	sort.Strings(unresolved)
+	p.reportNewErrors(st, next.errs)
+	p.state[pod.UID] = next
+	p.opts.DSW.SetPod(info, vols, next.errs, unresolved)
+}
+
+// depsUnchanged reports whether every object a pod's resolution read is
+// still the same object.
+func (p *Populator) depsUnchanged(deps []dep) bool {
+	for _, d := range deps {
+		var cur any
+		switch d.kind {
+		case "pvc":
+			if o, err := p.opts.Source.PVC(d.namespace, d.name); err == nil {
+				cur = o
+			} else {
+				cur = (*v1.PersistentVolumeClaim)(nil)
+			}
+		case "pv":
+			if o, err := p.opts.Source.PV(d.name); err == nil {
+				cur = o
+			} else {
+				cur = (*v1.PersistentVolume)(nil)
+			}
+		}
+		if cur != d.obj {
+			return false
+		}
+	}
+	return true
+}
+
+// reportNewErrors emits an event and a metric for errors that are new since
+// the pod's last pass: a stuck volume is reported once, not on every pass.
+func (p *Populator) reportNewErrors(old *podState, errs []*volume.PodVolumeError) {
+	known := map[string]bool{}
+	if old != nil {
+		for _, e := range old.errs {
+			known[e.Error()] = true
+		}
+	}
+	for _, e := range errs {
+		if known[e.Error()] {
+			continue
+		}
+		if p.opts.Log != nil {
+			p.opts.Log.Warn("pod volume cannot be used", zap.String("pod", e.Pod.String()), zap.String("volume", e.Volume),
+				zap.String("reason", e.Reason), zap.Error(e.Err))
+		}
+		if p.opts.Events != nil {
+			p.opts.Events.Event(events.PodObject(e.Pod), events.Warning, events.FailedMount, e.Error())
+		}
+		if p.opts.Observer != nil {
+			p.opts.Observer.PodVolumeError(e)
+		}
+	}
+}
+
+// podInfo copies what plugins need out of the pod.
+func podInfo(pod *v1.Pod) volume.PodInfo {
+	info := volume.PodInfo{
+		PodRef:         volume.PodRef{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name},
+		ServiceAccount: pod.Spec.ServiceAccountName,
+		MemoryLimit:    memoryLimit(pod),
+	}
+	if sc := pod.Spec.SecurityContext; sc != nil {
+		info.FSGroup = sc.FSGroup
+		info.FSGroupChangePolicy = sc.FSGroupChangePolicy
+	}
+	return info
+}
+
+// memoryLimit is the pod's memory limit: the pod-level limit if set, else
+// the sum of its containers' limits when every container has one (a
+// container without a limit makes the pod unlimited).
+func memoryLimit(pod *v1.Pod) *resource.Quantity {
+	if pod.Spec.Resources != nil {
+		if q, ok := pod.Spec.Resources.Limits[v1.ResourceMemory]; ok {
+			return &q
+		}
+	}
+	if len(pod.Spec.Containers) == 0 {
+		return nil
+	}
+	var sum resource.Quantity
+	for i := range pod.Spec.Containers {
+		q, ok := pod.Spec.Containers[i].Resources.Limits[v1.ResourceMemory]
+		if !ok {
+			return nil
+		}
+		sum.Add(q)
+	}
+	return &sum
+}
+
+// SetObserver sets the observer after construction (metrics are built
+// from parts that need the populator first).
+func (p *Populator) SetObserver(o Observer) { p.opts.Observer = o }

@@ -1,0 +1,37 @@
+package reconciler
+
+import (
+	"context"
+
+	"github.com/volume-agent/volume-agent/operations"
+)
+
+// OperatorHandler turns actions into calls of the Operator's bodies.
+type OperatorHandler struct {
+	Operator *operations.Operator
+}
+
+// Operation implements Handler.
+func (h *OperatorHandler) Operation(a *Action) *operations.Operation {
+	t := &operations.Target{
+		Volume: a.Volume, Plugin: a.Plugin, Attributes: a.Attributes,
+		Spec: a.Spec, Pod: a.Pod, SpecName: a.SpecName,
+	}
+	var fn func(context.Context) error
+	switch a.Op {
+	case OpMountDevice:
+		fn = func(ctx context.Context) error { return h.Operator.MountDevice(ctx, t) }
+	case OpMountVolume:
+		fn = func(ctx context.Context) error { return h.Operator.MountVolume(ctx, t) }
+	case OpUnmountVolume:
+		mountPath := a.MountPath
+		fn = func(ctx context.Context) error { return h.Operator.UnmountVolume(ctx, t, mountPath) }
+	case OpUnmountDevice:
+		fn = func(ctx context.Context) error { return h.Operator.UnmountDevice(ctx, t) }
+	default:
+		// Attach, detach and expansion are wired in by the plugins that
+		// need them.
+		return nil
+	}
+	return &operations.Operation{Name: string(a.Op), Plugin: a.Plugin, Pod: a.Pod.PodRef, Waiting: a.Pods, Spec: a.Spec, Fn: fn}
+}

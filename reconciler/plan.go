@@ -1,0 +1,225 @@
+package reconciler
+
+import (
+	"sort"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// Op is the kind of an action; its value is also the operation's name in
+// logs, metrics and the debug endpoint.
+type Op string
+
+const (
+	// Phase 1: pods' mounts that are no longer wanted.
+	OpUnmountVolume Op = "unmount_volume"
+	// Phase 2: what pods want.
+	OpVerifyAttached Op = "verify_attached"
+	OpMountDevice    Op = "mount_device"
+	OpMountVolume    Op = "mount_volume"
+	OpExpandVolume   Op = "expand_volume"
+	// Phase 3: devices no pod uses.
+	OpUnmountDevice Op = "unmount_device"
+	OpDetachVolume  Op = "detach_volume"
+)
+
+// phase orders operations: unmount, then mount, then device teardown.
+func (o Op) phase() int {
+	switch o {
+	case OpUnmountVolume:
+		return 1
+	case OpUnmountDevice, OpDetachVolume:
+		return 3
+	}
+	return 2
+}
+
+// Action is one thing the node should do, as plain data: the planner's
+// output and the dispatcher's input.
+type Action struct {
+	Op         Op
+	Volume     volume.UniqueName
+	Plugin     string
+	Attributes volume.Attributes
+	// Pod is set for per-pod operations (mount and unmount of a volume).
+	Pod volume.PodInfo
+	// Spec is the desired spec for mount-side actions, the recorded one
+	// for teardown (nil if unknown after a restart).
+	Spec     *volume.Spec
+	SpecName string
+	// MountPath is the pod's mount, for OpUnmountVolume.
+	MountPath string
+	// Pods are the pods waiting for a volume-wide action (attach, device
+	// mount, expansion), so failures can be reported to them.
+	Pods []volume.PodRef
+	// Reason says why, for people reading logs and tests.
+	Reason string
+}
+
+// PlanOptions are the facts outside the two caches that decisions depend on.
+type PlanOptions struct {
+	// SourcesReady is true once every source was read completely and the
+	// DSW reflects it. Until then nothing is torn down: a pod that is not in
+	// the DSW yet may simply not have been read.
+	SourcesReady bool
+}
+
+// Plan computes what the node should do to make the actual state match the
+// desired one. It is a pure function of its inputs: no I/O, no clock, no
+// locks. Actions come in phase order (unmount, mount, device teardown) and,
+// within a phase, sorted by volume and pod, so the result is deterministic.
+// Whether an action can start now (another operation on the volume, backoff)
+// is the executor's business, not the plan's.
+func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) []Action {
+	var out []Action
+	if opts.SourcesReady {
+		out = planUnmounts(dsw, asw, out)
+	}
+	out = planMounts(dsw, asw, out)
+	if opts.SourcesReady {
+		out = planDeviceTeardown(dsw, asw, out)
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := &out[i], &out[j]
+		if pa, pb := a.Op.phase(), b.Op.phase(); pa != pb {
+			return pa < pb
+		}
+		if a.Volume != b.Volume {
+			return a.Volume < b.Volume
+		}
+		return a.Pod.UID < b.Pod.UID
+	})
+	return out
+}
+
+// planUnmounts: phase 1. Every mounted or uncertain pod mount that no pod
+// wants is unmounted, except for pods that still exist but have volumes that
+// could not be resolved (an API outage must never unmount a running pod's
+// volume because its claim could not be read).
+func planUnmounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, out []Action) []Action {
+	for _, av := range asw.Volumes {
+		dv := dsw.Volumes[av.Name]
+		for uid, m := range av.Pods {
+			if dv != nil {
+				if _, wanted := dv.Pods[uid]; wanted {
+					continue
+				}
+			}
+			if protectedPod(dsw, uid) {
+				continue
+			}
+			out = append(out, Action{
+				Op: OpUnmountVolume, Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes,
+				Pod: volume.PodInfo{PodRef: m.Pod}, Spec: m.Spec, SpecName: m.SpecName, MountPath: m.MountPath,
+				Reason: "no longer desired (mount " + string(m.State) + ")",
+			})
+		}
+	}
+	return out
+}
+
+func protectedPod(dsw *cache.DesiredSnapshot, uid types.UID) bool {
+	p, ok := dsw.Pods[uid]
+	return ok && len(p.Unresolved) > 0
+}
+
+// planMounts: phase 2. For each desired volume: attach, then mount the device
+// once, then set it up for every pod that does not have it mounted.
+func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, out []Action) []Action {
+	for _, dv := range dsw.Volumes {
+		av := asw.Volumes[dv.Name]
+		volumeAction := func(op Op, reason string) Action {
+			return Action{Op: op, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes, Spec: dv.Spec, SpecName: dv.SpecName,
+				Pods: podRefs(dv), Reason: reason}
+		}
+		if dv.Attributes.Attachable && (av == nil || av.AttachState != cache.Attached) {
+			out = append(out, volumeAction(OpVerifyAttached, "not attached"))
+			continue
+		}
+		if dv.Attributes.DeviceMountable && (av == nil || av.DeviceState != cache.DeviceGloballyMounted) {
+			reason := "device not mounted"
+			if av != nil && av.DeviceState == cache.DeviceMountUncertain {
+				reason = "device mount uncertain"
+			}
+			out = append(out, volumeAction(OpMountDevice, reason))
+			continue
+		}
+		for uid, dp := range dv.Pods {
+			var m *cache.ActualPodMount
+			if av != nil {
+				m = av.Pods[uid]
+			}
+			reason := ""
+			switch {
+			case m == nil:
+				reason = "not mounted"
+			case m.State == cache.MountUncertain:
+				reason = "mount uncertain"
+			case m.RemountRequired:
+				reason = "remount required"
+			default:
+				continue
+			}
+			out = append(out, Action{
+				Op: OpMountVolume, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
+				Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, Reason: reason,
+			})
+		}
+		if needsExpansion(dv, av) {
+			out = append(out, volumeAction(OpExpandVolume, "desired size "+dv.DesiredSize.String()+" > "+av.Size.String()))
+		}
+	}
+	return out
+}
+
+// needsExpansion: the volume is mounted for every pod that wants it, its
+// desired size is known and larger than what the node made it, and nothing
+// said expansion must not be retried.
+func needsExpansion(dv *cache.DesiredVolume, av *cache.ActualVolume) bool {
+	if dv.DesiredSize == nil || av == nil || av.Size == nil || av.ResizeBlocked != "" {
+		return false
+	}
+	if dv.DesiredSize.Cmp(*av.Size) <= 0 {
+		return false
+	}
+	for uid := range dv.Pods {
+		if m, ok := av.Pods[uid]; !ok || m.State != cache.Mounted {
+			return false
+		}
+	}
+	return true
+}
+
+// planDeviceTeardown: phase 3. A volume no pod wants and no pod has mounted
+// gets its device unmounted, then is detached.
+func planDeviceTeardown(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, out []Action) []Action {
+	for _, av := range asw.Volumes {
+		if _, wanted := dsw.Volumes[av.Name]; wanted || len(av.Pods) > 0 {
+			continue
+		}
+		a := Action{Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes, Spec: av.Spec}
+		switch {
+		case av.DeviceState.MayBeMounted():
+			a.Op, a.Reason = OpUnmountDevice, "no pod uses it (device "+string(av.DeviceState)+")"
+		case av.AttachState == cache.Attached || av.AttachState == cache.AttachUncertain:
+			a.Op, a.Reason = OpDetachVolume, "no pod uses it (attach "+string(av.AttachState)+")"
+		default:
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// podRefs lists the pods of a desired volume in a stable order.
+func podRefs(dv *cache.DesiredVolume) []volume.PodRef {
+	out := make([]volume.PodRef, 0, len(dv.Pods))
+	for _, p := range dv.Pods {
+		out = append(out, p.Pod.PodRef)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
+	return out
+}

@@ -1,0 +1,121 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+	"k8s.io/utils/clock"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/internal/notify"
+	"github.com/volume-agent/volume-agent/operations"
+)
+
+// Handler performs an action. The reconciler owns when; the handler owns how.
+type Handler interface {
+	// Operation returns the executor operation for an action, or nil when
+	// the action needs no operation in this configuration.
+	Operation(a *Action) *operations.Operation
+}
+
+// Observer is told about every reconcile pass (metrics, pod readiness).
+type Observer interface {
+	Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, actions []Action, took time.Duration)
+}
+
+// Options configures a Reconciler.
+type Options struct {
+	DSW      *cache.DesiredStateOfWorld
+	ASW      *cache.ActualStateOfWorld
+	Executor *operations.Executor
+	Handler  Handler
+	// SourcesReady gates destructive phases (see PlanOptions).
+	SourcesReady func() bool
+	// ResyncPeriod is the longest time between two passes (default 1m).
+	ResyncPeriod time.Duration
+	// MinInterval spaces passes triggered in quick succession, so a burst
+	// of finishing operations costs one pass, not one each (default 5ms).
+	MinInterval time.Duration
+	Clock       clock.WithTicker
+	Observer    Observer
+	Log         *zap.Logger
+}
+
+// Reconciler runs Plan and dispatches its actions.
+type Reconciler struct {
+	opts    Options
+	trigger *notify.Signal
+}
+
+// New returns a Reconciler.
+func New(opts Options) *Reconciler {
+	if opts.ResyncPeriod <= 0 {
+		opts.ResyncPeriod = time.Minute
+	}
+	if opts.MinInterval <= 0 {
+		opts.MinInterval = 5 * time.Millisecond
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	if opts.SourcesReady == nil {
+		opts.SourcesReady = func() bool { return true }
+	}
+	return &Reconciler{opts: opts, trigger: notify.New()}
+}
+
+// Trigger asks for a pass soon.
+func (r *Reconciler) Trigger() { r.trigger.Notify() }
+
+// Run reconciles until ctx ends. It does not wait for running operations.
+func (r *Reconciler) Run(ctx context.Context) {
+	resync := r.opts.Clock.NewTicker(r.opts.ResyncPeriod)
+	defer resync.Stop()
+	for {
+		r.ReconcileOnce()
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.trigger.C():
+		case <-r.opts.DSW.Changed():
+		case <-resync.C():
+		}
+		// Let a burst of triggers settle into one pass.
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.opts.Clock.After(r.opts.MinInterval):
+		}
+	}
+}
+
+// ReconcileOnce plans from fresh snapshots and starts what can start.
+func (r *Reconciler) ReconcileOnce() []Action {
+	start := r.opts.Clock.Now()
+	ready := r.opts.SourcesReady()
+	asw := r.opts.ASW.Snapshot()
+	dsw := r.opts.DSW.Snapshot()
+	actions := Plan(dsw, asw, PlanOptions{SourcesReady: ready})
+	for i := range actions {
+		r.dispatch(&actions[i])
+	}
+	if r.opts.Observer != nil {
+		r.opts.Observer.Reconciled(dsw, asw, actions, r.opts.Clock.Since(start))
+	}
+	return actions
+}
+
+func (r *Reconciler) dispatch(a *Action) {
+	op := r.opts.Handler.Operation(a)
+	if op == nil {
+		return
+	}
+	key := operations.Key{Volume: a.Volume, Pod: a.Pod.UID}
+	err := r.opts.Executor.Run(key, op)
+	if err != nil && !operations.IsExpected(err) && r.opts.Log != nil {
+		r.opts.Log.Error("starting operation", zap.String("operation", string(a.Op)),
+			zap.String("volume", string(a.Volume)), zap.Error(fmt.Errorf("%s: %w", a.Reason, err)))
+	}
+}

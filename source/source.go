@@ -1,0 +1,59 @@
+// Package source defines where the agent learns about the pods bound to its
+// node and the storage objects they refer to. A Source is read-only: it never
+// touches the desired or actual state of the world; the populator reads it
+// and fills the desired state.
+//
+// Two implementations exist: source/manifest reads YAML/JSON files from a
+// directory (standalone mode) and source/kube watches the API server through
+// informers (cluster mode).
+package source
+
+import (
+	"context"
+
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+)
+
+// Store is a read-only view of the objects the agent acts on. Returned objects
+// are shared with the store: callers must not modify them. Lookups of missing
+// objects return an error for which apierrors.IsNotFound is true.
+type Store interface {
+	// Pods returns the pods bound to this node (spec.nodeName equal to the
+	// node name, or empty in standalone mode), including terminated ones.
+	Pods() []*v1.Pod
+	PVC(namespace, name string) (*v1.PersistentVolumeClaim, error)
+	PV(name string) (*v1.PersistentVolume, error)
+	StorageClass(name string) (*storagev1.StorageClass, error)
+	CSIDriver(name string) (*storagev1.CSIDriver, error)
+}
+
+// Source is a Store that follows changes.
+type Source interface {
+	Store
+	// Run reads the inputs and follows them until ctx ends.
+	Run(ctx context.Context) error
+	// HasSynced reports whether every input has been read completely at least
+	// once. Destructive decisions wait for it: before that, a pod that is
+	// missing may only be not read yet.
+	HasSynced() bool
+	// Changed returns a channel that receives a value (coalesced, never
+	// blocking the sender) whenever anything in the Store may have changed,
+	// and when HasSynced becomes true (even if the first read found
+	// nothing).
+	Changed() <-chan struct{}
+}
+
+// InputError describes an input that could not be used, such as a malformed
+// manifest file. It is shown on the debug endpoint and counted in metrics.
+type InputError struct {
+	// Input names the file (standalone) or object (cluster) at fault.
+	Input string `json:"input"`
+	// Error says what is wrong with it.
+	Error string `json:"error"`
+}
+
+// ErrorReporter is implemented by sources that can report bad inputs.
+type ErrorReporter interface {
+	InputErrors() []InputError
+}
