@@ -110,8 +110,12 @@ func (m *Metrics) PodVolumeError(err *volume.PodVolumeError) {
 // for every pod whose volumes all became mounted, how long that took.
 func (m *Metrics) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, actions []reconciler.Action, took time.Duration) {
 	m.reconcileDuration.Observe(took.Seconds())
+	perOp := map[reconciler.Op]int{}
 	for i := range actions {
-		m.actions.WithLabelValues(string(actions[i].Op)).Inc()
+		perOp[actions[i].Op]++
+	}
+	for op, n := range perOp {
+		m.actions.WithLabelValues(string(op)).Add(float64(n))
 	}
 	now := time.Now()
 	m.mu.Lock()

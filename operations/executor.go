@@ -285,6 +285,44 @@ func (e *Executor) remove(en *entry) {
 	}
 }
 
+// Candidate is an operation the caller would like to start.
+type Candidate struct {
+	Key  Key
+	Name string
+}
+
+// Startable reports, for each candidate, whether Run would start it now (no
+// conflicting operation running, not in backoff). It takes the lock once for
+// the whole list, so a reconciler pass over thousands of volumes that are
+// mostly busy does not contend with the operations finishing meanwhile, nor
+// build operations only to have them refused.
+func (e *Executor) Startable(cands []Candidate) []bool {
+	now := e.opts.Clock.Now()
+	out := make([]bool, len(cands))
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, c := range cands {
+		out[i] = true
+		var reuse *entry
+		for _, en := range e.byVolume[c.Key.Volume] {
+			if !matches(en.key, c.Key) {
+				continue
+			}
+			if en.pending {
+				out[i] = false
+				break
+			}
+			if reuse == nil || (en.key == c.Key && reuse.key != c.Key) {
+				reuse = en
+			}
+		}
+		if out[i] && reuse != nil && reuse.op.Name == c.Name && now.Before(reuse.retryAt()) {
+			out[i] = false
+		}
+	}
+	return out
+}
+
 // IsPending reports whether an operation conflicting with key is running.
 func (e *Executor) IsPending(key Key) bool {
 	e.mu.Lock()

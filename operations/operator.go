@@ -2,9 +2,7 @@ package operations
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -126,11 +124,15 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 	if av != nil {
 		req.DevicePath = av.DevicePath
 	}
-	err = p.SetUp(ctx, req)
 	var prev *cache.ActualPodMount
 	if av != nil {
 		prev = av.Pods[t.Pod.UID]
 	}
+	if prev != nil && prev.State == cache.Mounted && !prev.RemountRequired {
+		// Planned from a snapshot taken before an earlier mount finished.
+		return ErrStale
+	}
+	err = p.SetUp(ctx, req)
 	mount := cache.ActualPodMount{Pod: t.Pod.PodRef, SpecName: t.SpecName, MountPath: req.Dir, Spec: t.Spec}
 	switch {
 	case err == nil:
@@ -187,10 +189,10 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target, mountPath strin
 // that are now empty, up to the pod directory itself once nothing is left.
 func (o *Operator) removePodDirs(t *Target) {
 	state := o.Paths.PodVolumeStateFile(t.Pod.UID, t.Plugin, t.SpecName)
-	if err := os.Remove(state); err == nil || errors.Is(err, fs.ErrNotExist) {
+	if err := os.Remove(state); err == nil {
 		mountutil.RemoveEmptyDirs(filepath.Dir(state), o.Paths.PodsDir())
 	}
-	mountutil.RemoveEmptyDirs(o.Paths.PodVolumeDir(t.Pod.UID, t.Plugin, t.SpecName), o.Paths.PodsDir())
+	mountutil.RemoveEmptyDirs(filepath.Dir(o.Paths.PodVolumeDir(t.Pod.UID, t.Plugin, t.SpecName)), o.Paths.PodsDir())
 }
 
 // UnmountDevice unmounts (unstages) a shared volume's device once no pod

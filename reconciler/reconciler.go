@@ -98,8 +98,20 @@ func (r *Reconciler) ReconcileOnce() []Action {
 	asw := r.opts.ASW.Snapshot()
 	dsw := r.opts.DSW.Snapshot()
 	actions := Plan(dsw, asw, PlanOptions{SourcesReady: ready})
+	cands := make([]operations.Candidate, len(actions))
 	for i := range actions {
-		r.dispatch(&actions[i])
+		cands[i] = operations.Candidate{Key: operations.Key{Volume: actions[i].Volume, Pod: actions[i].Pod.UID}, Name: string(actions[i].Op)}
+	}
+	started := 0
+	for i, ok := range r.opts.Executor.Startable(cands) {
+		if ok {
+			r.dispatch(&actions[i])
+			started++
+		}
+	}
+	if r.opts.Log != nil && started > 0 {
+		r.opts.Log.Debug("reconciled", zap.Int("actions", len(actions)), zap.Int("started", started),
+			zap.Bool("sourcesReady", ready), zap.Duration("took", r.opts.Clock.Since(start)))
 	}
 	if r.opts.Observer != nil {
 		r.opts.Observer.Reconciled(dsw, asw, actions, r.opts.Clock.Since(start))

@@ -144,18 +144,38 @@ func lockedFlags(statfsFlags int64) uintptr {
 // Unmount unmounts target. A target that is not mounted, or missing, is
 // already done.
 func (m *Mounter) Unmount(target string) error {
+	_, err := m.unmountOnce(target)
+	return err
+}
+
+// unmountOnce unmounts the top mount on target and reports whether there
+// was one. umount(2) answers EINVAL for a path that is not a mount point,
+// which makes a separate mount-point check unnecessary.
+func (m *Mounter) unmountOnce(target string) (bool, error) {
 	err := unix.Unmount(target, 0)
 	switch {
-	case err == nil, errors.Is(err, unix.ENOENT):
-		return nil
-	case errors.Is(err, unix.EINVAL):
-		// EINVAL means "not a mount point" (or a bad flag, which we do not
-		// pass); confirm before calling it done.
-		if mounted, cerr := m.IsMountPoint(target); cerr == nil && !mounted {
-			return nil
+	case err == nil:
+		return true, nil
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.EINVAL):
+		return false, nil
+	}
+	return false, &os.PathError{Op: "unmount", Path: target, Err: err}
+}
+
+// maxStackedMounts bounds how many mounts UnmountAll peels off one path:
+// more than one means something mounted twice, which must still be cleaned
+// up.
+const maxStackedMounts = 16
+
+// UnmountAll unmounts every mount stacked on target.
+func (m *Mounter) UnmountAll(target string) error {
+	for i := 0; i < maxStackedMounts; i++ {
+		unmounted, err := m.unmountOnce(target)
+		if err != nil || !unmounted {
+			return err
 		}
 	}
-	return &os.PathError{Op: "unmount", Path: target, Err: err}
+	return fmt.Errorf("%s is still a mount point after %d unmounts", target, maxStackedMounts)
 }
 
 // FormatAndMount mounts a block device, formatting it first only when it has
@@ -176,22 +196,30 @@ func (m *Mounter) MountRefs(path string) ([]string, error) {
 	return m.utils.GetMountRefs(path)
 }
 
-// EnsureDir creates dir (and parents) with mode if missing.
-func EnsureDir(dir string, mode os.FileMode) error {
-	err := os.Mkdir(dir, mode)
-	if err == nil || errors.Is(err, fs.ErrExist) {
-		return nil
+// EnsureDir creates dir (and parents) with mode if missing. It reports
+// whether it created dir: a directory made just now cannot be a mount point,
+// which saves callers a check.
+func EnsureDir(dir string, mode os.FileMode) (created bool, err error) {
+	err = os.Mkdir(dir, mode)
+	if err == nil {
+		return true, nil
+	}
+	if errors.Is(err, fs.ErrExist) {
+		return false, nil
 	}
 	if errors.Is(err, fs.ErrNotExist) {
 		if err := os.MkdirAll(filepath.Dir(dir), 0o750); err != nil {
-			return err
+			return false, err
 		}
 		err = os.Mkdir(dir, mode)
-		if err == nil || errors.Is(err, fs.ErrExist) {
-			return nil
+		if err == nil {
+			return true, nil
+		}
+		if errors.Is(err, fs.ErrExist) {
+			return false, nil
 		}
 	}
-	return err
+	return false, err
 }
 
 // RemoveEmptyDirs removes dir and then its parents while they are empty,

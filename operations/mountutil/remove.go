@@ -18,6 +18,15 @@ var ErrMountPointInside = errors.New("mount point inside directory")
 // symbolic link and without descending into another mount. Everything that
 // can be removed safely is removed; the first problem is returned.
 func RemoveAll(dir string) error {
+	// Most volume directories are empty by the time they are removed (a
+	// tmpfs was just unmounted from them): try the one cheap syscall first.
+	err := unix.Rmdir(dir)
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) {
+		return &os.PathError{Op: "rmdir", Path: dir, Err: err}
+	}
 	if err := RemoveContents(dir); err != nil {
 		return err
 	}

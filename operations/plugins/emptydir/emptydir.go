@@ -41,13 +41,16 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 
 func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
 	src := req.Spec.Volume.EmptyDir
-	if err := mountutil.EnsureDir(req.Dir, 0o777); err != nil {
+	created, err := mountutil.EnsureDir(req.Dir, 0o777)
+	if err != nil {
 		return err
 	}
 	if src.Medium == v1.StorageMediumMemory {
-		mounted, err := p.host.Mounter.IsMountPoint(req.Dir)
-		if err != nil {
-			return err
+		mounted := false
+		if !created {
+			if mounted, err = p.host.Mounter.IsMountPoint(req.Dir); err != nil {
+				return err
+			}
 		}
 		if !mounted {
 			if err := p.host.Mounter.MountTmpfs(req.Dir, mountutil.TmpfsOptions{SizeBytes: tmpfsSize(src, req.Pod), Mode: 0o777}); err != nil {
@@ -81,7 +84,7 @@ func tmpfsSize(src *v1.EmptyDirVolumeSource, pod volume.PodInfo) int64 {
 // may be unknown) and deletes the directory and its contents, never crossing
 // into another mount and never following a symbolic link.
 func (p *Plugin) TearDown(_ context.Context, req *plugins.TearDownRequest) error {
-	if err := plugins.UnmountAll(p.host.Mounter, req.Dir); err != nil {
+	if err := p.host.Mounter.UnmountAll(req.Dir); err != nil {
 		return err
 	}
 	return mountutil.RemoveAll(req.Dir)

@@ -165,7 +165,7 @@ func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
 	// The mount point must be of the same kind as the source: a directory
 	// for a directory, a file for anything else.
 	if info.IsDir() {
-		err = mountutil.EnsureDir(req.Dir, 0o750)
+		_, err = mountutil.EnsureDir(req.Dir, 0o750)
 	} else {
 		err = ensureFile(req.Dir)
 	}
@@ -180,7 +180,7 @@ func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
 }
 
 func ensureFile(path string) error {
-	if err := mountutil.EnsureDir(filepath.Dir(path), 0o750); err != nil {
+	if _, err := mountutil.EnsureDir(filepath.Dir(path), 0o750); err != nil {
 		return err
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o640)

@@ -67,7 +67,7 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 // path with the PV's mount options.
 func (p *Plugin) MountDevice(_ context.Context, req *plugins.DeviceRequest) error {
 	local := req.Spec.PV.Spec.Local
-	if err := mountutil.EnsureDir(req.DeviceMountPath, 0o750); err != nil {
+	if _, err := mountutil.EnsureDir(req.DeviceMountPath, 0o750); err != nil {
 		return err
 	}
 	mounted, err := p.host.Mounter.IsMountPoint(req.DeviceMountPath)
@@ -120,7 +120,7 @@ func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
 	if err != nil {
 		return err
 	}
-	if err := mountutil.EnsureDir(req.Dir, 0o750); err != nil {
+	if _, err := mountutil.EnsureDir(req.Dir, 0o750); err != nil {
 		return err
 	}
 	mounted, err := p.host.Mounter.IsMountPoint(req.Dir)

@@ -1,0 +1,339 @@
+// Package manifest is the Source of standalone mode: it reads Pods,
+// PersistentVolumeClaims, PersistentVolumes, StorageClasses and CSIDrivers
+// from YAML or JSON files in one directory and follows changes to them.
+//
+// Since no API server validates, defaults or binds these objects, the package
+// does the part of that work the agent depends on: it rejects objects whose
+// names could not serve as path elements, derives stable UIDs, fills in the
+// defaults the agent reads and marks claims bound the way the PV controller
+// would. A file that cannot be parsed keeps the objects of its last good
+// version, because a file caught half-written must not look like deleted pods.
+package manifest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"go.uber.org/zap"
+
+	"github.com/volume-agent/volume-agent/source"
+)
+
+// Options configure a Source.
+type Options struct {
+	// Dir holds the manifest files; subdirectories are not read.
+	Dir string
+	// NodeName is the node this agent runs on: pods whose spec.nodeName is
+	// set to another node are ignored.
+	NodeName string
+	// Logger defaults to a no-op logger.
+	Logger *zap.Logger
+	// ResyncPeriod is how often the directory is compared with what was
+	// read, to catch changes inotify missed. Defaults to 30s.
+	ResyncPeriod time.Duration
+}
+
+const (
+	defaultResyncPeriod = 30 * time.Second
+	// debounceQuiet is how long a file must be left alone before it is read:
+	// writers issue several writes per file and the events of a burst
+	// should cost one update.
+	debounceQuiet = 10 * time.Millisecond
+	// debounceMax bounds the delay when events keep coming, so a stream of
+	// writes to many files still updates the store.
+	debounceMax = 20 * time.Millisecond
+	// holdMax bounds how long a file that keeps being written is left alone.
+	holdMax = 50 * time.Millisecond
+	// rewatchInterval is how often a lost directory watch is retried.
+	rewatchInterval = time.Second
+	// maxFileSize keeps a stray large file from costing the agent's memory.
+	maxFileSize = 4 << 20
+)
+
+// Source implements source.Source and source.ErrorReporter.
+type Source struct {
+	dir      string
+	log      *zap.Logger
+	resync   time.Duration
+	parser   parser
+	seed     maphash.Seed
+	snap     atomic.Pointer[snapshot]
+	synced   atomic.Bool
+	running  atomic.Bool
+	changed  chan struct{}
+	files    map[string]*fileState // owned by Run
+	dirErr   string                // owned by Run
+	dups     map[source.InputError]struct{}
+	watchDir fileID // identity of the directory the watch is on
+}
+
+var (
+	_ source.Source        = (*Source)(nil)
+	_ source.ErrorReporter = (*Source)(nil)
+)
+
+// New checks that opts.Dir is a directory and returns a Source that reads it
+// once Run is called.
+func New(opts Options) (*Source, error) {
+	if opts.Dir == "" {
+		return nil, errors.New("manifest: no directory given")
+	}
+	dir, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("manifest: directory %q: %w", opts.Dir, err)
+	}
+	if err := checkDir(dir); err != nil {
+		return nil, err
+	}
+	s := &Source{
+		dir:     dir,
+		log:     opts.Logger,
+		resync:  opts.ResyncPeriod,
+		parser:  parser{nodeName: opts.NodeName},
+		seed:    maphash.MakeSeed(),
+		changed: make(chan struct{}, 1),
+		files:   map[string]*fileState{},
+	}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
+	if s.resync <= 0 {
+		s.resync = defaultResyncPeriod
+	}
+	s.snap.Store(emptySnapshot())
+	return s, nil
+}
+
+func checkDir(dir string) error {
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("manifest: directory %s does not exist", dir)
+	case err != nil:
+		return fmt.Errorf("manifest: directory %s: %w", dir, err)
+	case !st.IsDir():
+		return fmt.Errorf("manifest: %s is not a directory", dir)
+	}
+	return nil
+}
+
+// Dir returns the absolute path of the directory read.
+func (s *Source) Dir() string { return s.dir }
+
+// HasSynced reports whether the directory has been read completely once.
+func (s *Source) HasSynced() bool { return s.synced.Load() }
+
+// Changed receives a value after every update that changed the Store or the
+// input errors.
+func (s *Source) Changed() <-chan struct{} { return s.changed }
+
+func (s *Source) notify() {
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+type pendingFile struct{ first, last time.Time }
+
+// Run reads the directory, then follows it until ctx ends. It fails only if
+// the directory cannot be watched at start.
+func (s *Source) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return errors.New("manifest: Run called more than once")
+	}
+	if err := checkDir(s.dir); err != nil {
+		return err
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("manifest: cannot watch %s: %w", s.dir, err)
+	}
+	defer w.Close()
+	// Watch before reading, so that a change made while reading is seen.
+	if err := w.Add(s.dir); err != nil {
+		return fmt.Errorf("manifest: cannot watch directory %s: %w", s.dir, err)
+	}
+	s.watchDir, _ = statID(s.dir)
+
+	start := time.Now()
+	s.scan(nil, nil, false)
+	s.synced.Store(true)
+	s.notify()
+	snap := s.snap.Load()
+	s.log.Info("Read manifest directory", zap.String("dir", s.dir), zap.Int("files", len(s.files)),
+		zap.Int("pods", len(snap.pods)), zap.Int("errors", len(snap.errors)), zap.Duration("took", time.Since(start)))
+
+	var (
+		pending  = map[string]pendingFile{}
+		burst    time.Time // first event not yet handled
+		overflow bool
+		lost     bool
+		retry    <-chan time.Time
+		timer    = time.NewTimer(time.Hour)
+		ticker   = time.NewTicker(s.resync)
+	)
+	timer.Stop()
+	defer timer.Stop()
+	defer ticker.Stop()
+	arm := func(now time.Time) {
+		if burst.IsZero() {
+			burst = now
+		}
+		timer.Reset(max(0, min(debounceQuiet, burst.Add(debounceMax).Sub(now))))
+	}
+	loseWatch := func() {
+		if !lost {
+			lost = true
+			retry = time.After(rewatchInterval)
+		}
+	}
+
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+
+		case ev, ok := <-w.Events:
+			if !ok {
+				return errors.New("manifest: watcher closed")
+			}
+			now := time.Now()
+			if filepath.Clean(ev.Name) == s.dir {
+				if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
+					loseWatch()
+				}
+			} else {
+				name := filepath.Base(ev.Name)
+				p, ok := pending[name]
+				if !ok {
+					p.first = now
+				}
+				p.last = now
+				pending[name] = p
+			}
+			arm(now)
+
+		case err, ok := <-w.Errors:
+			if !ok {
+				return errors.New("manifest: watcher closed")
+			}
+			if errors.Is(err, fsnotify.ErrEventOverflow) {
+				// Events were lost: re-read every file, not only the ones
+				// whose identity changed.
+				overflow = true
+				s.log.Warn("Manifest directory events overflowed; re-reading all files", zap.String("dir", s.dir))
+				arm(time.Now())
+			} else {
+				s.log.Warn("Watching manifest directory", zap.String("dir", s.dir), zap.Error(err))
+			}
+
+		case <-timer.C:
+			now := time.Now()
+			force := make(map[string]bool, len(pending))
+			hold := map[string]bool{}
+			for name, p := range pending {
+				if now.Sub(p.last) < debounceQuiet && now.Sub(p.first) < holdMax {
+					hold[name] = true
+					continue
+				}
+				force[name] = true
+				delete(pending, name)
+			}
+			s.scan(force, hold, overflow)
+			overflow = false
+			burst = time.Time{}
+			if len(pending) > 0 {
+				arm(now)
+			}
+
+		case <-ticker.C:
+			if id, err := statID(s.dir); err != nil {
+				loseWatch()
+			} else if id.dev != s.watchDir.dev || id.ino != s.watchDir.ino {
+				// The path now names another directory (a symlink swap or
+				// a rename over it): the watch is on the old one.
+				loseWatch()
+			}
+			if lost && s.rewatch(w) {
+				lost, retry = false, nil
+			}
+			hold := make(map[string]bool, len(pending))
+			for name := range pending {
+				hold[name] = true
+			}
+			s.scan(nil, hold, false)
+
+		case <-retry:
+			if s.rewatch(w) {
+				lost, retry = false, nil
+				s.scan(nil, nil, false)
+			} else {
+				retry = time.After(rewatchInterval)
+			}
+		}
+	}
+}
+
+// rewatch moves the watch to whatever directory the path names now.
+func (s *Source) rewatch(w *fsnotify.Watcher) bool {
+	id, err := statID(s.dir)
+	if err != nil {
+		return false
+	}
+	_ = w.Remove(s.dir) // gone already if the directory was removed
+	if err := w.Add(s.dir); err != nil {
+		s.log.Debug("Cannot watch manifest directory yet", zap.String("dir", s.dir), zap.Error(err))
+		return false
+	}
+	s.watchDir = id
+	s.log.Info("Watching manifest directory again", zap.String("dir", s.dir))
+	return true
+}
+
+// candidate reports whether a directory entry name may be a manifest.
+func candidate(name string) bool {
+	if strings.HasPrefix(name, ".") {
+		return false
+	}
+	switch strings.ToLower(filepath.Ext(name)) {
+	case ".yaml", ".yml", ".json":
+		return true
+	}
+	return false
+}
+
+// fileID is what tells a changed file from an unchanged one without reading
+// it. ctime is included so that edits which restore the mtime are seen too.
+type fileID struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime int64
+}
+
+func idOf(fi os.FileInfo) fileID {
+	id := fileID{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		// The conversions matter on 32-bit platforms.
+		id.dev, id.ino = uint64(st.Dev), uint64(st.Ino)
+		id.ctime = int64(st.Ctim.Sec)*1e9 + int64(st.Ctim.Nsec)
+	}
+	return id
+}
+
+func statID(path string) (fileID, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileID{}, err
+	}
+	return idOf(fi), nil
+}

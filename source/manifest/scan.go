@@ -1,0 +1,319 @@
+package manifest
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/api/equality"
+)
+
+// fileState is what is known about one manifest file.
+type fileState struct {
+	id     fileID
+	hash   uint64 // of the content last parsed, valid when hashed
+	hashed bool
+	// objects and warnings come from the last version that parsed well.
+	objects  []object
+	warnings []string
+	// fatal says why the current content cannot be used; empty when it can.
+	fatal string
+}
+
+// job is the reading of one file, done concurrently with others.
+type job struct {
+	name     string
+	id       fileID
+	prevHash uint64
+	hasPrev  bool
+
+	gone      bool // missing, or not a regular file any more
+	unchanged bool // same content as last parsed
+	err       error
+	hash      uint64
+	parsed    parsed
+}
+
+// scan compares the directory with the file states, reads the files that
+// changed and those in force (all of them with forceAll), leaves those in
+// hold alone, and publishes the result.
+func (s *Source) scan(force, hold map[string]bool, forceAll bool) {
+	changed := false
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		// Keep every object: an unmounted or replaced directory is not a
+		// request to delete all pods.
+		msg := fmt.Sprintf("cannot read directory: %v; keeping the objects last read from it", err)
+		if msg != s.dirErr {
+			s.log.Warn("Cannot read manifest directory", zap.String("dir", s.dir), zap.Error(err))
+			s.dirErr = msg
+			s.publish()
+		}
+		return
+	}
+	if s.dirErr != "" {
+		s.dirErr = ""
+		changed = true
+	}
+
+	seen := make(map[string]bool, len(entries))
+	var jobs []job
+	for _, e := range entries {
+		name := e.Name()
+		if !candidate(name) {
+			continue
+		}
+		st := s.files[name]
+		if hold[name] {
+			if st != nil {
+				seen[name] = true
+			}
+			continue
+		}
+		fi, err := os.Stat(filepath.Join(s.dir, name)) // follows symlinks
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				continue // removed, or a dangling symlink
+			}
+			seen[name] = true
+			jobs = append(jobs, job{name: name}) // reading reports the error
+			continue
+		}
+		if !fi.Mode().IsRegular() {
+			continue
+		}
+		seen[name] = true
+		id := idOf(fi)
+		if st != nil && st.id == id && !force[name] && !forceAll {
+			continue
+		}
+		j := job{name: name, id: id}
+		if st != nil {
+			j.prevHash, j.hasPrev = st.hash, st.hashed
+		}
+		jobs = append(jobs, j)
+	}
+
+	s.runJobs(jobs)
+	for i := range jobs {
+		if s.apply(&jobs[i]) {
+			changed = true
+		}
+	}
+	for name, st := range s.files {
+		if !seen[name] {
+			delete(s.files, name)
+			c := countKinds(st.objects)
+			s.log.Info("Removed manifest file", append([]zap.Field{zap.String("file", filepath.Join(s.dir, name))}, c.fields()...)...)
+			changed = true
+		}
+	}
+	if changed {
+		s.publish()
+	}
+}
+
+func (s *Source) publish() {
+	if s.rebuild() {
+		s.notify()
+	}
+}
+
+// runJobs reads and parses files on all CPUs: parsing YAML dominates the
+// cost of a large directory.
+func (s *Source) runJobs(jobs []job) {
+	workers := min(runtime.GOMAXPROCS(0), len(jobs))
+	if workers <= 1 {
+		for i := range jobs {
+			s.read(&jobs[i])
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(jobs) {
+					return
+				}
+				s.read(&jobs[i])
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (s *Source) read(j *job) {
+	// O_NONBLOCK: a FIFO with a manifest's name must not hang the agent.
+	f, err := os.OpenFile(filepath.Join(s.dir, j.name), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			j.gone = true
+		} else {
+			j.err = err
+		}
+		return
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		j.err = err
+		return
+	}
+	if !fi.Mode().IsRegular() {
+		j.gone = true
+		return
+	}
+	// The identity of what is actually read, which may be newer than what
+	// the directory scan saw.
+	j.id = idOf(fi)
+	if fi.Size() > maxFileSize {
+		j.err = fmt.Errorf("file is larger than %d MiB", maxFileSize>>20)
+		return
+	}
+	data := make([]byte, 0, fi.Size()+1)
+	data, err = readAll(f, data)
+	if err != nil {
+		j.err = err
+		return
+	}
+	if len(data) > maxFileSize {
+		j.err = fmt.Errorf("file is larger than %d MiB", maxFileSize>>20)
+		return
+	}
+	j.hash = maphash.Bytes(s.seed, data)
+	if j.hasPrev && j.hash == j.prevHash {
+		j.unchanged = true
+		return
+	}
+	j.parsed = s.parser.parse(data)
+}
+
+// readAll reads up to one byte past maxFileSize, so growth after the stat is
+// noticed without reading an unbounded file.
+func readAll(r io.Reader, buf []byte) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+		if len(buf) > maxFileSize {
+			return buf, nil
+		}
+	}
+}
+
+// apply records the outcome of a job and reports whether the file's
+// contribution to the store changed.
+func (s *Source) apply(j *job) bool {
+	path := filepath.Join(s.dir, j.name)
+	st := s.files[j.name]
+	if j.gone {
+		if st == nil {
+			return false
+		}
+		delete(s.files, j.name)
+		c := countKinds(st.objects)
+		s.log.Info("Removed manifest file", append([]zap.Field{zap.String("file", path)}, c.fields()...)...)
+		return true
+	}
+	if st == nil {
+		st = &fileState{}
+		s.files[j.name] = st
+	}
+	st.id = j.id
+	switch {
+	case j.unchanged:
+		return false
+
+	case j.err != nil:
+		// Read again on the next event or identity change.
+		st.hashed = false
+		msg := fmt.Sprintf("cannot read file: %v", j.err)
+		if msg == st.fatal {
+			return false
+		}
+		st.fatal = msg
+		s.log.Warn("Cannot read manifest file; keeping the objects of its last good version",
+			zap.String("file", path), zap.Error(j.err), zap.Int("kept", len(st.objects)))
+		return true
+
+	case j.parsed.fatal != "":
+		st.hash, st.hashed = j.hash, true
+		st.fatal = j.parsed.fatal
+		s.log.Warn("Malformed manifest file; keeping the objects of its last good version",
+			zap.String("file", path), zap.String("error", st.fatal), zap.Int("kept", len(st.objects)))
+		return true
+	}
+
+	st.hash, st.hashed = j.hash, true
+	objs := j.parsed.objects
+	reuseUnchanged(objs, st.objects)
+	st.objects, st.warnings, st.fatal = objs, j.parsed.warnings, ""
+	c := countKinds(objs)
+	s.log.Info("Loaded manifest file", append([]zap.Field{zap.String("file", path),
+		zap.Int("ignoredPods", len(j.parsed.ignored))}, c.fields()...)...)
+	for _, w := range j.parsed.warnings {
+		s.log.Warn("Problem in manifest file", zap.String("file", path), zap.String("error", w))
+	}
+	for _, pod := range j.parsed.ignored {
+		s.log.Debug("Ignoring pod of another node", zap.String("file", path), zap.String("pod", pod))
+	}
+	return true
+}
+
+// reuseUnchanged replaces objects equal to their previous version by that
+// version, so that rewriting a file with one pod changed leaves the other
+// pods' pointers, and the store, unchanged.
+func reuseUnchanged(objs, prev []object) {
+	if len(prev) == 0 {
+		return
+	}
+	old := make(map[kindKey]any, len(prev))
+	for i := range prev {
+		old[kindKey{prev[i].kind, prev[i].key()}] = prev[i].obj
+	}
+	for i := range objs {
+		if o, ok := old[kindKey{objs[i].kind, objs[i].key()}]; ok && equality.Semantic.DeepEqual(o, objs[i].obj) {
+			objs[i].obj = o
+		}
+	}
+}
+
+type kindCounts [numKinds]int
+
+func countKinds(objs []object) kindCounts {
+	var c kindCounts
+	for i := range objs {
+		c[objs[i].kind]++
+	}
+	return c
+}
+
+func (c kindCounts) fields() []zap.Field {
+	return []zap.Field{
+		zap.Int("pods", c[kindPod]),
+		zap.Int("pvcs", c[kindPVC]),
+		zap.Int("pvs", c[kindPV]),
+		zap.Int("storageClasses", c[kindStorageClass]),
+		zap.Int("csiDrivers", c[kindCSIDriver]),
+	}
+}

@@ -1,0 +1,308 @@
+package manifest
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/volume-agent/volume-agent/source"
+)
+
+type objKey struct{ ns, name string }
+
+// snapshot is what readers see. It is never modified once published: an
+// update builds a new one and swaps the pointer, so reads take no lock and
+// readers may keep objects from an old snapshot.
+type snapshot struct {
+	pods    []*corev1.Pod // sorted by namespace/name
+	pvcs    map[objKey]*corev1.PersistentVolumeClaim
+	pvs     map[string]*corev1.PersistentVolume
+	classes map[string]*storagev1.StorageClass
+	drivers map[string]*storagev1.CSIDriver
+	errors  []source.InputError
+}
+
+func emptySnapshot() *snapshot {
+	return &snapshot{
+		pvcs:    map[objKey]*corev1.PersistentVolumeClaim{},
+		pvs:     map[string]*corev1.PersistentVolume{},
+		classes: map[string]*storagev1.StorageClass{},
+		drivers: map[string]*storagev1.CSIDriver{},
+	}
+}
+
+func (a *snapshot) equal(b *snapshot) bool {
+	return slices.Equal(a.pods, b.pods) &&
+		maps.Equal(a.pvcs, b.pvcs) &&
+		maps.Equal(a.pvs, b.pvs) &&
+		maps.Equal(a.classes, b.classes) &&
+		maps.Equal(a.drivers, b.drivers) &&
+		slices.Equal(a.errors, b.errors)
+}
+
+// Pods returns the pods of this node sorted by namespace and name. The slice
+// is the caller's; the pods are shared and must not be modified.
+func (s *Source) Pods() []*corev1.Pod {
+	return slices.Clone(s.snap.Load().pods)
+}
+
+// PVC returns a claim, with status.phase Bound when it and its volume name
+// each other.
+func (s *Source) PVC(namespace, name string) (*corev1.PersistentVolumeClaim, error) {
+	if namespace == "" {
+		namespace = corev1.NamespaceDefault
+	}
+	if c, ok := s.snap.Load().pvcs[objKey{namespace, name}]; ok {
+		return c, nil
+	}
+	return nil, apierrors.NewNotFound(corev1.Resource("persistentvolumeclaims"), name)
+}
+
+// PV returns a persistent volume.
+func (s *Source) PV(name string) (*corev1.PersistentVolume, error) {
+	if v, ok := s.snap.Load().pvs[name]; ok {
+		return v, nil
+	}
+	return nil, apierrors.NewNotFound(corev1.Resource("persistentvolumes"), name)
+}
+
+// StorageClass returns a storage class.
+func (s *Source) StorageClass(name string) (*storagev1.StorageClass, error) {
+	if c, ok := s.snap.Load().classes[name]; ok {
+		return c, nil
+	}
+	return nil, apierrors.NewNotFound(storagev1.Resource("storageclasses"), name)
+}
+
+// CSIDriver returns a CSIDriver object.
+func (s *Source) CSIDriver(name string) (*storagev1.CSIDriver, error) {
+	if d, ok := s.snap.Load().drivers[name]; ok {
+		return d, nil
+	}
+	return nil, apierrors.NewNotFound(storagev1.Resource("csidrivers"), name)
+}
+
+// InputErrors returns the current problems with the manifest files, ordered
+// by file name.
+func (s *Source) InputErrors() []source.InputError {
+	return slices.Clone(s.snap.Load().errors)
+}
+
+type kindKey struct {
+	kind kind
+	objKey
+}
+
+type origin struct {
+	file string
+	loc  location
+}
+
+// rebuild publishes a new snapshot made from the file states and reports
+// whether it differs from the previous one.
+func (s *Source) rebuild() bool {
+	old := s.snap.Load()
+	names := slices.Sorted(maps.Keys(s.files))
+	total := 0
+	for _, st := range s.files {
+		total += len(st.objects)
+	}
+	n := &snapshot{
+		pods:    make([]*corev1.Pod, 0, len(old.pods)),
+		pvcs:    make(map[objKey]*corev1.PersistentVolumeClaim, len(old.pvcs)),
+		pvs:     make(map[string]*corev1.PersistentVolume, len(old.pvs)),
+		classes: make(map[string]*storagev1.StorageClass, len(old.classes)),
+		drivers: make(map[string]*storagev1.CSIDriver, len(old.drivers)),
+	}
+	if s.dirErr != "" {
+		n.errors = append(n.errors, source.InputError{Input: s.dir, Error: s.dirErr})
+	}
+	seen := make(map[kindKey]origin, total)
+	podUIDs := make(map[types.UID]kindKey, total)
+	dups := make(map[source.InputError]struct{})
+	for _, name := range names {
+		st := s.files[name]
+		path := filepath.Join(s.dir, name)
+		if st.fatal != "" {
+			msg := st.fatal
+			if len(st.objects) > 0 {
+				msg += fmt.Sprintf(" (keeping the %d objects of its last good version)", len(st.objects))
+			}
+			n.errors = append(n.errors, source.InputError{Input: path, Error: msg})
+		} else {
+			for _, w := range st.warnings {
+				n.errors = append(n.errors, source.InputError{Input: path, Error: w})
+			}
+		}
+		for i := range st.objects {
+			o := &st.objects[i]
+			kk := kindKey{o.kind, o.key()}
+			if first, dup := seen[kk]; dup {
+				e := source.InputError{Input: path, Error: fmt.Sprintf("%s: duplicate %s %s, already defined in %s %s; ignored",
+					o.loc, o.kind, displayName(o.ns, o.name), first.file, first.loc)}
+				s.logDuplicate(e, o, dups)
+				n.errors = append(n.errors, e)
+				continue
+			}
+			if o.kind == kindPod {
+				// Two pods sharing a UID would share a pod directory.
+				uid := o.obj.(*corev1.Pod).UID
+				if other, dup := podUIDs[uid]; dup {
+					first := seen[other]
+					e := source.InputError{Input: path, Error: fmt.Sprintf("%s: Pod %s has the same metadata.uid %q as Pod %s in %s %s; ignored",
+						o.loc, displayName(o.ns, o.name), uid, displayName(other.ns, other.name), first.file, first.loc)}
+					s.logDuplicate(e, o, dups)
+					n.errors = append(n.errors, e)
+					continue
+				}
+				podUIDs[uid] = kk
+			}
+			seen[kk] = origin{file: name, loc: o.loc}
+			switch obj := o.obj.(type) {
+			case *corev1.Pod:
+				n.pods = append(n.pods, obj)
+			case *corev1.PersistentVolumeClaim:
+				n.pvcs[o.key()] = obj
+			case *corev1.PersistentVolume:
+				n.pvs[o.name] = obj
+			case *storagev1.StorageClass:
+				n.classes[o.name] = obj
+			case *storagev1.CSIDriver:
+				n.drivers[o.name] = obj
+			}
+		}
+	}
+	s.dups = dups
+	slices.SortFunc(n.pods, func(a, b *corev1.Pod) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	bindClaims(n, old)
+	if n.equal(old) {
+		return false
+	}
+	s.snap.Store(n)
+	return true
+}
+
+// logDuplicate logs a duplicate the first time it is seen, not on every
+// rebuild that finds it again.
+func (s *Source) logDuplicate(e source.InputError, o *object, dups map[source.InputError]struct{}) {
+	dups[e] = struct{}{}
+	if _, known := s.dups[e]; known {
+		return
+	}
+	fields := []zap.Field{zap.String("file", e.Input), zap.String("error", e.Error)}
+	if o.kind == kindPod {
+		fields = append(fields, zap.String("pod", o.ns+"/"+o.name))
+	}
+	s.log.Warn("Ignoring duplicate object in manifest file", fields...)
+}
+
+func displayName(ns, name string) string {
+	if ns == "" {
+		return name
+	}
+	return ns + "/" + name
+}
+
+// bindClaims presents claims and volumes as the PV controller would have
+// left them, so the populator's checks are the same in both modes. Objects
+// that need a change are copied: the ones in n may be shared with readers.
+func bindClaims(n, old *snapshot) {
+	boundTo := make(map[string]*corev1.PersistentVolumeClaim)
+	for key, pvc := range n.pvcs {
+		var pv *corev1.PersistentVolume
+		if pvc.Spec.VolumeName != "" {
+			pv = n.pvs[pvc.Spec.VolumeName]
+		}
+		bound := pv != nil && claimRefMatches(pv.Spec.ClaimRef, pvc)
+		if bound {
+			boundTo[pv.Name] = pvc
+		}
+		if c := normalizedClaim(pvc, pv, bound); c != pvc {
+			n.pvcs[key] = reuse(c, old.pvcs[key])
+		}
+	}
+	for name, pv := range n.pvs {
+		if v := normalizedVolume(pv, boundTo[name]); v != pv {
+			n.pvs[name] = reuse(v, old.pvs[name])
+		}
+	}
+}
+
+func claimRefMatches(ref *corev1.ObjectReference, pvc *corev1.PersistentVolumeClaim) bool {
+	return ref != nil && ref.Namespace == pvc.Namespace && ref.Name == pvc.Name &&
+		(ref.UID == "" || ref.UID == pvc.UID)
+}
+
+func normalizedClaim(pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, bound bool) *corev1.PersistentVolumeClaim {
+	phase := pvc.Status.Phase == ""
+	if !bound {
+		if !phase {
+			return pvc
+		}
+		c := pvc.DeepCopy()
+		c.Status.Phase = corev1.ClaimPending
+		return c
+	}
+	capacity := len(pvc.Status.Capacity) == 0 && len(pv.Spec.Capacity) > 0
+	modes := len(pvc.Status.AccessModes) == 0 && len(pv.Spec.AccessModes) > 0
+	if !phase && !capacity && !modes {
+		return pvc
+	}
+	c := pvc.DeepCopy()
+	if phase {
+		c.Status.Phase = corev1.ClaimBound
+	}
+	// The kubelet compares status.capacity with the volume's size to decide
+	// whether a volume needs expanding; the PV controller copies both.
+	if capacity {
+		c.Status.Capacity = pv.Spec.Capacity.DeepCopy()
+	}
+	if modes {
+		c.Status.AccessModes = slices.Clone(pv.Spec.AccessModes)
+	}
+	return c
+}
+
+func normalizedVolume(pv *corev1.PersistentVolume, pvc *corev1.PersistentVolumeClaim) *corev1.PersistentVolume {
+	phase := pv.Status.Phase == ""
+	if pvc == nil {
+		if !phase {
+			return pv
+		}
+		v := pv.DeepCopy()
+		v.Status.Phase = corev1.VolumeAvailable
+		return v
+	}
+	uid := pv.Spec.ClaimRef.UID == ""
+	if !phase && !uid {
+		return pv
+	}
+	v := pv.DeepCopy()
+	if phase {
+		v.Status.Phase = corev1.VolumeBound
+	}
+	if uid {
+		v.Spec.ClaimRef.UID = pvc.UID
+	}
+	return v
+}
+
+// reuse keeps the previous pointer for an unchanged object, so an update of
+// one file does not make every normalised object look changed.
+func reuse[T any](fresh, prev *T) *T {
+	if prev != nil && equality.Semantic.DeepEqual(fresh, prev) {
+		return prev
+	}
+	return fresh
+}
