@@ -69,16 +69,27 @@ type ASWDocument struct {
 
 // ASWVolume is one attached or mounted volume.
 type ASWVolume struct {
-	Name             volume.UniqueName       `json:"name"`
-	Plugin           string                  `json:"plugin"`
-	Attributes       volume.Attributes       `json:"attributes"`
-	AttachState      cache.AttachState       `json:"attachState,omitempty"`
-	DeviceMountState cache.DeviceMountState  `json:"deviceMountState"`
-	DevicePath       string                  `json:"devicePath,omitempty"`
-	DeviceMountPath  string                  `json:"deviceMountPath,omitempty"`
-	Size             string                  `json:"size,omitempty"`
-	ResizeBlocked    string                  `json:"resizeBlocked,omitempty"`
-	Pods             []*cache.ActualPodMount `json:"pods"`
+	Name             volume.UniqueName      `json:"name"`
+	Plugin           string                 `json:"plugin"`
+	Attributes       volume.Attributes      `json:"attributes"`
+	AttachState      cache.AttachState      `json:"attachState,omitempty"`
+	DeviceMountState cache.DeviceMountState `json:"deviceMountState"`
+	DevicePath       string                 `json:"devicePath,omitempty"`
+	DeviceMountPath  string                 `json:"deviceMountPath,omitempty"`
+	Size             string                 `json:"size,omitempty"`
+	ResizeBlocked    string                 `json:"resizeBlocked,omitempty"`
+	Pods             []ASWPod               `json:"pods"`
+}
+
+// ASWPod is one pod's mount of a volume.
+type ASWPod struct {
+	volume.PodRef
+	SpecName        string           `json:"specName"`
+	MountState      cache.MountState `json:"mountState"`
+	MountPath       string           `json:"mountPath"`
+	RemountRequired bool             `json:"remountRequired,omitempty"`
+	Reconstructed   bool             `json:"reconstructed,omitempty"`
+	Since           time.Time        `json:"since"`
 }
 
 // OperationsDocument is GET /debug/operations.
@@ -132,15 +143,18 @@ func (a *Agent) aswDocument() ASWDocument {
 		av := ASWVolume{
 			Name: v.Name, Plugin: v.Plugin, Attributes: v.Attributes, AttachState: v.AttachState,
 			DeviceMountState: v.DeviceState, DevicePath: v.DevicePath, DeviceMountPath: v.DeviceMountPath,
-			ResizeBlocked: v.ResizeBlocked, Pods: []*cache.ActualPodMount{},
+			ResizeBlocked: v.ResizeBlocked, Pods: []ASWPod{},
 		}
 		if v.Size != nil {
 			av.Size = v.Size.String()
 		}
 		for _, m := range v.Pods {
-			av.Pods = append(av.Pods, m)
+			av.Pods = append(av.Pods, ASWPod{
+				PodRef: m.Pod, SpecName: m.SpecName, MountState: m.State, MountPath: m.MountPath,
+				RemountRequired: m.RemountRequired, Reconstructed: m.Reconstructed, Since: m.Since,
+			})
 		}
-		sort.Slice(av.Pods, func(i, j int) bool { return av.Pods[i].Pod.UID < av.Pods[j].Pod.UID })
+		sort.Slice(av.Pods, func(i, j int) bool { return av.Pods[i].UID < av.Pods[j].UID })
 		doc.Volumes = append(doc.Volumes, av)
 	}
 	sort.Slice(doc.Volumes, func(i, j int) bool { return doc.Volumes[i].Name < doc.Volumes[j].Name })

@@ -1,0 +1,56 @@
+# volume-agent. Targets that mount things (test, e2e, bench, run) need root.
+GO          ?= go
+BIN         := bin/volume-agent
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# The control plane for cluster tests is built from Go modules and cached
+# outside the repo (see test/tools/build.sh); the first build takes minutes.
+TOOLS_BIN    = $(shell test/tools/build.sh)
+
+.PHONY: all build run test unit e2e lint bench tools cluster-up cluster-down clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/volume-agent
+
+# Run the agent in standalone mode on the bundled example manifests.
+run: build
+	examples/run.sh
+
+# Every test: lint, unit, real-mount integration, CSI conformance, and the
+# end-to-end suites against a real etcd + kube-apiserver.
+test: lint tools
+	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) $(GO) test -race -timeout 30m ./...
+
+# Tests that need neither root nor a control plane.
+unit:
+	$(GO) test -race -short ./...
+
+# The cluster-mode end-to-end suite only.
+e2e: tools
+	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) $(GO) test -race -timeout 20m -v ./test/e2e/cluster/...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+# Planner and executor micro-benchmarks, then the end-to-end standalone
+# benchmark (500 pods x 4 Memory emptyDirs; see docs/performance.md).
+bench: build
+	$(GO) test -run '^$$' -bench . -benchmem ./reconciler/ ./operations/ ./source/manifest/
+	$(GO) build -o bin/bench ./test/bench
+	bin/bench -agent $(BIN) -pods 500 -volumes 4
+	bin/bench -agent $(BIN) -pods 1000 -volumes 4 -idle 5s
+
+tools:
+	@test/tools/build.sh >/dev/null
+
+cluster-up:
+	hack/cluster-up.sh
+
+cluster-down:
+	hack/cluster-down.sh
+
+clean:
+	rm -rf bin

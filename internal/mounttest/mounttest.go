@@ -1,0 +1,392 @@
+// Package mounttest helps tests that make real mounts: skipping when not
+// root, reading the mount table, temporary directories that are always
+// unmounted before they are removed, and loop devices that are always
+// detached. It is only imported by tests.
+package mounttest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// RequireRoot skips the test, saying why, unless it runs as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: mounting needs root (run the tests as root, e.g. sudo -E go test ./...)")
+	}
+}
+
+// Mount is one line of /proc/self/mountinfo.
+type Mount struct {
+	ID, Parent   int
+	Major, Minor int
+	// Root is the path inside the filesystem that is mounted (not "/" for
+	// bind mounts of a subdirectory).
+	Root       string
+	MountPoint string
+	// Options are the per-mount options (ro, nosuid, noexec...).
+	Options []string
+	FSType  string
+	Source  string
+	// SuperOptions are the filesystem's options (size=..., mode=...).
+	SuperOptions []string
+}
+
+// HasOption reports whether o is a per-mount option of m.
+func (m Mount) HasOption(o string) bool {
+	for _, x := range m.Options {
+		if x == o {
+			return true
+		}
+	}
+	return false
+}
+
+// SuperOption returns the value of a key=value filesystem option.
+func (m Mount) SuperOption(key string) (string, bool) {
+	for _, x := range m.SuperOptions {
+		if k, v, ok := strings.Cut(x, "="); ok && k == key {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// ReadMounts parses /proc/self/mountinfo.
+func ReadMounts() ([]Mount, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []Mount
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		m, err := parseLine(sc.Text())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, sc.Err()
+}
+
+func parseLine(line string) (Mount, error) {
+	// 36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
+	pre, post, ok := strings.Cut(line, " - ")
+	if !ok {
+		return Mount{}, fmt.Errorf("mountinfo line without separator: %q", line)
+	}
+	f := strings.Fields(pre)
+	g := strings.Fields(post)
+	if len(f) < 6 || len(g) < 3 {
+		return Mount{}, fmt.Errorf("short mountinfo line: %q", line)
+	}
+	var m Mount
+	var err error
+	if m.ID, err = strconv.Atoi(f[0]); err != nil {
+		return Mount{}, fmt.Errorf("mountinfo line %q: %v", line, err)
+	}
+	if m.Parent, err = strconv.Atoi(f[1]); err != nil {
+		return Mount{}, fmt.Errorf("mountinfo line %q: %v", line, err)
+	}
+	maj, min, _ := strings.Cut(f[2], ":")
+	m.Major, _ = strconv.Atoi(maj)
+	m.Minor, _ = strconv.Atoi(min)
+	m.Root = unescape(f[3])
+	m.MountPoint = unescape(f[4])
+	m.Options = strings.Split(f[5], ",")
+	m.FSType = g[0]
+	m.Source = unescape(g[1])
+	m.SuperOptions = strings.Split(g[2], ",")
+	return m, nil
+}
+
+// unescape decodes the octal escapes (\040 for a space...) of mountinfo.
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// Mounts returns the mount table, failing the test if it cannot be read.
+func Mounts(t testing.TB) []Mount {
+	t.Helper()
+	ms, err := ReadMounts()
+	if err != nil {
+		t.Fatalf("reading mountinfo: %v", err)
+	}
+	return ms
+}
+
+// MountsAt returns the mounts whose mount point is path, bottom first.
+func MountsAt(t testing.TB, path string) []Mount {
+	t.Helper()
+	path = Real(path)
+	var out []Mount
+	for _, m := range Mounts(t) {
+		if m.MountPoint == path {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// MountAt returns the one mount at path, failing the test unless there is
+// exactly one.
+func MountAt(t testing.TB, path string) Mount {
+	t.Helper()
+	ms := MountsAt(t, path)
+	if len(ms) != 1 {
+		t.Fatalf("%d mounts at %s, want 1: %+v", len(ms), path, ms)
+	}
+	return ms[0]
+}
+
+// MountsUnder returns the mounts at root or below it.
+func MountsUnder(t testing.TB, root string) []Mount {
+	t.Helper()
+	ms, err := mountsUnder(root)
+	if err != nil {
+		t.Fatalf("reading mountinfo: %v", err)
+	}
+	return ms
+}
+
+func mountsUnder(root string) ([]Mount, error) {
+	all, err := ReadMounts()
+	if err != nil {
+		return nil, err
+	}
+	root = Real(root)
+	var out []Mount
+	for _, m := range all {
+		if m.MountPoint == root || strings.HasPrefix(m.MountPoint, root+"/") {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// Real resolves symbolic links in path as far as it exists, so that it can
+// be compared with mount points (which the kernel reports resolved).
+func Real(path string) string {
+	path = filepath.Clean(path)
+	if r, err := filepath.EvalSymlinks(path); err == nil {
+		return r
+	}
+	dir, base := filepath.Split(path)
+	if dir == "" || dir == "/" || filepath.Clean(dir) == path {
+		return path
+	}
+	return filepath.Join(Real(filepath.Clean(dir)), base)
+}
+
+// UnmountUnder unmounts every mount at root or below it, deepest and newest
+// first. A mount that refuses (busy) is detached lazily, so that the caller
+// can always remove root afterwards without reaching into a mounted
+// filesystem.
+func UnmountUnder(root string) error {
+	for range 64 {
+		ms, err := mountsUnder(root)
+		if err != nil {
+			return err
+		}
+		if len(ms) == 0 {
+			return nil
+		}
+		sort.SliceStable(ms, func(i, j int) bool {
+			di, dj := strings.Count(ms[i].MountPoint, "/"), strings.Count(ms[j].MountPoint, "/")
+			if di != dj {
+				return di > dj
+			}
+			return ms[i].ID > ms[j].ID
+		})
+		m := ms[0]
+		if err := unix.Unmount(m.MountPoint, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			if err := unix.Unmount(m.MountPoint, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("unmounting %s: %w", m.MountPoint, err)
+			}
+		}
+	}
+	ms, err := mountsUnder(root)
+	if err == nil && len(ms) > 0 {
+		err = fmt.Errorf("%d mounts left under %s", len(ms), root)
+	}
+	return err
+}
+
+// CleanupMounts registers a cleanup that unmounts everything under dir.
+// Cleanups run last-registered first: call it after creating dir (so that
+// the unmount runs before dir is removed) and before mounting anything.
+func CleanupMounts(t testing.TB, dir string) {
+	t.Helper()
+	t.Cleanup(func() {
+		if err := UnmountUnder(dir); err != nil {
+			t.Errorf("cleaning up mounts: %v", err)
+		}
+	})
+}
+
+// TempDir returns a new temporary directory whose mounts are all unmounted
+// before it is removed, even when the test fails.
+func TempDir(t testing.TB) string {
+	t.Helper()
+	dir := Real(t.TempDir())
+	CleanupMounts(t, dir)
+	return dir
+}
+
+// LoopDevice creates a sparse backing file of size bytes and attaches it to
+// a free loop device, which is detached when the test ends (after unmounting
+// anything still mounted from it).
+func LoopDevice(t testing.TB, size int64) string {
+	t.Helper()
+	backing := filepath.Join(t.TempDir(), "disk.img")
+	f, err := os.Create(backing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "-f", "--show", backing).CombinedOutput()
+	if err != nil {
+		t.Skipf("skipping: cannot attach a loop device (losetup -f --show: %v: %s)", err, strings.TrimSpace(string(out)))
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { DetachLoop(t, dev) })
+	return dev
+}
+
+// DetachLoop unmounts every mount of dev and detaches it.
+func DetachLoop(t testing.TB, dev string) {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err == nil {
+		maj, min := int(unix.Major(st.Rdev)), int(unix.Minor(st.Rdev))
+		for range 16 {
+			ms, err := ReadMounts()
+			if err != nil {
+				t.Errorf("reading mountinfo: %v", err)
+				break
+			}
+			found := false
+			for i := len(ms) - 1; i >= 0; i-- {
+				if ms[i].Major == maj && ms[i].Minor == min {
+					found = true
+					if err := unix.Unmount(ms[i].MountPoint, 0); err != nil {
+						_ = unix.Unmount(ms[i].MountPoint, unix.MNT_DETACH)
+					}
+				}
+			}
+			if !found {
+				break
+			}
+		}
+	}
+	if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+		t.Errorf("losetup -d %s: %v: %s", dev, err, strings.TrimSpace(string(out)))
+	}
+}
+
+// DiskFormat returns the filesystem type blkid finds on dev, "" if none.
+func DiskFormat(t testing.TB, dev string) string {
+	t.Helper()
+	out, err := exec.Command("blkid", "-p", "-s", "TYPE", "-o", "value", dev).Output()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.ExitCode() == 2 {
+		return ""
+	}
+	if err != nil {
+		t.Fatalf("blkid %s: %v", dev, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// Mkfs formats dev, skipping the test if the tool is not installed.
+func Mkfs(t testing.TB, fsType, dev string) {
+	t.Helper()
+	tool := "mkfs." + fsType
+	if _, err := exec.LookPath(tool); err != nil {
+		t.Skipf("skipping: %s is not installed", tool)
+	}
+	args := []string{dev}
+	switch fsType {
+	case "ext4", "ext3", "ext2":
+		args = []string{"-F", "-q", dev}
+	case "xfs":
+		args = []string{"-f", "-q", dev}
+	}
+	if out, err := exec.Command(tool, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v: %s", tool, dev, err, out)
+	}
+}
+
+// MountDevice mounts dev at target with mount(8) and registers its unmount.
+func MountDevice(t testing.TB, dev, target, fsType string) {
+	t.Helper()
+	if out, err := exec.Command("mount", "-t", fsType, dev, target).CombinedOutput(); err != nil {
+		t.Fatalf("mount %s %s: %v: %s", dev, target, err, out)
+	}
+	t.Cleanup(func() { _ = UnmountUnder(target) })
+}
+
+// MountTmpfs mounts a small tmpfs at target (which must exist) and registers
+// its unmount.
+func MountTmpfs(t testing.TB, target string) {
+	t.Helper()
+	if err := unix.Mount("tmpfs", target, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatalf("mounting tmpfs at %s: %v", target, err)
+	}
+	t.Cleanup(func() { _ = UnmountUnder(target) })
+}
+
+// WriteFile writes a file, failing the test on error.
+func WriteFile(t testing.TB, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ReadFile returns a file's content, failing the test on error.
+func ReadFile(t testing.TB, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("reading %s: %v", path, err)
+	}
+	return string(b)
+}

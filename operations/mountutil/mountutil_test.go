@@ -1,0 +1,440 @@
+package mountutil_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/operations/mountutil"
+)
+
+func mkdir(t *testing.T, path string) string {
+	t.Helper()
+	if err := os.MkdirAll(path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// writeErr tries to create a file in dir and returns the error.
+func writeErr(dir string) error {
+	return os.WriteFile(filepath.Join(dir, "probe"), []byte("x"), 0o644)
+}
+
+func TestMountTmpfs(t *testing.T) {
+	mounttest.RequireRoot(t)
+	page := int64(os.Getpagesize())
+	tests := []struct {
+		name string
+		opts mountutil.TmpfsOptions
+		// wantSize is the size statfs reports; 0 means the kernel default
+		// (not checked beyond being larger than any limit used here).
+		wantSize int64
+	}{
+		{"size and mode 0777", mountutil.TmpfsOptions{SizeBytes: 8 << 20, Mode: 0o777}, 8 << 20},
+		{"mode 0750", mountutil.TmpfsOptions{SizeBytes: 1 << 20, Mode: 0o750}, 1 << 20},
+		{"size rounded up to pages", mountutil.TmpfsOptions{SizeBytes: 1<<20 + 1, Mode: 0o700}, 1<<20 + page},
+		{"no size is the kernel default", mountutil.TmpfsOptions{Mode: 0o755}, 0},
+	}
+	m := mountutil.New()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := mkdir(t, filepath.Join(mounttest.TempDir(t), "tmpfs"))
+			if err := m.MountTmpfs(dir, tc.opts); err != nil {
+				t.Fatal(err)
+			}
+			mi := mounttest.MountAt(t, dir)
+			if mi.FSType != "tmpfs" {
+				t.Errorf("fstype %q, want tmpfs", mi.FSType)
+			}
+			for _, o := range []string{"nosuid", "nodev", "rw"} {
+				if !mi.HasOption(o) {
+					t.Errorf("mount options %v lack %s", mi.Options, o)
+				}
+			}
+			if mode, _ := mi.SuperOption("mode"); mode != strconv.FormatUint(uint64(tc.opts.Mode.Perm()), 8) {
+				t.Errorf("mountinfo mode=%s, want %o", mode, tc.opts.Mode.Perm())
+			}
+			fi, err := os.Stat(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != tc.opts.Mode.Perm() {
+				t.Errorf("root directory mode %o, want %o", fi.Mode().Perm(), tc.opts.Mode.Perm())
+			}
+			var st unix.Statfs_t
+			if err := unix.Statfs(dir, &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Type != unix.TMPFS_MAGIC {
+				t.Errorf("statfs type %#x, want tmpfs", st.Type)
+			}
+			size := int64(st.Blocks) * st.Bsize
+			if tc.wantSize != 0 && size != tc.wantSize {
+				t.Errorf("statfs size %d, want %d", size, tc.wantSize)
+			}
+			if tc.wantSize == 0 && size <= 8<<20 {
+				t.Errorf("statfs size %d: the kernel default should be half the RAM", size)
+			}
+			if tc.wantSize != 0 {
+				if v, _ := mi.SuperOption("size"); v != strconv.FormatInt(tc.wantSize>>10, 10)+"k" {
+					t.Errorf("mountinfo size=%s, want %dk", v, tc.wantSize>>10)
+				}
+			}
+		})
+	}
+}
+
+func TestMountTmpfsMissingTarget(t *testing.T) {
+	mounttest.RequireRoot(t)
+	missing := filepath.Join(mounttest.TempDir(t), "missing")
+	err := mountutil.New().MountTmpfs(missing, mountutil.TmpfsOptions{Mode: 0o777})
+	if !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("MountTmpfs on a missing directory: %v, want ENOENT", err)
+	}
+}
+
+// bindFixture is a source directory holding a file and a tmpfs submount
+// holding another file, and an empty target directory.
+type bindFixture struct {
+	src, sub, target string
+}
+
+func newBindFixture(t *testing.T) bindFixture {
+	t.Helper()
+	tmp := mounttest.TempDir(t)
+	f := bindFixture{
+		src:    mkdir(t, filepath.Join(tmp, "src")),
+		sub:    mkdir(t, filepath.Join(tmp, "src", "sub")),
+		target: mkdir(t, filepath.Join(tmp, "target")),
+	}
+	mounttest.WriteFile(t, filepath.Join(f.src, "top.txt"), "top")
+	mounttest.MountTmpfs(t, f.sub)
+	mounttest.WriteFile(t, filepath.Join(f.sub, "inner.txt"), "inner")
+	return f
+}
+
+func TestBindMount(t *testing.T) {
+	mounttest.RequireRoot(t)
+	tests := []struct {
+		name string
+		opts mountutil.BindOptions
+		// subVisible: the submount's content shows through the target.
+		subVisible bool
+	}{
+		{"plain", mountutil.BindOptions{}, false},
+		{"read-only", mountutil.BindOptions{ReadOnly: true}, false},
+		{"recursive", mountutil.BindOptions{Recursive: true}, true},
+		{"recursive read-only", mountutil.BindOptions{Recursive: true, ReadOnly: true}, true},
+		{"noexec", mountutil.BindOptions{Flags: unix.MS_NOEXEC}, false},
+		{"recursive read-only nosuid", mountutil.BindOptions{Recursive: true, ReadOnly: true, Flags: unix.MS_NOSUID}, true},
+	}
+	m := mountutil.New()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newBindFixture(t)
+			if err := m.BindMount(f.src, f.target, tc.opts); err != nil {
+				t.Fatal(err)
+			}
+			top := mounttest.MountAt(t, f.target)
+			if got := mounttest.ReadFile(t, filepath.Join(f.target, "top.txt")); got != "top" {
+				t.Errorf("top.txt through the bind mount: %q", got)
+			}
+			_, err := os.Stat(filepath.Join(f.target, "sub", "inner.txt"))
+			if visible := err == nil; visible != tc.subVisible {
+				t.Errorf("submount content visible through the bind mount: %v, want %v (%v)", visible, tc.subVisible, err)
+			}
+
+			if tc.opts.ReadOnly {
+				if !top.HasOption("ro") {
+					t.Errorf("mount options %v lack ro", top.Options)
+				}
+				if err := writeErr(f.target); !errors.Is(err, unix.EROFS) {
+					t.Errorf("writing through a read-only bind mount: %v, want EROFS", err)
+				}
+				if err := os.Remove(filepath.Join(f.target, "top.txt")); !errors.Is(err, unix.EROFS) {
+					t.Errorf("removing through a read-only bind mount: %v, want EROFS", err)
+				}
+			} else if err := writeErr(f.target); err != nil {
+				t.Errorf("writing through a read-write bind mount: %v", err)
+			}
+			if tc.opts.ReadOnly && tc.subVisible {
+				if err := writeErr(filepath.Join(f.target, "sub")); !errors.Is(err, unix.EROFS) {
+					t.Errorf("writing into a submount of a recursive read-only bind mount: %v, want EROFS", err)
+				}
+				sub := mounttest.MountAt(t, filepath.Join(f.target, "sub"))
+				if !sub.HasOption("ro") {
+					t.Errorf("submount options %v lack ro", sub.Options)
+				}
+			}
+			if tc.opts.Flags&unix.MS_NOEXEC != 0 && !top.HasOption("noexec") {
+				t.Errorf("mount options %v lack noexec", top.Options)
+			}
+			if tc.opts.Flags&unix.MS_NOSUID != 0 && !top.HasOption("nosuid") {
+				t.Errorf("mount options %v lack nosuid", top.Options)
+			}
+			// The source itself stays writable, submount included.
+			if err := writeErr(f.src); err != nil {
+				t.Errorf("source became unwritable: %v", err)
+			}
+			if err := writeErr(f.sub); err != nil {
+				t.Errorf("source submount became unwritable: %v", err)
+			}
+		})
+	}
+}
+
+// A read-only bind of a source that is itself mounted nosuid,nodev (tmpfs
+// as the agent mounts it) must repeat the locked flags or the kernel
+// refuses the remount.
+func TestBindMountReadOnlyOfLockedSource(t *testing.T) {
+	mounttest.RequireRoot(t)
+	tmp := mounttest.TempDir(t)
+	src := mkdir(t, filepath.Join(tmp, "src"))
+	target := mkdir(t, filepath.Join(tmp, "target"))
+	m := mountutil.New()
+	if err := m.MountTmpfs(src, mountutil.TmpfsOptions{SizeBytes: 1 << 20, Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.BindMount(src, target, mountutil.BindOptions{ReadOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeErr(target); !errors.Is(err, unix.EROFS) {
+		t.Errorf("write: %v, want EROFS", err)
+	}
+	if err := writeErr(src); err != nil {
+		t.Errorf("source: %v", err)
+	}
+}
+
+func TestBindMountFile(t *testing.T) {
+	mounttest.RequireRoot(t)
+	tmp := mounttest.TempDir(t)
+	src := filepath.Join(tmp, "src.txt")
+	target := filepath.Join(tmp, "target.txt")
+	mounttest.WriteFile(t, src, "hello")
+	mounttest.WriteFile(t, target, "")
+	m := mountutil.New()
+	if err := m.BindMount(src, target, mountutil.BindOptions{ReadOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got := mounttest.ReadFile(t, target); got != "hello" {
+		t.Errorf("target content %q", got)
+	}
+	if err := os.WriteFile(target, []byte("x"), 0o644); !errors.Is(err, unix.EROFS) {
+		t.Errorf("writing a read-only bind-mounted file: %v, want EROFS", err)
+	}
+	if ok, err := m.IsMountPoint(target); err != nil || !ok {
+		t.Errorf("IsMountPoint(bind-mounted file) = %v, %v", ok, err)
+	}
+}
+
+func TestBindMountMissingSource(t *testing.T) {
+	mounttest.RequireRoot(t)
+	tmp := mounttest.TempDir(t)
+	target := mkdir(t, filepath.Join(tmp, "target"))
+	err := mountutil.New().BindMount(filepath.Join(tmp, "missing"), target, mountutil.BindOptions{ReadOnly: true})
+	if !errors.Is(err, unix.ENOENT) {
+		t.Errorf("bind of a missing source: %v, want ENOENT", err)
+	}
+	if ms := mounttest.MountsAt(t, target); len(ms) != 0 {
+		t.Errorf("mounts left at target: %+v", ms)
+	}
+}
+
+func TestUnmountNotMounted(t *testing.T) {
+	mounttest.RequireRoot(t)
+	tmp := mounttest.TempDir(t)
+	plain := mkdir(t, filepath.Join(tmp, "plain"))
+	file := filepath.Join(tmp, "file")
+	mounttest.WriteFile(t, file, "x")
+	m := mountutil.New()
+	for _, path := range []string{plain, file, filepath.Join(tmp, "missing"), filepath.Join(tmp, "missing", "deeper")} {
+		if err := m.Unmount(path); err != nil {
+			t.Errorf("Unmount(%s) = %v, want nil", path, err)
+		}
+		if err := m.UnmountAll(path); err != nil {
+			t.Errorf("UnmountAll(%s) = %v, want nil", path, err)
+		}
+	}
+	if _, err := os.Stat(plain); err != nil {
+		t.Errorf("unmounting a plain directory touched it: %v", err)
+	}
+}
+
+func TestUnmount(t *testing.T) {
+	mounttest.RequireRoot(t)
+	dir := mkdir(t, filepath.Join(mounttest.TempDir(t), "d"))
+	m := mountutil.New()
+	if err := m.MountTmpfs(dir, mountutil.TmpfsOptions{SizeBytes: 1 << 20, Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unmount(dir); err != nil {
+		t.Fatal(err)
+	}
+	if ms := mounttest.MountsAt(t, dir); len(ms) != 0 {
+		t.Errorf("still mounted: %+v", ms)
+	}
+	if err := m.Unmount(dir); err != nil {
+		t.Errorf("second Unmount: %v", err)
+	}
+}
+
+func TestUnmountAllPeelsStackedMounts(t *testing.T) {
+	mounttest.RequireRoot(t)
+	for _, n := range []int{1, 2, 5} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			tmp := mounttest.TempDir(t)
+			dir := mkdir(t, filepath.Join(tmp, "d"))
+			src := mkdir(t, filepath.Join(tmp, "src"))
+			m := mountutil.New()
+			for i := range n {
+				var err error
+				if i%2 == 0 {
+					err = m.MountTmpfs(dir, mountutil.TmpfsOptions{SizeBytes: 1 << 20, Mode: 0o755})
+				} else {
+					err = m.BindMount(src, dir, mountutil.BindOptions{})
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := len(mounttest.MountsAt(t, dir)); got != n {
+				t.Fatalf("%d mounts stacked, want %d", got, n)
+			}
+			if err := m.UnmountAll(dir); err != nil {
+				t.Fatal(err)
+			}
+			if ms := mounttest.MountsAt(t, dir); len(ms) != 0 {
+				t.Errorf("mounts left: %+v", ms)
+			}
+			if ok, err := m.IsMountPoint(dir); err != nil || ok {
+				t.Errorf("IsMountPoint after UnmountAll = %v, %v", ok, err)
+			}
+		})
+	}
+}
+
+func TestIsMountPoint(t *testing.T) {
+	mounttest.RequireRoot(t)
+	tmp := mounttest.TempDir(t)
+	m := mountutil.New()
+	src := mkdir(t, filepath.Join(tmp, "src"))
+	mkdir(t, filepath.Join(src, "child"))
+	bind := mkdir(t, filepath.Join(tmp, "bind"))
+	if err := m.BindMount(src, bind, mountutil.BindOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A bind mount of a subdirectory onto a sibling of the same
+	// filesystem: same device, so only the mount table tells.
+	selfParent := mkdir(t, filepath.Join(tmp, "self"))
+	selfChild := mkdir(t, filepath.Join(selfParent, "child"))
+	if err := m.BindMount(selfChild, selfChild, mountutil.BindOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tmpfs := mkdir(t, filepath.Join(tmp, "tmpfs"))
+	if err := m.MountTmpfs(tmpfs, mountutil.TmpfsOptions{SizeBytes: 1 << 20, Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(tmp, "file")
+	mounttest.WriteFile(t, file, "")
+
+	tests := []struct {
+		path string
+		want bool
+	}{
+		{bind, true},
+		{selfChild, true},
+		{tmpfs, true},
+		{filepath.Join(bind, "child"), false},
+		{src, false},
+		{selfParent, false},
+		{file, false},
+		{filepath.Join(tmp, "missing"), false},
+	}
+	for _, tc := range tests {
+		got, err := m.IsMountPoint(tc.path)
+		if err != nil || got != tc.want {
+			t.Errorf("IsMountPoint(%s) = %v, %v; want %v", tc.path, got, err, tc.want)
+		}
+	}
+}
+
+func TestEnsureDir(t *testing.T) {
+	tmp := t.TempDir()
+	old := unix.Umask(0o022)
+	defer unix.Umask(old)
+	existing := mkdir(t, filepath.Join(tmp, "existing"))
+	tests := []struct {
+		name        string
+		path        string
+		mode        os.FileMode
+		wantCreated bool
+		wantMode    os.FileMode
+	}{
+		{"new", filepath.Join(tmp, "new"), 0o750, true, 0o750},
+		{"new with missing parents", filepath.Join(tmp, "a", "b", "c"), 0o700, true, 0o700},
+		{"existing keeps its mode", existing, 0o700, false, 0o755},
+		{"umask applies", filepath.Join(tmp, "umask"), 0o777, true, 0o755},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			created, err := mountutil.EnsureDir(tc.path, tc.mode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if created != tc.wantCreated {
+				t.Errorf("created = %v, want %v", created, tc.wantCreated)
+			}
+			fi, err := os.Stat(tc.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !fi.IsDir() || fi.Mode().Perm() != tc.wantMode {
+				t.Errorf("mode %v, want directory %o", fi.Mode(), tc.wantMode)
+			}
+			created, err = mountutil.EnsureDir(tc.path, tc.mode)
+			if err != nil || created {
+				t.Errorf("second EnsureDir = %v, %v; want false, nil", created, err)
+			}
+		})
+	}
+}
+
+// EnsureDir on a mount point reports it as existing, never as created:
+// callers skip the mount-point check for created directories.
+func TestEnsureDirOnMountPoint(t *testing.T) {
+	mounttest.RequireRoot(t)
+	dir := mkdir(t, filepath.Join(mounttest.TempDir(t), "d"))
+	mounttest.MountTmpfs(t, dir)
+	created, err := mountutil.EnsureDir(dir, 0o750)
+	if err != nil || created {
+		t.Errorf("EnsureDir(mount point) = %v, %v; want false, nil", created, err)
+	}
+}
+
+func TestRemoveEmptyDirs(t *testing.T) {
+	tmp := t.TempDir()
+	stop := mkdir(t, filepath.Join(tmp, "stop"))
+	leaf := mkdir(t, filepath.Join(stop, "a", "b", "c"))
+	mounttest.WriteFile(t, filepath.Join(stop, "a", "keep"), "x")
+	mountutil.RemoveEmptyDirs(leaf, stop)
+	if _, err := os.Stat(filepath.Join(stop, "a", "b")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("empty parent a/b not removed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(stop, "a", "keep")); err != nil {
+		t.Errorf("non-empty parent touched: %v", err)
+	}
+	mountutil.RemoveEmptyDirs(mkdir(t, filepath.Join(stop, "x", "y")), stop)
+	if _, err := os.Stat(stop); err != nil {
+		t.Errorf("stop directory removed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(stop, "x")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("x not removed: %v", err)
+	}
+}

@@ -1,0 +1,993 @@
+package reconciler
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// Attributes of the kinds of volumes the planner distinguishes.
+var (
+	perPodAttrs     = volume.Attributes{}
+	remountAttrs    = volume.Attributes{RequiresRemount: true}
+	sharedDirAttrs  = volume.Attributes{Identity: "dir"} // shared, no device mount (local directory PV)
+	deviceAttrs     = volume.Attributes{Identity: "dev", DeviceMountable: true}
+	attachableAttrs = volume.Attributes{Identity: "disk", DeviceMountable: true, Attachable: true}
+)
+
+const testPlugin = "test/plugin"
+
+func podInfo(uid string) volume.PodInfo {
+	return volume.PodInfo{PodRef: podRef(uid)}
+}
+
+func podRef(uid string) volume.PodRef {
+	return volume.PodRef{UID: types.UID(uid), Namespace: "ns", Name: "pod-" + uid}
+}
+
+// specs are shared between the DSW and ASW fixtures so tests can check which
+// spec an action carries.
+var specs = map[string]*volume.Spec{}
+
+func specFor(name string) *volume.Spec {
+	if s, ok := specs[name]; ok {
+		return s
+	}
+	s := &volume.Spec{Name: name}
+	specs[name] = s
+	return s
+}
+
+// dvol builds a desired volume wanted by the given pods.
+func dvol(name volume.UniqueName, attrs volume.Attributes, pods ...string) *cache.DesiredVolume {
+	v := &cache.DesiredVolume{
+		Name: name, Plugin: testPlugin, Attributes: attrs, SpecName: specName(name),
+		Spec: specFor(string(name)), Pods: map[types.UID]*cache.DesiredPodVolume{},
+	}
+	for _, p := range pods {
+		v.Pods[types.UID(p)] = &cache.DesiredPodVolume{
+			Pod: podInfo(p), OuterNames: []string{"outer"}, Spec: specFor(string(name) + "@" + p),
+		}
+	}
+	return v
+}
+
+func specName(name volume.UniqueName) string {
+	s := string(name)
+	return s[strings.LastIndex(s, "/")+1:]
+}
+
+func withSize(v *cache.DesiredVolume, size string) *cache.DesiredVolume {
+	q := resource.MustParse(size)
+	v.DesiredSize = &q
+	return v
+}
+
+// avOpt changes an actual volume fixture.
+type avOpt func(v *cache.ActualVolume)
+
+func avol(name volume.UniqueName, attrs volume.Attributes, opts ...avOpt) *cache.ActualVolume {
+	v := &cache.ActualVolume{
+		Name: name, Plugin: testPlugin, Attributes: attrs, Spec: specFor(string(name)),
+		DeviceState: cache.DeviceNotMounted, Pods: map[types.UID]*cache.ActualPodMount{},
+	}
+	for _, o := range opts {
+		o(v)
+	}
+	return v
+}
+
+func podMount(uid string, state cache.MountState, remount bool) avOpt {
+	return func(v *cache.ActualVolume) {
+		v.Pods[types.UID(uid)] = &cache.ActualPodMount{
+			Pod: podRef(uid), SpecName: specName(v.Name), State: state, RemountRequired: remount,
+			MountPath: "/pods/" + uid + "/volumes/" + specName(v.Name), Spec: specFor(string(v.Name) + "@" + uid),
+		}
+	}
+}
+
+func mounted(uids ...string) avOpt {
+	return func(v *cache.ActualVolume) {
+		for _, u := range uids {
+			podMount(u, cache.Mounted, false)(v)
+		}
+	}
+}
+
+func uncertain(uid string) avOpt { return podMount(uid, cache.MountUncertain, false) }
+
+func remount(uid string) avOpt { return podMount(uid, cache.Mounted, true) }
+
+func device(s cache.DeviceMountState) avOpt {
+	return func(v *cache.ActualVolume) { v.DeviceState = s }
+}
+
+func attach(s cache.AttachState) avOpt {
+	return func(v *cache.ActualVolume) { v.AttachState = s }
+}
+
+func size(s string) avOpt {
+	return func(v *cache.ActualVolume) { q := resource.MustParse(s); v.Size = &q }
+}
+
+func resizeBlocked(reason string) avOpt {
+	return func(v *cache.ActualVolume) { v.ResizeBlocked = reason }
+}
+
+// protected is a DSW pod that exists but has volumes that never resolved.
+func protected(uid string, unresolved ...string) *cache.DesiredPod {
+	return &cache.DesiredPod{Pod: podInfo(uid), Unresolved: unresolved}
+}
+
+// desiredSnapshot builds a DSW snapshot from volumes; pods are derived from
+// the volumes, extra pods (with their Unresolved lists) are added as given.
+func desiredSnapshot(vols []*cache.DesiredVolume, extra []*cache.DesiredPod) *cache.DesiredSnapshot {
+	s := &cache.DesiredSnapshot{Volumes: map[volume.UniqueName]*cache.DesiredVolume{}, Pods: map[types.UID]*cache.DesiredPod{}}
+	for _, p := range extra {
+		s.Pods[p.Pod.UID] = p
+	}
+	for _, v := range vols {
+		s.Volumes[v.Name] = v
+		for uid, pv := range v.Pods {
+			p, ok := s.Pods[uid]
+			if !ok {
+				p = &cache.DesiredPod{Pod: pv.Pod}
+				s.Pods[uid] = p
+			}
+			p.Volumes = append(p.Volumes, v.Name)
+		}
+	}
+	return s
+}
+
+func actualSnapshot(vols []*cache.ActualVolume) *cache.ActualSnapshot {
+	s := &cache.ActualSnapshot{Volumes: map[volume.UniqueName]*cache.ActualVolume{}}
+	for _, v := range vols {
+		s.Volumes[v.Name] = v
+	}
+	return s
+}
+
+// act is the part of an Action the table compares. An empty reason in a
+// wanted act is not compared.
+type act struct {
+	op     Op
+	vol    volume.UniqueName
+	pod    types.UID
+	reason string
+}
+
+func (a act) String() string {
+	s := fmt.Sprintf("%s %s", a.op, a.vol)
+	if a.pod != "" {
+		s += " pod=" + string(a.pod)
+	}
+	if a.reason != "" {
+		s += " (" + a.reason + ")"
+	}
+	return s
+}
+
+func summarize(actions []Action) []act {
+	out := make([]act, len(actions))
+	for i, a := range actions {
+		out[i] = act{a.Op, a.Volume, a.Pod.UID, a.Reason}
+	}
+	return out
+}
+
+func sameActs(got, want []act) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for i := range got {
+		g, w := got[i], want[i]
+		if w.reason == "" {
+			g.reason = ""
+		}
+		if g != w {
+			return false
+		}
+	}
+	return true
+}
+
+func formatActs(as []act) string {
+	if len(as) == 0 {
+		return "  (none)\n"
+	}
+	var b strings.Builder
+	for _, a := range as {
+		b.WriteString("  " + a.String() + "\n")
+	}
+	return b.String()
+}
+
+// Volume names used by the table.
+const (
+	vA    volume.UniqueName = "test/plugin/a"
+	vB    volume.UniqueName = "test/plugin/b"
+	vC    volume.UniqueName = "test/plugin/c"
+	vDev  volume.UniqueName = "test/plugin/dev"
+	vDisk volume.UniqueName = "test/plugin/disk"
+	vDir  volume.UniqueName = "test/plugin/dir"
+)
+
+type planCase struct {
+	name     string
+	dsw      []*cache.DesiredVolume
+	pods     []*cache.DesiredPod // extra DSW pods (protected ones)
+	asw      []*cache.ActualVolume
+	notReady bool // SourcesReady false
+	want     []act
+}
+
+func planCases() []planCase {
+	return []planCase{
+		{name: "empty"},
+		{name: "empty before sources ready", notReady: true},
+
+		// Per-pod volumes.
+		{
+			name: "per-pod volume desired, not mounted",
+			dsw:  []*cache.DesiredVolume{dvol(vA, perPodAttrs, "p1")},
+			want: []act{{OpMountVolume, vA, "p1", "not mounted"}},
+		},
+		{
+			name:     "per-pod volume desired, not mounted, before sources ready",
+			dsw:      []*cache.DesiredVolume{dvol(vA, perPodAttrs, "p1")},
+			notReady: true,
+			want:     []act{{OpMountVolume, vA, "p1", "not mounted"}},
+		},
+		{
+			name: "per-pod volume desired and mounted",
+			dsw:  []*cache.DesiredVolume{dvol(vA, perPodAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"))},
+		},
+		{
+			name: "uncertain mount still desired is retried",
+			dsw:  []*cache.DesiredVolume{dvol(vA, perPodAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, uncertain("p1"))},
+			want: []act{{OpMountVolume, vA, "p1", "mount uncertain"}},
+		},
+		{
+			name: "mounted but no longer desired",
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"))},
+			want: []act{{OpUnmountVolume, vA, "p1", "no longer desired (mount Mounted)"}},
+		},
+		{
+			name: "uncertain and no longer desired",
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, uncertain("p1"))},
+			want: []act{{OpUnmountVolume, vA, "p1", "no longer desired (mount Uncertain)"}},
+		},
+		{
+			name:     "mounted, not desired, sources not ready: nothing destructive",
+			asw:      []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"))},
+			notReady: true,
+		},
+		{
+			name:     "uncertain, not desired, sources not ready: nothing destructive",
+			asw:      []*cache.ActualVolume{avol(vA, perPodAttrs, uncertain("p1"))},
+			notReady: true,
+		},
+		{
+			name: "pod wants a different volume than it has mounted",
+			dsw:  []*cache.DesiredVolume{dvol(vB, perPodAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"))},
+			want: []act{
+				{OpUnmountVolume, vA, "p1", ""},
+				{OpMountVolume, vB, "p1", "not mounted"},
+			},
+		},
+		{
+			name: "volume desired by one pod, mounted for another",
+			dsw:  []*cache.DesiredVolume{dvol(vDir, sharedDirAttrs, "p2")},
+			asw:  []*cache.ActualVolume{avol(vDir, sharedDirAttrs, mounted("p1"))},
+			want: []act{
+				{OpUnmountVolume, vDir, "p1", ""},
+				{OpMountVolume, vDir, "p2", "not mounted"},
+			},
+		},
+		{
+			name: "remount required",
+			dsw:  []*cache.DesiredVolume{dvol(vA, remountAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vA, remountAttrs, remount("p1"))},
+			want: []act{{OpMountVolume, vA, "p1", "remount required"}},
+		},
+		{
+			name: "remount required but not desired: unmount, not remount",
+			asw:  []*cache.ActualVolume{avol(vA, remountAttrs, remount("p1"))},
+			want: []act{{OpUnmountVolume, vA, "p1", ""}},
+		},
+
+		// Protected pods.
+		{
+			name: "protected pod: nothing unmounted",
+			pods: []*cache.DesiredPod{protected("p1", "data")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"))},
+		},
+		{
+			name: "protected pod: uncertain mount kept too",
+			pods: []*cache.DesiredPod{protected("p1", "data")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, uncertain("p1"))},
+		},
+		{
+			name: "protected pod: resolved volumes still mounted, others kept",
+			dsw:  []*cache.DesiredVolume{dvol(vB, perPodAttrs, "p1")},
+			pods: []*cache.DesiredPod{protected("p1", "data")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"))},
+			want: []act{{OpMountVolume, vB, "p1", "not mounted"}},
+		},
+		{
+			name: "pod in DSW with no unresolved volumes is not protected",
+			pods: []*cache.DesiredPod{{Pod: podInfo("p1")}},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"))},
+			want: []act{{OpUnmountVolume, vA, "p1", ""}},
+		},
+		{
+			name: "protection is per pod: other pods' mounts are unmounted",
+			pods: []*cache.DesiredPod{protected("p1", "data")},
+			asw:  []*cache.ActualVolume{avol(vDir, sharedDirAttrs, mounted("p1", "p2"))},
+			want: []act{{OpUnmountVolume, vDir, "p2", ""}},
+		},
+		{
+			name: "protected pod keeps shared device mounted",
+			pods: []*cache.DesiredPod{protected("p1", "data")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"))},
+		},
+
+		// Shared volumes without device mount.
+		{
+			name: "shared directory volume: one mount per pod, no device mount",
+			dsw:  []*cache.DesiredVolume{dvol(vDir, sharedDirAttrs, "p1", "p2")},
+			want: []act{
+				{OpMountVolume, vDir, "p1", "not mounted"},
+				{OpMountVolume, vDir, "p2", "not mounted"},
+			},
+		},
+
+		// Device-mountable volumes.
+		{
+			name: "device not mounted: one mount_device for all pods, no mount_volume yet",
+			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1", "p2", "p3")},
+			want: []act{{OpMountDevice, vDev, "", "device not mounted"}},
+		},
+		{
+			name: "device recorded NotMounted: mount_device",
+			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceNotMounted), uncertain("p1"))},
+			want: []act{{OpMountDevice, vDev, "", "device not mounted"}},
+		},
+		{
+			name: "device mount uncertain: mount_device",
+			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceMountUncertain))},
+			want: []act{{OpMountDevice, vDev, "", "device mount uncertain"}},
+		},
+		{
+			name: "device mounted: mount_volume for each pod not mounted",
+			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1", "p2", "p3")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p2"))},
+			want: []act{
+				{OpMountVolume, vDev, "p1", "not mounted"},
+				{OpMountVolume, vDev, "p3", "not mounted"},
+			},
+		},
+		{
+			name: "device mounted, all pods mounted: nothing",
+			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1", "p2")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1", "p2"))},
+		},
+		{
+			name: "one of two pods gone: unmount it, device stays",
+			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1", "p2"))},
+			want: []act{{OpUnmountVolume, vDev, "p2", ""}},
+		},
+		{
+			name: "last pod gone: unmount_volume, no unmount_device while it is mounted",
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"))},
+			want: []act{{OpUnmountVolume, vDev, "p1", ""}},
+		},
+		{
+			name: "no pods left: unmount_device",
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted))},
+			want: []act{{OpUnmountDevice, vDev, "", "no pod uses it (device GloballyMounted)"}},
+		},
+		{
+			name: "no pods left, device uncertain: unmount_device",
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceMountUncertain))},
+			want: []act{{OpUnmountDevice, vDev, "", "no pod uses it (device Uncertain)"}},
+		},
+		{
+			name:     "no pods left, sources not ready: device kept",
+			asw:      []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted))},
+			notReady: true,
+		},
+		{
+			name: "device mounted, no pod mounted, still desired: mount pods, no teardown",
+			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted))},
+			want: []act{{OpMountVolume, vDev, "p1", "not mounted"}},
+		},
+		{
+			name: "device uncertain, pod mount uncertain, still desired: mount_device first",
+			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceMountUncertain), uncertain("p1"))},
+			want: []act{{OpMountDevice, vDev, "", "device mount uncertain"}},
+		},
+		{
+			name: "device uncertain, pod mount not desired: unmount the pod first",
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceMountUncertain), uncertain("p1"))},
+			want: []act{{OpUnmountVolume, vDev, "p1", "no longer desired (mount Uncertain)"}},
+		},
+
+		// Attachable volumes.
+		{
+			name: "attachable, not in ASW: verify_attached only",
+			dsw:  []*cache.DesiredVolume{dvol(vDisk, attachableAttrs, "p1", "p2")},
+			want: []act{{OpVerifyAttached, vDisk, "", "not attached"}},
+		},
+		{
+			name: "attachable, NotAttached: verify_attached only",
+			dsw:  []*cache.DesiredVolume{dvol(vDisk, attachableAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.NotAttached))},
+			want: []act{{OpVerifyAttached, vDisk, "", "not attached"}},
+		},
+		{
+			name: "attachable, attach uncertain: verify_attached only",
+			dsw:  []*cache.DesiredVolume{dvol(vDisk, attachableAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.AttachUncertain))},
+			want: []act{{OpVerifyAttached, vDisk, "", "not attached"}},
+		},
+		{
+			name: "attached, device not mounted: mount_device",
+			dsw:  []*cache.DesiredVolume{dvol(vDisk, attachableAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.Attached))},
+			want: []act{{OpMountDevice, vDisk, "", "device not mounted"}},
+		},
+		{
+			name: "attached, device mounted: mount_volume",
+			dsw:  []*cache.DesiredVolume{dvol(vDisk, attachableAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted))},
+			want: []act{{OpMountVolume, vDisk, "p1", "not mounted"}},
+		},
+		{
+			name: "attached, not wanted, device not mounted: detach_volume",
+			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.Attached))},
+			want: []act{{OpDetachVolume, vDisk, "", "no pod uses it (attach Attached)"}},
+		},
+		{
+			name: "attach uncertain, not wanted: detach_volume",
+			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.AttachUncertain))},
+			want: []act{{OpDetachVolume, vDisk, "", "no pod uses it (attach Uncertain)"}},
+		},
+		{
+			name: "attached, not wanted, device mounted: unmount_device before detach",
+			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted))},
+			want: []act{{OpUnmountDevice, vDisk, "", ""}},
+		},
+		{
+			name: "attached, not wanted, pod still mounted: unmount_volume only",
+			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted), mounted("p1"))},
+			want: []act{{OpUnmountVolume, vDisk, "p1", ""}},
+		},
+		{
+			name:     "attached, not wanted, sources not ready: not detached",
+			asw:      []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.Attached))},
+			notReady: true,
+		},
+		{
+			name: "attached, still desired, no pods mounted: no detach",
+			dsw:  []*cache.DesiredVolume{dvol(vDisk, attachableAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted))},
+			want: []act{{OpMountVolume, vDisk, "p1", ""}},
+		},
+		{
+			name: "attach not needed, not wanted: nothing to detach",
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, attach(cache.AttachNotNeeded))},
+		},
+
+		// Expansion.
+		{
+			name: "desired size larger, all pods mounted: expand_volume",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1", "p2"), "2Gi")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1", "p2"), size("1Gi"))},
+			want: []act{{OpExpandVolume, vDev, "", "desired size 2Gi > 1Gi"}},
+		},
+		{
+			name: "per-pod volume larger: expand_volume",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vA, perPodAttrs, "p1"), "10Gi")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"), size("5Gi"))},
+			want: []act{{OpExpandVolume, vA, "", "desired size 10Gi > 5Gi"}},
+		},
+		{
+			name: "desired size larger, one pod not mounted: mount, no expansion",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1", "p2"), "2Gi")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"), size("1Gi"))},
+			want: []act{{OpMountVolume, vDev, "p2", "not mounted"}},
+		},
+		{
+			name: "desired size larger, one pod mount uncertain: no expansion",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1", "p2"), "2Gi")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"), uncertain("p2"), size("1Gi"))},
+			want: []act{{OpMountVolume, vDev, "p2", "mount uncertain"}},
+		},
+		{
+			name: "desired size larger, device not mounted: no expansion",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1"), "2Gi")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceMountUncertain), size("1Gi"))},
+			want: []act{{OpMountDevice, vDev, "", ""}},
+		},
+		{
+			name: "resize blocked: no expansion",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1"), "2Gi")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"), size("1Gi"), resizeBlocked("in use"))},
+		},
+		{
+			name: "desired size smaller: no expansion",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1"), "1Gi")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"), size("2Gi"))},
+		},
+		{
+			name: "desired size equal in other units: no expansion",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1"), "1024Mi")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"), size("1Gi"))},
+		},
+		{
+			name: "ASW size unknown: no expansion",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1"), "2Gi")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"))},
+		},
+		{
+			name: "desired size unknown: no expansion",
+			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"), size("1Gi"))},
+		},
+		{
+			name: "expansion with an extra unwanted pod mount: unmount it and expand",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1"), "2Gi")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1", "p2"), size("1Gi"))},
+			want: []act{
+				{OpUnmountVolume, vDev, "p2", ""},
+				{OpExpandVolume, vDev, "", ""},
+			},
+		},
+
+		// Ordering across phases and volumes.
+		{
+			name: "all three phases, sorted by phase then volume then pod",
+			dsw: []*cache.DesiredVolume{
+				dvol(vC, perPodAttrs, "p3", "p1"),
+				dvol(vB, perPodAttrs, "p2"),
+				dvol(vDisk, attachableAttrs, "p4"),
+			},
+			asw: []*cache.ActualVolume{
+				avol(vA, perPodAttrs, mounted("p9", "p1")),
+				avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted)),
+				avol("test/plugin/att", attachableAttrs, attach(cache.Attached)),
+				avol(vB, perPodAttrs, uncertain("p2")),
+			},
+			want: []act{
+				{OpUnmountVolume, vA, "p1", ""},
+				{OpUnmountVolume, vA, "p9", ""},
+				{OpMountVolume, vB, "p2", "mount uncertain"},
+				{OpMountVolume, vC, "p1", "not mounted"},
+				{OpMountVolume, vC, "p3", "not mounted"},
+				{OpVerifyAttached, vDisk, "", ""},
+				{OpDetachVolume, "test/plugin/att", "", ""},
+				{OpUnmountDevice, vDev, "", ""},
+			},
+		},
+		{
+			name: "mixed pods and volumes, sources not ready: only mount side",
+			dsw: []*cache.DesiredVolume{
+				dvol(vC, perPodAttrs, "p3", "p1"),
+				dvol(vDev, deviceAttrs, "p1", "p2"),
+			},
+			asw: []*cache.ActualVolume{
+				avol(vA, perPodAttrs, mounted("p9")),
+				avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1", "p5")),
+				avol(vDisk, attachableAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted)),
+			},
+			notReady: true,
+			want: []act{
+				{OpMountVolume, vC, "p1", ""},
+				{OpMountVolume, vC, "p3", ""},
+				{OpMountVolume, vDev, "p2", ""},
+			},
+		},
+		{
+			name: "many pods on one volume with mixed states",
+			dsw:  []*cache.DesiredVolume{dvol(vDir, sharedDirAttrs, "p1", "p2", "p3", "p4")},
+			asw: []*cache.ActualVolume{avol(vDir, sharedDirAttrs,
+				mounted("p1"), uncertain("p2"), mounted("p5"), uncertain("p6"))},
+			want: []act{
+				{OpUnmountVolume, vDir, "p5", "no longer desired (mount Mounted)"},
+				{OpUnmountVolume, vDir, "p6", "no longer desired (mount Uncertain)"},
+				{OpMountVolume, vDir, "p2", "mount uncertain"},
+				{OpMountVolume, vDir, "p3", "not mounted"},
+				{OpMountVolume, vDir, "p4", "not mounted"},
+			},
+		},
+		{
+			name: "remount required with expansion: expand sorts before the pod's remount",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vA, remountAttrs, "p1"), "2Gi")},
+			asw:  []*cache.ActualVolume{avol(vA, remountAttrs, remount("p1"), size("1Gi"))},
+			want: []act{
+				{OpExpandVolume, vA, "", ""},
+				{OpMountVolume, vA, "p1", "remount required"},
+			},
+		},
+	}
+}
+
+func TestPlan(t *testing.T) {
+	for _, tc := range planCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			dsw := desiredSnapshot(tc.dsw, tc.pods)
+			asw := actualSnapshot(tc.asw)
+			got := summarize(Plan(dsw, asw, PlanOptions{SourcesReady: !tc.notReady}))
+			if !sameActs(got, tc.want) {
+				t.Errorf("Plan:\n got:\n%s want:\n%s", formatActs(got), formatActs(tc.want))
+			}
+		})
+	}
+}
+
+// TestPlanCaseCount keeps the table from shrinking by accident.
+func TestPlanCaseCount(t *testing.T) {
+	if n := len(planCases()); n < 40 {
+		t.Errorf("only %d plan cases", n)
+	}
+}
+
+// TestPlanActionFields checks what each kind of action carries besides its
+// op, volume and pod: the dispatcher and operations depend on it.
+func TestPlanActionFields(t *testing.T) {
+	t.Run("mount_volume carries the pod's own spec", func(t *testing.T) {
+		dv := dvol(vDir, sharedDirAttrs, "p1")
+		got := Plan(desiredSnapshot([]*cache.DesiredVolume{dv}, nil), actualSnapshot(nil), PlanOptions{SourcesReady: true})
+		if len(got) != 1 {
+			t.Fatalf("got %d actions, want 1", len(got))
+		}
+		a := got[0]
+		if a.Spec != dv.Pods["p1"].Spec {
+			t.Errorf("Spec = %+v, want the pod's spec %+v", a.Spec, dv.Pods["p1"].Spec)
+		}
+		if a.Pod != podInfo("p1") || a.Plugin != testPlugin || a.Attributes != sharedDirAttrs || a.SpecName != "dir" {
+			t.Errorf("action = %+v", a)
+		}
+		if a.MountPath != "" || a.Pods != nil {
+			t.Errorf("mount_volume has MountPath %q, Pods %v; want neither", a.MountPath, a.Pods)
+		}
+	})
+	t.Run("unmount_volume carries the recorded mount", func(t *testing.T) {
+		av := avol(vDir, sharedDirAttrs, uncertain("p1"))
+		got := Plan(desiredSnapshot(nil, nil), actualSnapshot([]*cache.ActualVolume{av}), PlanOptions{SourcesReady: true})
+		if len(got) != 1 {
+			t.Fatalf("got %d actions, want 1", len(got))
+		}
+		a, m := got[0], av.Pods["p1"]
+		if a.MountPath != m.MountPath || a.Spec != m.Spec || a.SpecName != m.SpecName || a.Pod.PodRef != m.Pod {
+			t.Errorf("action = %+v, want mount %+v", a, m)
+		}
+		if a.Plugin != testPlugin || a.Attributes != sharedDirAttrs {
+			t.Errorf("action plugin/attributes = %q/%+v", a.Plugin, a.Attributes)
+		}
+	})
+	t.Run("unmount_volume of a reconstructed mount has no spec", func(t *testing.T) {
+		av := avol(vA, perPodAttrs, mounted("p1"))
+		av.Pods["p1"].Spec = nil
+		av.Spec = nil
+		got := Plan(desiredSnapshot(nil, nil), actualSnapshot([]*cache.ActualVolume{av}), PlanOptions{SourcesReady: true})
+		if len(got) != 1 || got[0].Spec != nil || got[0].MountPath == "" {
+			t.Fatalf("got %+v", got)
+		}
+	})
+	t.Run("volume-wide actions list the waiting pods sorted", func(t *testing.T) {
+		for _, tc := range []struct {
+			name string
+			dv   *cache.DesiredVolume
+			av   *cache.ActualVolume
+			op   Op
+		}{
+			{"verify_attached", dvol(vDisk, attachableAttrs, "p3", "p1", "p2"), nil, OpVerifyAttached},
+			{"mount_device", dvol(vDev, deviceAttrs, "p3", "p1", "p2"), nil, OpMountDevice},
+			{"expand_volume", withSize(dvol(vDev, deviceAttrs, "p3", "p1", "p2"), "2Gi"),
+				avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1", "p2", "p3"), size("1Gi")), OpExpandVolume},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				var avs []*cache.ActualVolume
+				if tc.av != nil {
+					avs = append(avs, tc.av)
+				}
+				got := Plan(desiredSnapshot([]*cache.DesiredVolume{tc.dv}, nil), actualSnapshot(avs), PlanOptions{SourcesReady: true})
+				if len(got) != 1 || got[0].Op != tc.op {
+					t.Fatalf("got %v, want one %s", summarize(got), tc.op)
+				}
+				a := got[0]
+				want := []volume.PodRef{podRef("p1"), podRef("p2"), podRef("p3")}
+				if !slices.Equal(a.Pods, want) {
+					t.Errorf("Pods = %v, want %v", a.Pods, want)
+				}
+				if a.Spec != tc.dv.Spec || a.SpecName != tc.dv.SpecName || a.Pod != (volume.PodInfo{}) {
+					t.Errorf("action = %+v; want the volume's spec and no pod", a)
+				}
+			})
+		}
+	})
+	t.Run("device teardown carries the recorded spec", func(t *testing.T) {
+		av := avol(vDisk, attachableAttrs, attach(cache.Attached), device(cache.DeviceMountUncertain))
+		got := Plan(desiredSnapshot(nil, nil), actualSnapshot([]*cache.ActualVolume{av}), PlanOptions{SourcesReady: true})
+		if len(got) != 1 || got[0].Op != OpUnmountDevice || got[0].Spec != av.Spec || got[0].Attributes != attachableAttrs {
+			t.Fatalf("got %+v", got)
+		}
+	})
+}
+
+// TestPlanDoesNotModifyInputs: Plan is pure; snapshots are shared with other
+// readers.
+func TestPlanDoesNotModifyInputs(t *testing.T) {
+	c := planCases()
+	var dvs []*cache.DesiredVolume
+	var avs []*cache.ActualVolume
+	for _, tc := range c {
+		dvs = append(dvs, tc.dsw...)
+		avs = append(avs, tc.asw...)
+	}
+	// Later fixtures of a name replace earlier ones; that is fine here.
+	dsw := desiredSnapshot(dvs, nil)
+	asw := actualSnapshot(avs)
+	before := fmt.Sprintf("%#v %#v", deref(dsw), derefA(asw))
+	Plan(dsw, asw, PlanOptions{SourcesReady: true})
+	if after := fmt.Sprintf("%#v %#v", deref(dsw), derefA(asw)); after != before {
+		t.Errorf("Plan modified its inputs")
+	}
+}
+
+func deref(s *cache.DesiredSnapshot) []string {
+	var out []string
+	for _, v := range s.Volumes {
+		out = append(out, fmt.Sprintf("%+v", *v))
+		for _, p := range v.Pods {
+			out = append(out, fmt.Sprintf("%+v", *p))
+		}
+	}
+	for _, p := range s.Pods {
+		out = append(out, fmt.Sprintf("%+v", *p))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func derefA(s *cache.ActualSnapshot) []string {
+	var out []string
+	for _, v := range s.Volumes {
+		out = append(out, fmt.Sprintf("%+v", *v))
+		for _, p := range v.Pods {
+			out = append(out, fmt.Sprintf("%+v", *p))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// randomWorld builds a random but consistent pair of snapshots.
+func randomWorld(r *rand.Rand, nVols, nPods int) (*cache.DesiredSnapshot, *cache.ActualSnapshot) {
+	attrs := []volume.Attributes{perPodAttrs, remountAttrs, sharedDirAttrs, deviceAttrs, attachableAttrs}
+	devStates := []cache.DeviceMountState{cache.DeviceNotMounted, cache.DeviceMountUncertain, cache.DeviceGloballyMounted}
+	attStates := []cache.AttachState{"", cache.NotAttached, cache.AttachUncertain, cache.Attached}
+	var dvs []*cache.DesiredVolume
+	var avs []*cache.ActualVolume
+	var extra []*cache.DesiredPod
+	pod := func() string { return fmt.Sprintf("p%02d", r.IntN(nPods)) }
+	for i := range nVols {
+		name := volume.UniqueName(fmt.Sprintf("test/plugin/v%03d", i))
+		a := attrs[r.IntN(len(attrs))]
+		if r.IntN(3) > 0 {
+			var pods []string
+			for range r.IntN(4) + 1 {
+				pods = append(pods, pod())
+			}
+			dv := dvol(name, a, pods...)
+			if r.IntN(4) == 0 {
+				withSize(dv, fmt.Sprintf("%dGi", r.IntN(3)+1))
+			}
+			dvs = append(dvs, dv)
+		}
+		if r.IntN(3) > 0 {
+			opts := []avOpt{device(devStates[r.IntN(len(devStates))]), attach(attStates[r.IntN(len(attStates))])}
+			for range r.IntN(4) {
+				switch r.IntN(3) {
+				case 0:
+					opts = append(opts, mounted(pod()))
+				case 1:
+					opts = append(opts, uncertain(pod()))
+				case 2:
+					opts = append(opts, remount(pod()))
+				}
+			}
+			if r.IntN(3) == 0 {
+				opts = append(opts, size(fmt.Sprintf("%dGi", r.IntN(3)+1)))
+			}
+			avs = append(avs, avol(name, a, opts...))
+		}
+	}
+	for range r.IntN(3) {
+		extra = append(extra, protected(fmt.Sprintf("x%02d", r.IntN(nPods)), "data"))
+	}
+	return desiredSnapshot(dvs, extra), actualSnapshot(avs)
+}
+
+// TestPlanInvariants checks properties that must hold for any input, on
+// random worlds.
+func TestPlanInvariants(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 300 {
+		dsw, asw := randomWorld(r, 20, 10)
+		for _, ready := range []bool{false, true} {
+			got := Plan(dsw, asw, PlanOptions{SourcesReady: ready})
+			ctx := fmt.Sprintf("world %d, ready=%v", i, ready)
+
+			// Deterministic: planning again (maps iterate in another
+			// order) gives the same result.
+			if again := Plan(dsw, asw, PlanOptions{SourcesReady: ready}); !reflect.DeepEqual(got, again) {
+				t.Fatalf("%s: Plan is not deterministic:\n%v\n%v", ctx, summarize(got), summarize(again))
+			}
+			perVolume := map[volume.UniqueName][]Op{}
+			for j, a := range got {
+				if j > 0 {
+					p := got[j-1]
+					if k1, k2 := sortKey(p), sortKey(a); k1 >= k2 {
+						t.Fatalf("%s: actions %d and %d out of order or duplicated: %v, %v", ctx, j-1, j, p, a)
+					}
+				}
+				perVolume[a.Volume] = append(perVolume[a.Volume], a.Op)
+				if !ready && a.Op.phase() != 2 {
+					t.Fatalf("%s: destructive %s before sources are ready", ctx, a.Op)
+				}
+				dv := dsw.Volumes[a.Volume]
+				av := asw.Volumes[a.Volume]
+				switch a.Op {
+				case OpMountVolume:
+					if dv == nil || dv.Pods[a.Pod.UID] == nil {
+						t.Fatalf("%s: %v for a pod that does not want the volume", ctx, a)
+					}
+					if dv.Attributes.DeviceMountable && (av == nil || av.DeviceState != cache.DeviceGloballyMounted) {
+						t.Fatalf("%s: %v before its device is mounted", ctx, a)
+					}
+				case OpUnmountVolume:
+					if dsw.HasPodVolume(a.Volume, a.Pod.UID) {
+						t.Fatalf("%s: %v of a wanted mount", ctx, a)
+					}
+					if p := dsw.Pods[a.Pod.UID]; p != nil && len(p.Unresolved) > 0 {
+						t.Fatalf("%s: %v of a protected pod", ctx, a)
+					}
+				case OpUnmountDevice, OpDetachVolume:
+					if dv != nil || len(av.Pods) > 0 {
+						t.Fatalf("%s: %v of a volume still wanted or mounted", ctx, a)
+					}
+				case OpVerifyAttached, OpMountDevice, OpExpandVolume:
+					if dv == nil || a.Pod.UID != "" {
+						t.Fatalf("%s: %v of an unwanted volume or with a pod", ctx, a)
+					}
+				}
+			}
+			for name, ops := range perVolume {
+				mountSide := slices.DeleteFunc(slices.Clone(ops), func(o Op) bool { return o == OpUnmountVolume })
+				if slices.Contains(ops, OpVerifyAttached) && len(mountSide) > 1 {
+					t.Fatalf("%s: %s: verify_attached together with %v", ctx, name, ops)
+				}
+				if slices.Contains(ops, OpMountDevice) && slices.Contains(ops, OpMountVolume) {
+					t.Fatalf("%s: %s: mount_device together with mount_volume", ctx, name)
+				}
+				if slices.Contains(ops, OpUnmountDevice) && slices.Contains(ops, OpDetachVolume) {
+					t.Fatalf("%s: %s: unmount_device together with detach", ctx, name)
+				}
+			}
+		}
+	}
+}
+
+func sortKey(a Action) string {
+	return fmt.Sprintf("%d\x00%s\x00%s", a.Op.phase(), a.Volume, a.Pod.UID)
+}
+
+// TestPlanDeterministic: the same inputs give exactly the same actions
+// (maps are iterated in random order, so run it a few times).
+func TestPlanDeterministic(t *testing.T) {
+	var dvs []*cache.DesiredVolume
+	var avs []*cache.ActualVolume
+	for i := range 50 {
+		name := volume.UniqueName(fmt.Sprintf("test/plugin/v%02d", i))
+		pods := []string{fmt.Sprintf("p%d", i%7), fmt.Sprintf("p%d", (i+3)%7)}
+		switch i % 5 {
+		case 0:
+			dvs = append(dvs, dvol(name, perPodAttrs, pods...))
+		case 1:
+			dvs = append(dvs, dvol(name, deviceAttrs, pods...))
+			avs = append(avs, avol(name, deviceAttrs, device(cache.DeviceGloballyMounted), mounted(pods[0], "p9")))
+		case 2:
+			avs = append(avs, avol(name, deviceAttrs, device(cache.DeviceGloballyMounted), mounted(pods...)))
+		case 3:
+			avs = append(avs, avol(name, attachableAttrs, attach(cache.Attached)))
+		case 4:
+			dvs = append(dvs, dvol(name, attachableAttrs, pods...))
+		}
+	}
+	dsw, asw := desiredSnapshot(dvs, nil), actualSnapshot(avs)
+	first := Plan(dsw, asw, PlanOptions{SourcesReady: true})
+	if len(first) == 0 {
+		t.Fatal("no actions")
+	}
+	for range 20 {
+		if again := Plan(dsw, asw, PlanOptions{SourcesReady: true}); !reflect.DeepEqual(first, again) {
+			t.Fatalf("Plan is not deterministic:\n%s\n%s", formatActs(summarize(first)), formatActs(summarize(again)))
+		}
+	}
+	if !slices.IsSortedFunc(first, func(a, b Action) int { return strings.Compare(sortKey(a), sortKey(b)) }) {
+		t.Errorf("actions not sorted by phase, volume, pod:\n%s", formatActs(summarize(first)))
+	}
+	seen := map[int]bool{}
+	for _, a := range first {
+		seen[a.Op.phase()] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("fixture should cover all three phases, covers %v", seen)
+	}
+}
+
+// benchWorld builds n per-pod volumes, one pod each; mounted says whether
+// the ASW has them all mounted.
+func benchWorld(n int, mountedAll bool) (*cache.DesiredSnapshot, *cache.ActualSnapshot) {
+	dvs := make([]*cache.DesiredVolume, 0, n)
+	avs := make([]*cache.ActualVolume, 0, n)
+	for i := range n {
+		uid := fmt.Sprintf("pod-%05d", i)
+		name := volume.PodScopedName("kubernetes.io/empty-dir", types.UID(uid), "scratch")
+		spec := &volume.Spec{Name: "scratch"}
+		dvs = append(dvs, &cache.DesiredVolume{
+			Name: name, Plugin: "kubernetes.io/empty-dir", SpecName: "scratch", Spec: spec,
+			Pods: map[types.UID]*cache.DesiredPodVolume{types.UID(uid): {Pod: podInfo(uid), OuterNames: []string{"scratch"}, Spec: spec}},
+		})
+		if mountedAll {
+			avs = append(avs, &cache.ActualVolume{
+				Name: name, Plugin: "kubernetes.io/empty-dir", Spec: spec, DeviceState: cache.DeviceNotMounted,
+				Pods: map[types.UID]*cache.ActualPodMount{types.UID(uid): {Pod: podRef(uid), SpecName: "scratch", State: cache.Mounted, Spec: spec}},
+			})
+		}
+	}
+	return desiredSnapshot(dvs, nil), actualSnapshot(avs)
+}
+
+func BenchmarkPlan10000Volumes(b *testing.B) {
+	for _, bc := range []struct {
+		name        string
+		mounted     bool
+		wantActions int
+	}{
+		{"steady", true, 0},
+		{"nothing-mounted", false, 10000},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			dsw, asw := benchWorld(10000, bc.mounted)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if got := Plan(dsw, asw, PlanOptions{SourcesReady: true}); len(got) != bc.wantActions {
+					b.Fatalf("%d actions, want %d", len(got), bc.wantActions)
+				}
+			}
+		})
+	}
+}

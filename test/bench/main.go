@@ -1,0 +1,287 @@
+// Command bench is the end-to-end benchmark of volume-agent in standalone
+// mode: it starts the real binary, writes N pod manifests with M
+// emptyDir{medium: Memory} volumes each, and reports the time until every
+// volume is mounted, the CPU the idle agent uses with them mounted, its RSS,
+// and the time until everything is unmounted after the manifests are deleted.
+//
+// Mounts are counted in /proc/self/mountinfo, the kernel's own view. The
+// agent's root directory is, by default, on a dedicated ext4 filesystem on a
+// loop device (as /var/lib usually is on a node); -root-fs=host puts it on
+// the filesystem of the temporary directory instead.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	agent   string
+	pods    int
+	volumes int
+	idle    time.Duration
+	rootFS  string
+	timeout time.Duration
+}
+
+func run() error {
+	var o options
+	flag.StringVar(&o.agent, "agent", "bin/volume-agent", "volume-agent binary")
+	flag.IntVar(&o.pods, "pods", 500, "pods")
+	flag.IntVar(&o.volumes, "volumes", 4, "Memory emptyDir volumes per pod")
+	flag.DurationVar(&o.idle, "idle", 20*time.Second, "how long to measure idle CPU with everything mounted")
+	flag.StringVar(&o.rootFS, "root-fs", "loop", "where the agent's root dir lives: loop (own ext4 on a loop device) or host")
+	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up after this long in any phase")
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("must run as root (it mounts)")
+	}
+
+	work, err := os.MkdirTemp("", "volume-agent-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	root := filepath.Join(work, "root")
+	manifests := filepath.Join(work, "manifests")
+	for _, d := range []string{root, manifests} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if o.rootFS == "loop" {
+		img := filepath.Join(work, "root.img")
+		cleanup, err := loopFS(img, root)
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+	}
+	defer unmountBelow(root)
+
+	debugAddr, metricsAddr := freeAddr(), freeAddr()
+	cmd := exec.Command(o.agent, "--node-name", "bench-node", "--root-dir", root, "--pod-manifest-path", manifests,
+		"--debug-address", debugAddr, "--metrics-address", metricsAddr, "--log-level", "warn")
+	logFile, err := os.Create(filepath.Join(work, "agent.log"))
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	}()
+	if err := waitFor(o.timeout, func() bool {
+		resp, err := http.Get("http://" + debugAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}); err != nil {
+		return fmt.Errorf("agent not ready: %w", err)
+	}
+
+	want := o.pods * o.volumes
+	files := make(map[string][]byte, o.pods)
+	for i := 0; i < o.pods; i++ {
+		files[fmt.Sprintf("pod-%04d.yaml", i)] = podManifest(i, o.volumes)
+	}
+
+	fmt.Printf("volume-agent standalone: %d pods x %d emptyDir{medium: Memory} = %d mounts, root dir on %s\n", o.pods, o.volumes, want, o.rootFS)
+	start := time.Now()
+	for name, data := range files {
+		tmp := filepath.Join(manifests, "."+name)
+		if err := os.WriteFile(tmp, data, 0o644); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, filepath.Join(manifests, name)); err != nil {
+			return err
+		}
+	}
+	written := time.Now()
+	if err := waitFor(o.timeout, func() bool { return countMounts(root) >= want }); err != nil {
+		return fmt.Errorf("waiting for %d mounts (have %d): %w", want, countMounts(root), err)
+	}
+	mounted := time.Now()
+	fmt.Printf("  mounted:   %.3f s after the manifests were written (%.3f s from the first write)\n",
+		mounted.Sub(written).Seconds(), mounted.Sub(start).Seconds())
+
+	cpu0, err := cpuSeconds(cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	time.Sleep(o.idle) // measuring idle cost: the wait is the measurement
+	cpu1, err := cpuSeconds(cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	rss, err := rssKiB(cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("  idle CPU:  %.3f s over %s with everything mounted\n", cpu1-cpu0, o.idle)
+	fmt.Printf("  RSS:       %.1f MiB\n", float64(rss)/1024)
+
+	for name := range files {
+		if err := os.Remove(filepath.Join(manifests, name)); err != nil {
+			return err
+		}
+	}
+	deleted := time.Now()
+	if err := waitFor(o.timeout, func() bool { return countMounts(root) == 0 }); err != nil {
+		return fmt.Errorf("waiting for unmounts (%d left): %w", countMounts(root), err)
+	}
+	fmt.Printf("  unmounted: %.3f s after the manifests were deleted\n", time.Since(deleted).Seconds())
+	if err := waitFor(o.timeout, func() bool {
+		entries, _ := os.ReadDir(filepath.Join(root, "pods"))
+		return len(entries) == 0
+	}); err != nil {
+		return fmt.Errorf("pod directories left behind: %w", err)
+	}
+	return nil
+}
+
+func podManifest(i, volumes int) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "apiVersion: v1\nkind: Pod\nmetadata:\n  name: bench-%04d\n  namespace: default\nspec:\n  containers:\n  - name: c\n    image: busybox\n    volumeMounts:\n", i)
+	for j := 0; j < volumes; j++ {
+		fmt.Fprintf(&b, "    - {name: v%d, mountPath: /v%d}\n", j, j)
+	}
+	b.WriteString("  volumes:\n")
+	for j := 0; j < volumes; j++ {
+		fmt.Fprintf(&b, "  - name: v%d\n    emptyDir: {medium: Memory, sizeLimit: 1Mi}\n", j)
+	}
+	return b.Bytes()
+}
+
+// countMounts counts mount points strictly below dir.
+func countMounts(dir string) int {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	prefix := []byte(" " + dir + "/")
+	n := 0
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if bytes.Contains(s.Bytes(), prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// waitFor polls cond every 2 ms: fine enough to time a phase, cheap enough
+// not to slow the agent down.
+func waitFor(timeout time.Duration, cond func() bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	t := time.NewTicker(2 * time.Millisecond)
+	defer t.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+func cpuSeconds(pid int) (float64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name (which may contain spaces).
+	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+2:]))
+	utime, _ := strconv.ParseFloat(fields[11], 64)
+	stime, _ := strconv.ParseFloat(fields[12], 64)
+	return (utime + stime) / 100, nil // USER_HZ is 100 on Linux
+}
+
+func rssKiB(pid int) (int, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			return strconv.Atoi(strings.Fields(line)[1])
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// loopFS makes a fresh ext4 filesystem in img, mounts it at dir through a
+// loop device, and returns how to undo that.
+func loopFS(img, dir string) (func(), error) {
+	if err := exec.Command("truncate", "-s", "4G", img).Run(); err != nil {
+		return nil, err
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", img).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("mkfs.ext4: %v: %s", err, out)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, dir).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("mount: %v: %s", err, out)
+	}
+	return func() {
+		// umount of a loop mount set up with -o loop detaches the device.
+		_ = exec.Command("umount", dir).Run()
+	}, nil
+}
+
+// unmountBelow unmounts whatever is left below dir (deepest first), so a
+// failed run leaks nothing.
+func unmountBelow(dir string) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var points []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
+			points = append(points, fields[4])
+		}
+	}
+	f.Close()
+	for i := len(points) - 1; i >= 0; i-- {
+		_ = syscall.Unmount(points[i], syscall.MNT_DETACH)
+	}
+}
