@@ -21,15 +21,18 @@ import (
 
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/events"
+	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/operations/mountutil"
 	"github.com/volume-agent/volume-agent/operations/plugins"
 	"github.com/volume-agent/volume-agent/operations/plugins/emptydir"
 	"github.com/volume-agent/volume-agent/operations/plugins/hostpath"
 	"github.com/volume-agent/volume-agent/operations/plugins/local"
+	"github.com/volume-agent/volume-agent/podstatus"
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/reconciler"
 	"github.com/volume-agent/volume-agent/source"
+	"github.com/volume-agent/volume-agent/source/kube"
 	"github.com/volume-agent/volume-agent/source/manifest"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -43,6 +46,13 @@ type Config struct {
 	RootDir    string
 	// PodManifestPath selects standalone mode.
 	PodManifestPath string
+	// Kubeconfig selects cluster mode with a kubeconfig file; without it
+	// and without PodManifestPath, the in-cluster configuration is used.
+	Kubeconfig   string
+	KubeAPIQPS   float32
+	KubeAPIBurst int
+	// StatusWorkers patch pod conditions in parallel (cluster mode).
+	StatusWorkers int
 
 	DebugAddress   string
 	MetricsAddress string
@@ -69,6 +79,8 @@ type Agent struct {
 	reconciler *reconciler.Reconciler
 	events     *events.Log
 	metrics    *Metrics
+	cluster    *clusterParts
+	podStatus  *podstatus.Reporter
 
 	debugListener   net.Listener
 	metricsListener net.Listener
@@ -96,28 +108,39 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: log}
 
 	var err error
-	switch {
-	case cfg.PodManifestPath != "":
-		a.source, err = manifest.New(manifest.Options{Dir: cfg.PodManifestPath, NodeName: cfg.NodeName, Logger: log.Named("source")})
-	default:
-		err = errors.New("no source: give --pod-manifest-path")
+	var sink events.Sink
+	isTerminated := populator.PodTerminated
+	nodeLabels := map[string]string{"kubernetes.io/hostname": cfg.NodeName}
+	for k, v := range cfg.NodeLabels {
+		nodeLabels[k] = v
 	}
-	if err != nil {
-		return nil, err
+	node := func() populator.Node { return populator.Node{Name: cfg.NodeName, Labels: nodeLabels} }
+	if cfg.PodManifestPath != "" {
+		a.source, err = manifest.New(manifest.Options{Dir: cfg.PodManifestPath, NodeName: cfg.NodeName, Logger: log.Named("source")})
+		if err != nil {
+			return nil, err
+		}
+	} else {
+		if a.cluster, err = newClusterParts(cfg, log); err != nil {
+			return nil, err
+		}
+		a.source, sink, isTerminated = a.cluster.source, a.cluster, kube.PodTerminated
+		node = func() populator.Node {
+			if n, ok := a.cluster.source.Node(); ok {
+				return populator.Node{Name: cfg.NodeName, Labels: n.Labels}
+			}
+			return populator.Node{Name: cfg.NodeName, Labels: nodeLabels}
+		}
 	}
 
 	clk := clock.RealClock{}
 	a.dsw = cache.NewDesiredStateOfWorld(clk)
 	a.asw = cache.NewActualStateOfWorld(clk)
-	a.events = events.NewLog(log.Named("events"), 200, nil)
+	a.events = events.NewLog(log.Named("events"), 200, sink)
 
 	host := plugins.Host{Paths: paths, Mounter: mountutil.New(), NodeName: cfg.NodeName, Log: log.Named("plugins")}
 	registry := plugins.NewRegistry(emptydir.New(host), hostpath.New(host), local.New(host))
 
-	nodeLabels := map[string]string{"kubernetes.io/hostname": cfg.NodeName}
-	for k, v := range cfg.NodeLabels {
-		nodeLabels[k] = v
-	}
 	var rec *reconciler.Reconciler
 	rep := &reporter{log: log.Named("operations"), events: a.events}
 	a.executor = operations.NewExecutor(operations.ExecutorOptions{
@@ -130,7 +153,8 @@ func New(cfg Config) (*Agent, error) {
 		Source:       a.source,
 		DSW:          a.dsw,
 		Plugins:      registry,
-		Node:         func() populator.Node { return populator.Node{Name: cfg.NodeName, Labels: nodeLabels} },
+		Node:         node,
+		IsTerminated: isTerminated,
 		ResyncPeriod: cfg.ResyncPeriod,
 		Events:       a.events,
 		Log:          log.Named("populator"),
@@ -138,6 +162,12 @@ func New(cfg Config) (*Agent, error) {
 	a.metrics = NewMetrics(a.dsw, a.asw, a.executor, a.source, a.populator.Ready)
 	rep.metrics = a.metrics
 	a.populator.SetObserver(a.metrics)
+	var observer reconciler.Observer = a.metrics
+	if a.cluster != nil {
+		kubeclient.RegisterMetrics(a.metrics.Registry)
+		a.podStatus = podstatus.New(a.cluster.client, a.cluster.source.Pod, a.executor, log.Named("podstatus"))
+		observer = multiObserver{a.metrics, a.podStatus}
+	}
 
 	operator := &operations.Operator{Plugins: registry, ASW: a.asw, DSW: a.dsw, Paths: paths, Log: log.Named("operations")}
 	rec = reconciler.New(reconciler.Options{
@@ -145,7 +175,7 @@ func New(cfg Config) (*Agent, error) {
 		Handler:      &reconciler.OperatorHandler{Operator: operator},
 		SourcesReady: a.populator.Ready,
 		ResyncPeriod: cfg.ResyncPeriod,
-		Observer:     a.metrics,
+		Observer:     observer,
 		Log:          log.Named("reconciler"),
 	})
 	a.reconciler = rec
@@ -188,9 +218,21 @@ func addrOf(l net.Listener) string {
 	return l.Addr().String()
 }
 
+// multiObserver fans a reconciler pass out to several observers.
+type multiObserver []reconciler.Observer
+
+func (m multiObserver) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, actions []reconciler.Action, took time.Duration) {
+	for _, o := range m {
+		o.Reconciled(dsw, asw, actions, took)
+	}
+}
+
 // readiness says whether the agent acts on a complete view of its sources.
 func (a *Agent) readiness() (string, bool) {
 	if !a.source.HasSynced() {
+		if a.cluster != nil {
+			return "waiting for the API server: not every watch has listed yet", false
+		}
 		return "sources not read completely yet", false
 	}
 	if !a.populator.Ready() {
@@ -243,6 +285,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 	go func() { defer wg.Done(); a.populator.Run(runCtx) }()
 	go func() { defer wg.Done(); a.reconciler.Run(runCtx) }()
+	if a.cluster != nil {
+		a.cluster.start()
+		defer a.cluster.stop()
+		workers := a.cfg.StatusWorkers
+		if workers <= 0 {
+			workers = 4
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); a.podStatus.Run(runCtx, workers) }()
+	}
 
 	var err error
 	select {

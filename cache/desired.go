@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
@@ -116,7 +117,7 @@ func (d *DesiredStateOfWorld) SetPod(pod volume.PodInfo, vols []PodVolume, errs 
 	defer d.mu.Unlock()
 
 	old := d.pods[pod.UID]
-	changed := old == nil || old.Pod != pod || !slices.Equal(old.Unresolved, unresolved) || !sameErrors(old.Errors, errs)
+	changed := old == nil || !samePodInfo(old.Pod, pod) || !slices.Equal(old.Unresolved, unresolved) || !sameErrors(old.Errors, errs)
 
 	// Group the pod's volumes by unique name: two pod volumes may resolve to
 	// the same volume (two names for one claim).
@@ -176,7 +177,8 @@ func (d *DesiredStateOfWorld) SetPod(pod volume.PodInfo, vols []PodVolume, errs 
 func (d *DesiredStateOfWorld) setPodVolume(pv *PodVolume, dp *DesiredPodVolume) bool {
 	v, ok := d.volumes[pv.Name]
 	if ok {
-		if cur, ok := v.Pods[dp.Pod.UID]; ok && cur.Spec == dp.Spec && slices.Equal(cur.OuterNames, dp.OuterNames) && cur.Pod == dp.Pod &&
+		if cur, ok := v.Pods[dp.Pod.UID]; ok && sameSpec(cur.Spec, dp.Spec) && slices.Equal(cur.OuterNames, dp.OuterNames) &&
+			samePodInfo(cur.Pod, dp.Pod) && v.Plugin == pv.Plugin && v.Attributes == pv.Attributes &&
 			sameSize(v.DesiredSize, pv.DesiredSize) {
 			return false
 		}
@@ -191,7 +193,11 @@ func (d *DesiredStateOfWorld) setPodVolume(pv *PodVolume, dp *DesiredPodVolume) 
 		Pods:        map[types.UID]*DesiredPodVolume{},
 	}
 	if ok {
-		nv.Spec = v.Spec
+		// Keep the volume's spec unless it was this pod's old one: it must
+		// stay the spec of a pod that wants the volume now.
+		if cur, had := v.Pods[dp.Pod.UID]; !had || cur.Spec != v.Spec {
+			nv.Spec = v.Spec
+		}
 		for uid, p := range v.Pods {
 			nv.Pods[uid] = p
 		}
@@ -314,6 +320,30 @@ func sameErrors(a, b []*volume.PodVolumeError) bool {
 	return slices.EqualFunc(a, b, func(x, y *volume.PodVolumeError) bool {
 		return x.Volume == y.Volume && x.Reason == y.Reason && x.Error() == y.Error()
 	})
+}
+
+// samePodInfo compares pod infos by value: the populator builds them afresh
+// for every pass, so their pointer fields differ even when nothing changed.
+func samePodInfo(a, b volume.PodInfo) bool {
+	return a == b || equality.Semantic.DeepEqual(a, b)
+}
+
+// sameSpec compares specs by value: a re-resolved volume gets a new Spec
+// (and, for inline volumes, a Volume from the new pod object) even when
+// nothing about it changed.
+func sameSpec(a, b *volume.Spec) bool {
+	if a == b {
+		return true
+	}
+	if a == nil || b == nil {
+		return false
+	}
+	return a.Name == b.Name && a.ReadOnly == b.ReadOnly && a.Mode == b.Mode && a.InlineEphemeral == b.InlineEphemeral &&
+		sameObject(a.Volume, b.Volume) && sameObject(a.PV, b.PV) && sameObject(a.PVC, b.PVC)
+}
+
+func sameObject[T any](a, b *T) bool {
+	return a == b || (a != nil && b != nil && equality.Semantic.DeepEqual(a, b))
 }
 
 func sameSize(a, b *resource.Quantity) bool {

@@ -121,7 +121,11 @@ func (p *Populator) Run(ctx context.Context) {
 // resolved again even if nothing it depends on changed.
 func (p *Populator) Sync(force bool) {
 	start := p.opts.Clock.Now()
-	synced := p.opts.Source.HasSynced()
+	if !p.opts.Source.HasSynced() {
+		// A partial view (some informers listed, others not yet) would
+		// produce errors for objects that are merely not read yet.
+		return
+	}
 	pods := p.opts.Source.Pods()
 	node := p.opts.Node()
 
@@ -145,9 +149,7 @@ func (p *Populator) Sync(force bool) {
 			delete(p.state, uid)
 		}
 	}
-	if synced {
-		p.ready.Store(true)
-	}
+	p.ready.Store(true)
 	if p.opts.Observer != nil {
 		p.opts.Observer.Populated(p.opts.Clock.Since(start), len(seen))
 	}

@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -178,11 +179,78 @@ func (m *Mounter) UnmountAll(target string) error {
 	return fmt.Errorf("%s is still a mount point after %d unmounts", target, maxStackedMounts)
 }
 
+// UnmountTree unmounts every mount stacked on target and every mount below
+// it: a recursive bind mount brings the source's submounts along, and the
+// kernel refuses (EBUSY) to unmount a mount that has others below it. The
+// tree is made a slave first, so that unmounting the submounts can never
+// propagate back to the mounts they were bound from.
+func (m *Mounter) UnmountTree(target string) error {
+	err := m.UnmountAll(target)
+	if err == nil || !errors.Is(err, unix.EBUSY) {
+		return err
+	}
+	below, lerr := mountsBelow(target)
+	if lerr != nil || len(below) == 0 {
+		// Busy for another reason (open files): report that.
+		return err
+	}
+	if err := unix.Mount("", target, "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil && !errors.Is(err, unix.EINVAL) {
+		return &os.PathError{Op: "make rslave", Path: target, Err: err}
+	}
+	for _, p := range below {
+		if err := m.UnmountAll(p); err != nil {
+			return err
+		}
+	}
+	return m.UnmountAll(target)
+}
+
+// mountsBelow lists the mount points strictly below dir, deepest first.
+func mountsBelow(dir string) ([]string, error) {
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real
+	}
+	prefix := escapeMountPath(filepath.Clean(dir)) + "/"
+	infos, err := mount.ParseMountInfo("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	seen := map[string]bool{}
+	for i := len(infos) - 1; i >= 0; i-- {
+		p := infos[i].MountPoint
+		if strings.HasPrefix(p, prefix) && !seen[p] {
+			seen[p] = true
+			out = append(out, unescapeMountPath(p))
+		}
+	}
+	// Deepest first; among equals, the newest (listed last) first.
+	sort.SliceStable(out, func(i, j int) bool { return strings.Count(out[i], "/") > strings.Count(out[j], "/") })
+	return out, nil
+}
+
+var mountPathEscaper = strings.NewReplacer(`\`, `\134`, " ", `\040`, "\t", `\011`, "\n", `\012`)
+var mountPathUnescaper = strings.NewReplacer(`\134`, `\`, `\040`, " ", `\011`, "\t", `\012`, "\n")
+
+// escapeMountPath spells a path the way /proc/self/mountinfo does.
+func escapeMountPath(p string) string { return mountPathEscaper.Replace(p) }
+
+func unescapeMountPath(p string) string { return mountPathUnescaper.Replace(p) }
+
 // FormatAndMount mounts a block device, formatting it first only when it has
 // no filesystem at all; a device with a different filesystem is never
 // reformatted and fails with an error saying so.
 func (m *Mounter) FormatAndMount(device, target, fsType string, options []string) error {
-	return m.utils.FormatAndMount(device, target, fsType, options)
+	err := m.utils.FormatAndMount(device, target, fsType, options)
+	var me mount.MountError
+	if errors.As(err, &me) && me.Type == mount.FilesystemMismatch {
+		// mount(8)'s "wrong fs type, bad option, bad superblock" does
+		// not say what is wrong.
+		if existing, ferr := m.DiskFormat(device); ferr == nil && existing != "" && existing != fsType {
+			return fmt.Errorf("device %s is formatted as %s, not %s, and is never reformatted: %w", device, existing, fsType, err)
+		}
+	}
+	return err
 }
 
 // DiskFormat returns the filesystem on device, "" if none.

@@ -438,3 +438,78 @@ func TestRemoveEmptyDirs(t *testing.T) {
 		t.Errorf("x not removed: %v", err)
 	}
 }
+
+// A recursive bind brings the source's submounts along; the kernel refuses
+// to unmount it while they are there (EBUSY), so UnmountAll alone cannot
+// undo it, UnmountTree can. With shared propagation (systemd makes / rshared)
+// unmounting the copies must not unmount the source's own submount.
+func TestUnmountTree(t *testing.T) {
+	mounttest.RequireRoot(t)
+	for _, shared := range []bool{false, true} {
+		name := "private"
+		if shared {
+			name = "shared"
+		}
+		t.Run(name, func(t *testing.T) {
+			tmp := mounttest.TempDir(t)
+			base := mkdir(t, filepath.Join(tmp, "base"))
+			target := mkdir(t, filepath.Join(tmp, "target"))
+			if shared {
+				if err := unix.Mount(base, base, "", unix.MS_BIND, ""); err != nil {
+					t.Fatal(err)
+				}
+				if err := unix.Mount("", base, "", unix.MS_SHARED, ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+			src := mkdir(t, filepath.Join(base, "src"))
+			sub := mkdir(t, filepath.Join(src, "sub"))
+			mounttest.MountTmpfs(t, sub)
+			mounttest.WriteFile(t, filepath.Join(sub, "data.txt"), "data")
+			m := mountutil.New()
+			if err := m.BindMount(src, target, mountutil.BindOptions{Recursive: true, ReadOnly: true}); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.UnmountAll(target); !errors.Is(err, unix.EBUSY) {
+				t.Errorf("UnmountAll of a recursive bind with a submount = %v, want EBUSY", err)
+			}
+			if err := m.UnmountTree(target); err != nil {
+				t.Fatal(err)
+			}
+			if ms := mounttest.MountsUnder(t, target); len(ms) != 0 {
+				t.Errorf("mounts left under target: %+v", ms)
+			}
+			if ms := mounttest.MountsAt(t, sub); len(ms) != 1 {
+				t.Errorf("the source's submount was affected: %+v", ms)
+			}
+			if got := mounttest.ReadFile(t, filepath.Join(sub, "data.txt")); got != "data" {
+				t.Errorf("source submount data %q", got)
+			}
+			if err := m.UnmountTree(target); err != nil {
+				t.Errorf("UnmountTree of an unmounted directory: %v", err)
+			}
+		})
+	}
+}
+
+// A mount kept busy by an open file is reported, not detached.
+func TestUnmountTreeBusy(t *testing.T) {
+	mounttest.RequireRoot(t)
+	dir := mkdir(t, filepath.Join(mounttest.TempDir(t), "d"))
+	m := mountutil.New()
+	if err := m.MountTmpfs(dir, mountutil.TmpfsOptions{SizeBytes: 1 << 20, Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, "open.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = m.UnmountTree(dir)
+	if !errors.Is(err, unix.EBUSY) {
+		t.Errorf("UnmountTree with an open file = %v, want EBUSY", err)
+	}
+	f.Close()
+	if err := m.UnmountTree(dir); err != nil {
+		t.Errorf("UnmountTree once closed: %v", err)
+	}
+}

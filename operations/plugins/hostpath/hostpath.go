@@ -183,13 +183,24 @@ func ensureFile(path string) error {
 	if _, err := mountutil.EnsureDir(filepath.Dir(path), 0o750); err != nil {
 		return err
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o640)
+	// O_EXCL: never open what is there already. Once set up, path is the
+	// mounted socket, device or FIFO itself, and opening it fails (ENXIO
+	// for a socket) or blocks (a FIFO without a writer).
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o640)
+	if errors.Is(err, fs.ErrExist) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
 	return f.Close()
 }
 
+// TearDown unmounts the recursive bind mount, submounts included, and
+// removes the (empty) mount point; nothing of the host path is deleted.
 func (p *Plugin) TearDown(_ context.Context, req *plugins.TearDownRequest) error {
+	if err := p.host.Mounter.UnmountTree(req.Dir); err != nil {
+		return err
+	}
 	return plugins.UnmountAndRemoveEntry(p.host.Mounter, req.Dir)
 }

@@ -1,0 +1,463 @@
+package cache
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+func newASW() (*ActualStateOfWorld, *clocktesting.FakeClock) {
+	clk := clocktesting.NewFakeClock(t0)
+	return NewActualStateOfWorld(clk), clk
+}
+
+var (
+	perPodID = VolumeIdentity{
+		Name: volume.PodScopedName(emptyDirPlugin, "p1", "scratch"), Plugin: emptyDirPlugin,
+		Spec: &volume.Spec{Name: "scratch"},
+	}
+	deviceID = VolumeIdentity{
+		Name: "test/disk", Plugin: "test", Attributes: volume.Attributes{Identity: "disk", DeviceMountable: true, Attachable: true},
+		Spec: &volume.Spec{Name: "pv-disk"},
+	}
+	remountID = VolumeIdentity{
+		Name: "test/remount", Plugin: "test", Attributes: volume.Attributes{RequiresRemount: true},
+		Spec: &volume.Spec{Name: "cfg"},
+	}
+)
+
+func mountOf(uid string, state MountState) ActualPodMount {
+	return ActualPodMount{
+		Pod: testPod(uid).PodRef, SpecName: "spec", MountPath: "/pods/" + uid + "/volumes/x/spec", State: state,
+	}
+}
+
+func TestActualPodMountLifecycle(t *testing.T) {
+	a, _ := newASW()
+	a.SetPodMount(perPodID, mountOf("p1", Mounted))
+	v, ok := a.Volume(perPodID.Name)
+	if !ok {
+		t.Fatal("volume not recorded")
+	}
+	if v.Name != perPodID.Name || v.Plugin != emptyDirPlugin || v.Spec != perPodID.Spec || v.DeviceState != DeviceNotMounted {
+		t.Errorf("volume = %+v", v)
+	}
+	m := v.Pods["p1"]
+	if m == nil || m.State != Mounted || m.MountPath != "/pods/p1/volumes/x/spec" || !m.Since.Equal(t0) {
+		t.Errorf("mount = %+v", m)
+	}
+	if got, ok := a.Snapshot().PodMount(perPodID.Name, "p1"); !ok || got != m {
+		t.Errorf("snapshot PodMount = %v, %v", got, ok)
+	}
+	if _, ok := a.Snapshot().PodMount(perPodID.Name, "p2"); ok {
+		t.Error("PodMount(p2) found")
+	}
+	if _, ok := a.Snapshot().PodMount("nope", "p1"); ok {
+		t.Error("PodMount of unknown volume found")
+	}
+
+	// Uncertain replaces Mounted.
+	a.SetPodMount(perPodID, mountOf("p1", MountUncertain))
+	if v, _ := a.Volume(perPodID.Name); v.Pods["p1"].State != MountUncertain {
+		t.Errorf("state = %s", v.Pods["p1"].State)
+	}
+
+	// The last pod gone, nothing else left: the entry disappears.
+	a.DeletePodMount(perPodID.Name, "p1")
+	if _, ok := a.Volume(perPodID.Name); ok {
+		t.Error("entry kept with nothing left to undo")
+	}
+	if len(a.Snapshot().Volumes) != 0 {
+		t.Error("snapshot still lists the volume")
+	}
+}
+
+func TestActualTwoPodsOnOneVolume(t *testing.T) {
+	a, _ := newASW()
+	id := VolumeIdentity{Name: "local/pv1", Plugin: "local", Attributes: volume.Attributes{Identity: "pv1"}, Spec: &volume.Spec{Name: "pv1"}}
+	a.SetPodMount(id, mountOf("p1", Mounted))
+	a.SetPodMount(id, mountOf("p2", MountUncertain))
+	v, _ := a.Volume(id.Name)
+	if len(v.Pods) != 2 || v.Pods["p1"].State != Mounted || v.Pods["p2"].State != MountUncertain {
+		t.Fatalf("pods = %v", v.Pods)
+	}
+	a.DeletePodMount(id.Name, "p1")
+	v, ok := a.Volume(id.Name)
+	if !ok || len(v.Pods) != 1 || v.Pods["p2"] == nil {
+		t.Fatalf("after deleting p1: %+v, %v", v, ok)
+	}
+	a.DeletePodMount(id.Name, "p2")
+	if _, ok := a.Volume(id.Name); ok {
+		t.Error("entry kept after its last pod")
+	}
+}
+
+func TestActualEntryKeptWhileSomethingIsLeft(t *testing.T) {
+	tests := []struct {
+		name     string
+		setup    func(a *ActualStateOfWorld)
+		wantKept bool
+	}{
+		{"nothing", func(a *ActualStateOfWorld) {}, false},
+		{"pod mount removed", func(a *ActualStateOfWorld) {
+			a.SetPodMount(deviceID, mountOf("p1", Mounted))
+			a.DeletePodMount(deviceID.Name, "p1")
+		}, false},
+		{"device mounted", func(a *ActualStateOfWorld) {
+			a.SetDeviceState(deviceID, DeviceGloballyMounted, "/dev/sdb", "/global")
+		}, true},
+		{"device uncertain", func(a *ActualStateOfWorld) {
+			a.SetDeviceState(deviceID, DeviceMountUncertain, "", "/global")
+		}, true},
+		{"device unmounted", func(a *ActualStateOfWorld) {
+			a.SetDeviceState(deviceID, DeviceGloballyMounted, "/dev/sdb", "/global")
+			a.SetDeviceState(deviceID, DeviceNotMounted, "", "")
+		}, false},
+		{"device NotMounted recorded for an unknown volume", func(a *ActualStateOfWorld) {
+			a.SetDeviceState(deviceID, DeviceNotMounted, "", "")
+		}, false},
+		{"attached", func(a *ActualStateOfWorld) {
+			a.SetAttachState(deviceID, Attached, "/dev/sdb")
+		}, true},
+		{"attach uncertain", func(a *ActualStateOfWorld) {
+			a.SetAttachState(deviceID, AttachUncertain, "")
+		}, true},
+		{"detached", func(a *ActualStateOfWorld) {
+			a.SetAttachState(deviceID, Attached, "/dev/sdb")
+			a.SetAttachState(deviceID, NotAttached, "")
+		}, false},
+		{"attach not needed", func(a *ActualStateOfWorld) {
+			a.SetAttachState(deviceID, AttachNotNeeded, "")
+		}, false},
+		{"device unmounted but still attached", func(a *ActualStateOfWorld) {
+			a.SetAttachState(deviceID, Attached, "/dev/sdb")
+			a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "/global")
+			a.SetDeviceState(deviceID, DeviceNotMounted, "", "")
+		}, true},
+		{"pod gone, device still mounted", func(a *ActualStateOfWorld) {
+			a.SetDeviceState(deviceID, DeviceGloballyMounted, "/dev/sdb", "/global")
+			a.SetPodMount(deviceID, mountOf("p1", Mounted))
+			a.DeletePodMount(deviceID.Name, "p1")
+		}, true},
+		{"everything undone in order", func(a *ActualStateOfWorld) {
+			a.SetAttachState(deviceID, Attached, "/dev/sdb")
+			a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "/global")
+			a.SetPodMount(deviceID, mountOf("p1", Mounted))
+			a.DeletePodMount(deviceID.Name, "p1")
+			a.SetDeviceState(deviceID, DeviceNotMounted, "", "")
+			a.SetAttachState(deviceID, NotAttached, "")
+		}, false},
+		{"size of an unknown volume", func(a *ActualStateOfWorld) {
+			q := resource.MustParse("1Gi")
+			a.SetSize(deviceID.Name, &q)
+			a.SetResizeBlocked(deviceID.Name, "in use")
+			a.DeletePodMount(deviceID.Name, "p1")
+		}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a, _ := newASW()
+			tc.setup(a)
+			_, ok := a.Volume(deviceID.Name)
+			if ok != tc.wantKept {
+				t.Errorf("entry present = %v, want %v", ok, tc.wantKept)
+			}
+			if _, inSnap := a.Snapshot().Volumes[deviceID.Name]; inSnap != ok {
+				t.Errorf("snapshot disagrees with Volume()")
+			}
+		})
+	}
+}
+
+func TestActualPathsKept(t *testing.T) {
+	a, _ := newASW()
+	a.SetAttachState(deviceID, Attached, "/dev/sdb")
+	a.SetAttachState(deviceID, Attached, "") // verify again, path unknown
+	a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "/global/disk")
+	v, _ := a.Volume(deviceID.Name)
+	if v.DevicePath != "/dev/sdb" || v.DeviceMountPath != "/global/disk" || v.AttachState != Attached {
+		t.Fatalf("volume = %+v", v)
+	}
+	// Unmounting must not forget where the device was mounted or is.
+	a.SetDeviceState(deviceID, DeviceMountUncertain, "", "")
+	a.SetDeviceState(deviceID, DeviceNotMounted, "", "")
+	v, _ = a.Volume(deviceID.Name)
+	if v.DeviceState != DeviceNotMounted || v.DevicePath != "/dev/sdb" || v.DeviceMountPath != "/global/disk" {
+		t.Errorf("after unmount: %+v", v)
+	}
+	// New paths replace old ones.
+	a.SetDeviceState(deviceID, DeviceGloballyMounted, "/dev/sdc", "/global/other")
+	v, _ = a.Volume(deviceID.Name)
+	if v.DevicePath != "/dev/sdc" || v.DeviceMountPath != "/global/other" {
+		t.Errorf("new paths not recorded: %+v", v)
+	}
+	a.SetAttachState(deviceID, AttachUncertain, "/dev/sdd")
+	v, _ = a.Volume(deviceID.Name)
+	if v.DevicePath != "/dev/sdd" || v.AttachState != AttachUncertain || v.DeviceMountPath != "/global/other" {
+		t.Errorf("after attach uncertain: %+v", v)
+	}
+}
+
+func TestActualIdentityRecordedOnce(t *testing.T) {
+	a, _ := newASW()
+	// Found on disk after a restart: no spec yet.
+	reconstructed := deviceID
+	reconstructed.Spec = nil
+	a.SetDeviceState(reconstructed, DeviceMountUncertain, "", "/global/disk")
+	v, _ := a.Volume(deviceID.Name)
+	if v.Spec != nil || v.Attributes != deviceID.Attributes {
+		t.Fatalf("volume = %+v", v)
+	}
+	// A later operation that knows the spec fills it in...
+	a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "")
+	v, _ = a.Volume(deviceID.Name)
+	if v.Spec != deviceID.Spec {
+		t.Errorf("spec not filled in: %+v", v.Spec)
+	}
+	// ...but never replaces it.
+	other := deviceID
+	other.Spec = &volume.Spec{Name: "other"}
+	other.Plugin = "other-plugin"
+	a.SetPodMount(other, mountOf("p1", Mounted))
+	v, _ = a.Volume(deviceID.Name)
+	if v.Spec != deviceID.Spec || v.Plugin != "test" {
+		t.Errorf("identity replaced: plugin %q spec %+v", v.Plugin, v.Spec)
+	}
+	// Calls that carry only a name do not create entries.
+	a.DeletePodMount("unknown", "p1")
+	a.SetResizeBlocked("unknown", "x")
+	if _, ok := a.Volume("unknown"); ok {
+		t.Error("entry created from a name alone")
+	}
+}
+
+func TestActualMarkRemountRequired(t *testing.T) {
+	a, _ := newASW()
+	a.SetPodMount(remountID, mountOf("p1", Mounted))
+	a.SetPodMount(remountID, mountOf("p2", Mounted))
+	a.SetPodMount(perPodID, mountOf("p1", Mounted))
+	a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "/g")
+	a.SetPodMount(deviceID, mountOf("p1", Mounted))
+
+	before := a.Snapshot()
+	a.MarkRemountRequired("p1")
+	s := a.Snapshot()
+	if m, _ := s.PodMount(remountID.Name, "p1"); !m.RemountRequired {
+		t.Error("remount volume of p1 not marked")
+	}
+	if m, _ := s.PodMount(remountID.Name, "p2"); m.RemountRequired {
+		t.Error("p2 marked")
+	}
+	if m, _ := s.PodMount(perPodID.Name, "p1"); m.RemountRequired {
+		t.Error("emptyDir (no RequiresRemount) marked")
+	}
+	if m, _ := s.PodMount(deviceID.Name, "p1"); m.RemountRequired {
+		t.Error("device volume (no RequiresRemount) marked")
+	}
+	if m, _ := before.PodMount(remountID.Name, "p1"); m.RemountRequired {
+		t.Error("earlier snapshot sees the mark")
+	}
+	if s.Generation == before.Generation {
+		t.Error("generation unchanged by a mark")
+	}
+
+	// Marking again changes nothing.
+	a.MarkRemountRequired("p1")
+	a.MarkRemountRequired("unknown")
+	if a.Snapshot() != s {
+		t.Error("no-op MarkRemountRequired rebuilt the snapshot")
+	}
+
+	// A successful mount clears it.
+	a.SetPodMount(remountID, mountOf("p1", Mounted))
+	if m, _ := a.Snapshot().PodMount(remountID.Name, "p1"); m.RemountRequired {
+		t.Error("remount flag survives a new mount")
+	}
+}
+
+func TestActualSinceKeptWhileStateUnchanged(t *testing.T) {
+	a, clk := newASW()
+	since := func() time.Time {
+		m, ok := a.Snapshot().PodMount(perPodID.Name, "p1")
+		if !ok {
+			t.Fatal("mount missing")
+		}
+		return m.Since
+	}
+	a.SetPodMount(perPodID, mountOf("p1", Mounted))
+	clk.Step(time.Minute)
+	a.SetPodMount(perPodID, mountOf("p1", Mounted))
+	if got := since(); !got.Equal(t0) {
+		t.Errorf("Since after re-mount in the same state = %v, want %v", got, t0)
+	}
+	clk.Step(time.Minute)
+	a.SetPodMount(perPodID, mountOf("p1", MountUncertain))
+	if got, want := since(), t0.Add(2*time.Minute); !got.Equal(want) {
+		t.Errorf("Since after state change = %v, want %v", got, want)
+	}
+	clk.Step(time.Minute)
+	a.SetPodMount(perPodID, mountOf("p1", MountUncertain))
+	if got, want := since(), t0.Add(2*time.Minute); !got.Equal(want) {
+		t.Errorf("Since after same uncertain state = %v, want %v", got, want)
+	}
+	clk.Step(time.Minute)
+	a.SetPodMount(perPodID, mountOf("p1", Mounted))
+	if got, want := since(), t0.Add(4*time.Minute); !got.Equal(want) {
+		t.Errorf("Since back to Mounted = %v, want %v", got, want)
+	}
+	// A given Since is ignored: the ASW's clock decides.
+	m := mountOf("p1", MountUncertain)
+	m.Since = t0.Add(-time.Hour)
+	a.SetPodMount(perPodID, m)
+	if got := since(); !got.Equal(clk.Now()) {
+		t.Errorf("Since = %v, want the clock's %v", got, clk.Now())
+	}
+}
+
+func TestActualSizeAndResizeBlocked(t *testing.T) {
+	a, _ := newASW()
+	a.SetPodMount(perPodID, mountOf("p1", Mounted))
+	q := resource.MustParse("1Gi")
+	a.SetSize(perPodID.Name, &q)
+	q.Add(resource.MustParse("1Gi")) // the caller's copy is not the ASW's
+	v, _ := a.Volume(perPodID.Name)
+	if v.Size == nil || v.Size.Cmp(resource.MustParse("1Gi")) != 0 {
+		t.Errorf("size = %v, want 1Gi", v.Size)
+	}
+	a.SetSize(perPodID.Name, nil)
+	if v, _ := a.Volume(perPodID.Name); v.Size == nil || v.Size.Cmp(resource.MustParse("1Gi")) != 0 {
+		t.Errorf("nil size replaced the recorded one: %v", v.Size)
+	}
+	a.SetResizeBlocked(perPodID.Name, "volume in use")
+	if v, _ := a.Volume(perPodID.Name); v.ResizeBlocked != "volume in use" {
+		t.Errorf("ResizeBlocked = %q", v.ResizeBlocked)
+	}
+	a.SetResizeBlocked(perPodID.Name, "")
+	if v, _ := a.Volume(perPodID.Name); v.ResizeBlocked != "" {
+		t.Errorf("ResizeBlocked not cleared: %q", v.ResizeBlocked)
+	}
+}
+
+func TestActualPodMounts(t *testing.T) {
+	a, _ := newASW()
+	for i, id := range []VolumeIdentity{remountID, perPodID, deviceID} {
+		m := mountOf("p1", Mounted)
+		m.MountPath = fmt.Sprintf("/pods/p1/volumes/%d", 2-i)
+		a.SetPodMount(id, m)
+	}
+	a.SetPodMount(deviceID, mountOf("p2", Mounted))
+	got := a.PodMounts("p1")
+	var paths []string
+	for _, m := range got {
+		paths = append(paths, m.MountPath)
+	}
+	if want := []string{"/pods/p1/volumes/0", "/pods/p1/volumes/1", "/pods/p1/volumes/2"}; !slices.Equal(paths, want) {
+		t.Errorf("PodMounts(p1) paths = %v, want %v", paths, want)
+	}
+	if got := a.PodMounts("p2"); len(got) != 1 {
+		t.Errorf("PodMounts(p2) = %v", got)
+	}
+	if got := a.PodMounts("p3"); len(got) != 0 {
+		t.Errorf("PodMounts(p3) = %v", got)
+	}
+}
+
+func TestActualSnapshotImmutable(t *testing.T) {
+	a, _ := newASW()
+	a.SetAttachState(deviceID, Attached, "/dev/sdb")
+	a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "/g")
+	a.SetPodMount(deviceID, mountOf("p1", Mounted))
+	a.SetPodMount(perPodID, mountOf("p1", MountUncertain))
+	a.SetPodMount(remountID, mountOf("p1", Mounted))
+
+	s1 := a.Snapshot()
+	dump1 := dumpActual(s1)
+	if a.Snapshot() != s1 {
+		t.Error("snapshot of an unchanged ASW rebuilt")
+	}
+
+	q := resource.MustParse("5Gi")
+	a.SetPodMount(deviceID, mountOf("p2", MountUncertain))
+	a.SetPodMount(deviceID, mountOf("p1", MountUncertain))
+	a.DeletePodMount(perPodID.Name, "p1")
+	a.SetDeviceState(deviceID, DeviceMountUncertain, "/dev/sdc", "/g2")
+	a.SetAttachState(deviceID, AttachUncertain, "")
+	a.SetSize(deviceID.Name, &q)
+	a.SetResizeBlocked(deviceID.Name, "busy")
+	a.MarkRemountRequired("p1")
+
+	if dump := dumpActual(s1); dump != dump1 {
+		t.Errorf("old snapshot changed:\nbefore: %s\nafter:  %s", dump1, dump)
+	}
+	s2 := a.Snapshot()
+	if s2 == s1 || s2.Generation <= s1.Generation {
+		t.Errorf("generation %d -> %d", s1.Generation, s2.Generation)
+	}
+	if _, ok := s2.Volumes[perPodID.Name]; ok {
+		t.Error("new snapshot still has the deleted mount's volume")
+	}
+	if v := s2.Volumes[deviceID.Name]; v.DeviceState != DeviceMountUncertain || len(v.Pods) != 2 || v.Size == nil {
+		t.Errorf("new snapshot volume = %+v", v)
+	}
+}
+
+func dumpActual(s *ActualSnapshot) string {
+	var out []string
+	for name, v := range s.Volumes {
+		out = append(out, fmt.Sprintf("V %s %s %+v %p %s %s %s %s %v %s", name, v.Plugin, v.Attributes, v.Spec,
+			v.AttachState, v.DeviceState, v.DevicePath, v.DeviceMountPath, v.Size, v.ResizeBlocked))
+		for uid, p := range v.Pods {
+			out = append(out, fmt.Sprintf("VP %s %s %+v", name, uid, *p))
+		}
+	}
+	slices.Sort(out)
+	return fmt.Sprint(s.Generation, out)
+}
+
+// TestActualConcurrent exercises the ASW from several goroutines; run with
+// -race.
+func TestActualConcurrent(t *testing.T) {
+	a, _ := newASW()
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				uid := types.UID(fmt.Sprintf("w%d-p%d", w, i%5))
+				switch i % 4 {
+				case 0:
+					a.SetPodMount(deviceID, ActualPodMount{Pod: volume.PodRef{UID: uid}, State: Mounted})
+				case 1:
+					a.MarkRemountRequired(uid)
+				case 2:
+					a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "/g")
+				case 3:
+					a.DeletePodMount(deviceID.Name, uid)
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range 200 {
+			s := a.Snapshot()
+			for _, v := range s.Volumes {
+				for _, m := range v.Pods {
+					_ = m.State
+				}
+			}
+			a.PodMounts("w0-p0")
+		}
+	}()
+	wg.Wait()
+}

@@ -1,0 +1,657 @@
+package cache
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func newDSW() (*DesiredStateOfWorld, *clocktesting.FakeClock) {
+	clk := clocktesting.NewFakeClock(t0)
+	return NewDesiredStateOfWorld(clk), clk
+}
+
+func testPod(uid string) volume.PodInfo {
+	return volume.PodInfo{PodRef: volume.PodRef{UID: types.UID(uid), Namespace: "ns", Name: "pod-" + uid}}
+}
+
+const (
+	emptyDirPlugin = "kubernetes.io/empty-dir"
+	localPlugin    = "kubernetes.io/local-volume"
+)
+
+// emptyDir is a per-pod volume of pod uid named outer.
+func emptyDir(uid, outer string) PodVolume {
+	vol := &v1.Volume{Name: outer, VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}
+	return PodVolume{
+		Name:      volume.PodScopedName(emptyDirPlugin, types.UID(uid), outer),
+		Plugin:    emptyDirPlugin,
+		OuterName: outer,
+		Spec:      &volume.Spec{Name: outer, Volume: vol, Mode: v1.PersistentVolumeFilesystem},
+	}
+}
+
+// localPV is a shared volume backed by the PV pv, used under outer.
+func localPV(pv *v1.PersistentVolume, outer string) PodVolume {
+	return PodVolume{
+		Name:       volume.SharedName(localPlugin, pv.Name),
+		Plugin:     localPlugin,
+		Attributes: volume.Attributes{Identity: pv.Name},
+		OuterName:  outer,
+		Spec:       &volume.Spec{Name: pv.Name, PV: pv, Mode: v1.PersistentVolumeFilesystem},
+	}
+}
+
+func newPV(name, size string) *v1.PersistentVolume {
+	pv := &v1.PersistentVolume{}
+	pv.Name = name
+	pv.Spec.Capacity = v1.ResourceList{v1.ResourceStorage: resource.MustParse(size)}
+	pv.Spec.Local = &v1.LocalVolumeSource{Path: "/mnt/" + name}
+	return pv
+}
+
+func sized(pv PodVolume, size string) PodVolume {
+	q := resource.MustParse(size)
+	pv.DesiredSize = &q
+	return pv
+}
+
+func pvErr(uid, vol, reason string) *volume.PodVolumeError {
+	return &volume.PodVolumeError{Pod: testPod(uid).PodRef, Volume: vol, Reason: reason, Err: errors.New(reason + " happened")}
+}
+
+// signalled reports whether the DSW's Changed channel has a pending signal,
+// consuming it.
+func signalled(d *DesiredStateOfWorld) bool {
+	select {
+	case <-d.Changed():
+		return true
+	default:
+		return false
+	}
+}
+
+func TestDesiredSetPodAdd(t *testing.T) {
+	d, _ := newDSW()
+	pod := testPod("p1")
+	data := sized(localPV(newPV("pv1", "5Gi"), "data"), "5Gi")
+	scratch := emptyDir("p1", "scratch")
+	errs := []*volume.PodVolumeError{pvErr("p1", "claim", "PVCNotFound")}
+
+	if !d.SetPod(pod, []PodVolume{scratch, data}, errs, []string{"claim"}) {
+		t.Fatal("SetPod of a new pod = false, want true")
+	}
+	if !signalled(d) {
+		t.Error("Changed not signalled")
+	}
+	s := d.Snapshot()
+	if len(s.Volumes) != 2 || len(s.Pods) != 1 {
+		t.Fatalf("snapshot has %d volumes and %d pods, want 2 and 1", len(s.Volumes), len(s.Pods))
+	}
+	dv := s.Volumes[data.Name]
+	if dv == nil {
+		t.Fatalf("volume %s missing", data.Name)
+	}
+	if dv.Name != data.Name || dv.Plugin != localPlugin || dv.Attributes != data.Attributes || dv.SpecName != "pv1" ||
+		dv.Spec != data.Spec || dv.DesiredSize == nil || dv.DesiredSize.Cmp(resource.MustParse("5Gi")) != 0 {
+		t.Errorf("volume = %+v", dv)
+	}
+	pv := dv.Pods["p1"]
+	if pv == nil || pv.Pod != pod || !slices.Equal(pv.OuterNames, []string{"data"}) || pv.Spec != data.Spec || !pv.Since.Equal(t0) {
+		t.Errorf("pod volume = %+v", pv)
+	}
+	if sv := s.Volumes[scratch.Name]; sv == nil || sv.SpecName != "scratch" || sv.DesiredSize != nil || sv.Attributes.Shared() {
+		t.Errorf("emptyDir volume = %+v", sv)
+	}
+	dp := s.Pods["p1"]
+	wantNames := []volume.UniqueName{scratch.Name, data.Name}
+	slices.Sort(wantNames)
+	if dp == nil || dp.Pod != pod || !slices.Equal(dp.Volumes, wantNames) || !dp.Since.Equal(t0) {
+		t.Errorf("pod = %+v, want volumes %v", dp, wantNames)
+	}
+	if len(dp.Errors) != 1 || dp.Errors[0] != errs[0] || !slices.Equal(dp.Unresolved, []string{"claim"}) {
+		t.Errorf("pod errors %v, unresolved %v", dp.Errors, dp.Unresolved)
+	}
+
+	for _, name := range wantNames {
+		if !d.HasPodVolume(name, "p1") || !s.HasPodVolume(name, "p1") || !d.HasVolume(name) {
+			t.Errorf("HasPodVolume/HasVolume(%s) = false", name)
+		}
+		if d.HasPodVolume(name, "p2") || s.HasPodVolume(name, "p2") {
+			t.Errorf("HasPodVolume(%s, p2) = true", name)
+		}
+	}
+	if d.HasVolume("nope") || d.HasPodVolume("nope", "p1") || s.HasPodVolume("nope", "p1") {
+		t.Error("unknown volume reported present")
+	}
+	if got, ok := d.Pod("p1"); !ok || got != dp {
+		t.Errorf("Pod(p1) = %v, %v", got, ok)
+	}
+	if _, ok := d.Pod("p2"); ok {
+		t.Error("Pod(p2) found")
+	}
+	if uids := d.PodUIDs(); !slices.Equal(uids, []types.UID{"p1"}) {
+		t.Errorf("PodUIDs = %v", uids)
+	}
+}
+
+func TestDesiredSetPodReplace(t *testing.T) {
+	d, clk := newDSW()
+	pod := testPod("p1")
+	a, b, c := emptyDir("p1", "a"), emptyDir("p1", "b"), emptyDir("p1", "c")
+	d.SetPod(pod, []PodVolume{a, b}, nil, nil)
+	clk.Step(time.Minute)
+	t1 := clk.Now()
+	if !d.SetPod(pod, []PodVolume{c, b}, nil, nil) {
+		t.Fatal("SetPod with another volume set = false")
+	}
+	s := d.Snapshot()
+	if _, ok := s.Volumes[a.Name]; ok || d.HasVolume(a.Name) || d.HasPodVolume(a.Name, "p1") {
+		t.Errorf("volume %s still desired", a.Name)
+	}
+	if v := s.Volumes[b.Name]; v == nil || !v.Pods["p1"].Since.Equal(t0) {
+		t.Errorf("kept volume %s = %+v, want Since %v", b.Name, v, t0)
+	}
+	if v := s.Volumes[c.Name]; v == nil || !v.Pods["p1"].Since.Equal(t1) {
+		t.Errorf("new volume %s = %+v, want Since %v", c.Name, v, t1)
+	}
+	if got := s.Pods["p1"].Volumes; !slices.Equal(got, []volume.UniqueName{b.Name, c.Name}) {
+		t.Errorf("pod volumes = %v", got)
+	}
+	if !s.Pods["p1"].Since.Equal(t0) {
+		t.Errorf("pod Since = %v, want %v", s.Pods["p1"].Since, t0)
+	}
+
+	// Wanting nothing keeps the pod, without volumes.
+	if !d.SetPod(pod, nil, nil, nil) {
+		t.Fatal("SetPod with no volumes = false")
+	}
+	s = d.Snapshot()
+	if len(s.Volumes) != 0 {
+		t.Errorf("volumes left: %v", s.Volumes)
+	}
+	if p, ok := s.Pods["p1"]; !ok || len(p.Volumes) != 0 {
+		t.Errorf("pod = %+v, %v; want present with no volumes", p, ok)
+	}
+	if d.SetPod(pod, nil, nil, nil) {
+		t.Error("SetPod with no volumes again = true")
+	}
+}
+
+func TestDesiredDeletePod(t *testing.T) {
+	d, _ := newDSW()
+	if d.DeletePod("p1") {
+		t.Error("DeletePod of an unknown pod = true")
+	}
+	gen := d.Snapshot().Generation
+	if signalled(d) {
+		t.Error("Changed signalled by a no-op")
+	}
+	a := emptyDir("p1", "a")
+	d.SetPod(testPod("p1"), []PodVolume{a}, nil, nil)
+	signalled(d)
+	if !d.DeletePod("p1") {
+		t.Fatal("DeletePod = false")
+	}
+	if !signalled(d) {
+		t.Error("Changed not signalled by DeletePod")
+	}
+	s := d.Snapshot()
+	if len(s.Volumes) != 0 || len(s.Pods) != 0 || d.HasVolume(a.Name) || len(d.PodUIDs()) != 0 {
+		t.Errorf("after DeletePod: %d volumes, %d pods", len(s.Volumes), len(s.Pods))
+	}
+	if s.Generation != gen+2 {
+		t.Errorf("generation %d, want %d", s.Generation, gen+2)
+	}
+	if d.DeletePod("p1") {
+		t.Error("second DeletePod = true")
+	}
+}
+
+func TestDesiredMultipleOuterNames(t *testing.T) {
+	d, _ := newDSW()
+	pod := testPod("p1")
+	pv := newPV("pv1", "1Gi")
+	first, second := localPV(pv, "data"), localPV(pv, "data-again")
+	other := emptyDir("p1", "other")
+	d.SetPod(pod, []PodVolume{first, other, second}, nil, nil)
+	s := d.Snapshot()
+	if len(s.Volumes) != 2 {
+		t.Fatalf("%d volumes, want 2", len(s.Volumes))
+	}
+	got := s.Volumes[first.Name].Pods["p1"].OuterNames
+	if !slices.Equal(got, []string{"data", "data-again"}) {
+		t.Errorf("outer names = %v", got)
+	}
+	wantNames := []volume.UniqueName{first.Name, other.Name}
+	slices.Sort(wantNames)
+	if names := s.Pods["p1"].Volumes; !slices.Equal(names, wantNames) {
+		t.Errorf("pod volumes = %v, want %v (each once)", names, wantNames)
+	}
+	if d.SetPod(pod, []PodVolume{first, other, second}, nil, nil) {
+		t.Error("SetPod with the same outer names = true")
+	}
+	// Dropping one outer name is a change.
+	if !d.SetPod(pod, []PodVolume{first, other}, nil, nil) {
+		t.Fatal("SetPod without the second outer name = false")
+	}
+	if got := d.Snapshot().Volumes[first.Name].Pods["p1"].OuterNames; !slices.Equal(got, []string{"data"}) {
+		t.Errorf("outer names = %v, want [data]", got)
+	}
+}
+
+func TestDesiredSharedVolume(t *testing.T) {
+	d, clk := newDSW()
+	pv := newPV("pv1", "1Gi")
+	volA, volB := localPV(pv, "a"), localPV(pv, "b")
+	d.SetPod(testPod("A"), []PodVolume{volA}, nil, nil)
+	clk.Step(time.Second)
+	d.SetPod(testPod("B"), []PodVolume{volB}, nil, nil)
+	name := volA.Name
+	if volB.Name != name {
+		t.Fatal("fixture: different names")
+	}
+	s := d.Snapshot()
+	v := s.Volumes[name]
+	if len(s.Volumes) != 1 || len(v.Pods) != 2 {
+		t.Fatalf("volumes %v", s.Volumes)
+	}
+	if !slices.Equal(v.Pods["A"].OuterNames, []string{"a"}) || !slices.Equal(v.Pods["B"].OuterNames, []string{"b"}) {
+		t.Errorf("outer names A %v, B %v", v.Pods["A"].OuterNames, v.Pods["B"].OuterNames)
+	}
+	if !v.Pods["A"].Since.Equal(t0) || !v.Pods["B"].Since.Equal(t0.Add(time.Second)) {
+		t.Errorf("Since A %v, B %v", v.Pods["A"].Since, v.Pods["B"].Since)
+	}
+	if v.Spec != volA.Spec && v.Spec != volB.Spec {
+		t.Errorf("volume spec %p is neither pod's spec", v.Spec)
+	}
+
+	if !d.DeletePod("A") {
+		t.Fatal("DeletePod(A) = false")
+	}
+	s = d.Snapshot()
+	v = s.Volumes[name]
+	if v == nil || len(v.Pods) != 1 || v.Pods["B"] == nil {
+		t.Fatalf("after DeletePod(A): %+v", v)
+	}
+	if v.Spec != volB.Spec {
+		t.Errorf("volume spec %+v, want B's (the only pod left)", v.Spec)
+	}
+	if d.HasPodVolume(name, "A") || !d.HasPodVolume(name, "B") || !d.HasVolume(name) {
+		t.Error("HasPodVolume after DeletePod(A) wrong")
+	}
+	if _, ok := s.Pods["A"]; ok {
+		t.Error("pod A still in DSW")
+	}
+
+	// A pod that stops wanting the volume (SetPod without it) also leaves
+	// the other pod's use alone.
+	d.SetPod(testPod("A"), []PodVolume{volA}, nil, nil)
+	d.SetPod(testPod("B"), nil, nil, nil)
+	if v := d.Snapshot().Volumes[name]; v == nil || len(v.Pods) != 1 || v.Pods["A"] == nil || v.Spec != volA.Spec {
+		t.Fatalf("after B dropped the volume: %+v", v)
+	}
+	d.DeletePod("A")
+	if d.HasVolume(name) {
+		t.Error("volume still desired after its last pod left")
+	}
+}
+
+// TestDesiredSharedVolumeSpecFollowsPods: the volume-wide spec (used for
+// attach, device mount and expansion) is always the spec of a pod that
+// currently wants the volume, also when that pod's spec changes.
+func TestDesiredSharedVolumeSpecFollowsPods(t *testing.T) {
+	d, _ := newDSW()
+	pv1 := newPV("pv1", "1Gi")
+	d.SetPod(testPod("A"), []PodVolume{sized(localPV(pv1, "a"), "1Gi")}, nil, nil)
+	d.SetPod(testPod("B"), []PodVolume{sized(localPV(pv1, "b"), "1Gi")}, nil, nil)
+
+	// The PV was resized: both pods resolve to the new PV object.
+	pv2 := newPV("pv1", "2Gi")
+	newA, newB := sized(localPV(pv2, "a"), "2Gi"), sized(localPV(pv2, "b"), "2Gi")
+	if !d.SetPod(testPod("A"), []PodVolume{newA}, nil, nil) || !d.SetPod(testPod("B"), []PodVolume{newB}, nil, nil) {
+		t.Fatal("SetPod with a new PV = false")
+	}
+	v := d.Snapshot().Volumes[newA.Name]
+	if v.Spec != newA.Spec && v.Spec != newB.Spec {
+		t.Errorf("volume spec has PV capacity %v, want the current spec of a pod", v.Spec.PV.Spec.Capacity.Storage())
+	}
+	if v.DesiredSize.Cmp(resource.MustParse("2Gi")) != 0 {
+		t.Errorf("desired size %v, want 2Gi", v.DesiredSize)
+	}
+
+	// Single pod whose spec changes.
+	d2, _ := newDSW()
+	d2.SetPod(testPod("A"), []PodVolume{localPV(pv1, "a")}, nil, nil)
+	d2.SetPod(testPod("A"), []PodVolume{localPV(pv2, "a")}, nil, nil)
+	v = d2.Snapshot().Volumes[newA.Name]
+	if v.Spec != v.Pods["A"].Spec {
+		t.Errorf("volume spec (PV %p) is not the only pod's spec (PV %p)", v.Spec.PV, v.Pods["A"].Spec.PV)
+	}
+}
+
+func TestDesiredSincePreserved(t *testing.T) {
+	d, clk := newDSW()
+	pod := testPod("p1")
+	a := emptyDir("p1", "a")
+	d.SetPod(pod, []PodVolume{a}, nil, nil)
+
+	clk.Step(time.Hour)
+	// A change of the pod (new error, renamed pod) keeps both Since.
+	pod2 := pod
+	pod2.Name = "renamed"
+	if !d.SetPod(pod2, []PodVolume{a}, []*volume.PodVolumeError{pvErr("p1", "x", "PVCNotFound")}, nil) {
+		t.Fatal("SetPod with a change = false")
+	}
+	s := d.Snapshot()
+	if p := s.Pods["p1"]; !p.Since.Equal(t0) || p.Pod.Name != "renamed" {
+		t.Errorf("pod = %+v, want Since %v", p, t0)
+	}
+	if pv := s.Volumes[a.Name].Pods["p1"]; !pv.Since.Equal(t0) || pv.Pod.Name != "renamed" {
+		t.Errorf("pod volume = %+v, want Since %v", pv, t0)
+	}
+
+	// Gone and back: a new Since.
+	d.DeletePod("p1")
+	clk.Step(time.Hour)
+	d.SetPod(pod, []PodVolume{a}, nil, nil)
+	s = d.Snapshot()
+	if want := t0.Add(2 * time.Hour); !s.Pods["p1"].Since.Equal(want) || !s.Volumes[a.Name].Pods["p1"].Since.Equal(want) {
+		t.Errorf("after re-adding: pod Since %v, volume Since %v, want %v", s.Pods["p1"].Since, s.Volumes[a.Name].Pods["p1"].Since, want)
+	}
+}
+
+// TestDesiredSetPodChanged: SetPod reports (and records, with a new
+// generation and a Changed signal) exactly the calls that change something.
+// The populator calls it again for every pod it re-resolves, with freshly
+// built values, so equal content must count as unchanged.
+func TestDesiredSetPodChanged(t *testing.T) {
+	pv := newPV("pv1", "1Gi")
+	otherPV := newPV("pv1", "1Gi")
+	otherPV.ResourceVersion = "2"
+	base := func() (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+		pod := testPod("p1")
+		pod.FSGroup = ptr.To[int64](1000)
+		pod.FSGroupChangePolicy = ptr.To(v1.FSGroupChangeOnRootMismatch)
+		q := resource.MustParse("1Gi")
+		pod.MemoryLimit = &q
+		return pod, []PodVolume{emptyDir("p1", "a"), sized(localPV(pv, "data"), "1Gi")},
+			[]*volume.PodVolumeError{pvErr("p1", "claim", "PVCNotFound")}, []string{"claim"}
+	}
+	tests := []struct {
+		name    string
+		modify  func(pod *volume.PodInfo, vols []PodVolume, errs []*volume.PodVolumeError, unresolved []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string)
+		changed bool
+	}{
+		{"identical values rebuilt", nil, false},
+		{"errors rebuilt with equal text", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			return *p, v, []*volume.PodVolumeError{pvErr("p1", "claim", "PVCNotFound")}, u
+		}, false},
+		{"nil vs empty unresolved", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			return *p, v, e, append([]string{}, u...)
+		}, false},
+		{"same quantity written differently", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			q := resource.MustParse("1024Mi")
+			p.MemoryLimit = &q
+			v[1] = sized(v[1], "1024Mi")
+			return *p, v, e, u
+		}, false},
+		{"another error", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			return *p, v, []*volume.PodVolumeError{pvErr("p1", "claim", "PVCNotBound")}, u
+		}, true},
+		{"no error", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			return *p, v, nil, u
+		}, true},
+		{"unresolved cleared", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			return *p, v, e, nil
+		}, true},
+		{"pod renamed", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			p.Name = "other"
+			return *p, v, e, u
+		}, true},
+		{"fsGroup changed", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			p.FSGroup = ptr.To[int64](2000)
+			return *p, v, e, u
+		}, true},
+		{"fsGroup removed", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			p.FSGroup = nil
+			return *p, v, e, u
+		}, true},
+		{"memory limit changed", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			q := resource.MustParse("2Gi")
+			p.MemoryLimit = &q
+			return *p, v, e, u
+		}, true},
+		{"volume added", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			return *p, append(v, emptyDir("p1", "b")), e, u
+		}, true},
+		{"volume removed", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			return *p, v[:1], e, u
+		}, true},
+		{"outer name added", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			return *p, append(v, localPV(pv, "data2")), e, u
+		}, true},
+		{"desired size changed", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			v[1] = sized(v[1], "2Gi")
+			return *p, v, e, u
+		}, true},
+		{"desired size dropped", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			v[1].DesiredSize = nil
+			return *p, v, e, u
+		}, true},
+		{"attributes changed", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			v[1].Attributes.DeviceMountable = true
+			return *p, v, e, u
+		}, true},
+		{"PV object replaced", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			v[1] = sized(localPV(otherPV, "data"), "1Gi")
+			return *p, v, e, u
+		}, true},
+		{"read-only changed", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			v[1].Spec.ReadOnly = true
+			return *p, v, e, u
+		}, true},
+		{"inline volume source changed", func(p *volume.PodInfo, v []PodVolume, e []*volume.PodVolumeError, u []string) (volume.PodInfo, []PodVolume, []*volume.PodVolumeError, []string) {
+			v[0].Spec.Volume.EmptyDir.Medium = v1.StorageMediumMemory
+			return *p, v, e, u
+		}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d, _ := newDSW()
+			pod, vols, errs, unresolved := base()
+			if !d.SetPod(pod, vols, errs, unresolved) {
+				t.Fatal("first SetPod = false")
+			}
+			signalled(d)
+			before := d.Snapshot()
+
+			// Everything rebuilt from scratch: new pointers, equal content.
+			pod, vols, errs, unresolved = base()
+			if tc.modify != nil {
+				pod, vols, errs, unresolved = tc.modify(&pod, vols, errs, unresolved)
+			}
+			got := d.SetPod(pod, vols, errs, unresolved)
+			after := d.Snapshot()
+			if got != tc.changed {
+				t.Errorf("SetPod = %v, want %v", got, tc.changed)
+			}
+			if sig := signalled(d); sig != tc.changed {
+				t.Errorf("Changed signalled = %v, want %v", sig, tc.changed)
+			}
+			if tc.changed {
+				if after.Generation != before.Generation+1 {
+					t.Errorf("generation %d -> %d, want +1", before.Generation, after.Generation)
+				}
+				return
+			}
+			if after != before {
+				t.Errorf("snapshot rebuilt (generation %d -> %d) though nothing changed", before.Generation, after.Generation)
+			}
+		})
+	}
+}
+
+// TestDesiredSetPodStoresChanges: what a changing SetPod records is what
+// was handed in.
+func TestDesiredSetPodStoresChanges(t *testing.T) {
+	d, _ := newDSW()
+	pv := newPV("pv1", "1Gi")
+	data := localPV(pv, "data")
+	d.SetPod(testPod("p1"), []PodVolume{data}, nil, nil)
+
+	data2 := sized(localPV(pv, "data"), "3Gi")
+	data2.Attributes.DeviceMountable = true
+	errs := []*volume.PodVolumeError{pvErr("p1", "x", "PVNotFound")}
+	d.SetPod(testPod("p1"), []PodVolume{data2}, errs, []string{"x"})
+	s := d.Snapshot()
+	v := s.Volumes[data.Name]
+	if !v.Attributes.DeviceMountable || v.DesiredSize == nil || v.DesiredSize.Cmp(resource.MustParse("3Gi")) != 0 {
+		t.Errorf("volume = %+v, want new attributes and size", v)
+	}
+	if p := s.Pods["p1"]; len(p.Errors) != 1 || p.Errors[0].Reason != "PVNotFound" || !slices.Equal(p.Unresolved, []string{"x"}) {
+		t.Errorf("pod = %+v", p)
+	}
+	d.SetPod(testPod("p1"), []PodVolume{data2}, nil, nil)
+	if p := d.Snapshot().Pods["p1"]; len(p.Errors) != 0 || len(p.Unresolved) != 0 {
+		t.Errorf("errors not cleared: %+v", p)
+	}
+}
+
+func TestDesiredSnapshotImmutable(t *testing.T) {
+	d, _ := newDSW()
+	pv := newPV("pv1", "1Gi")
+	shared := localPV(pv, "data")
+	a := emptyDir("A", "a")
+	d.SetPod(testPod("A"), []PodVolume{shared, a}, nil, nil)
+	d.SetPod(testPod("B"), []PodVolume{shared}, nil, nil)
+
+	s1 := d.Snapshot()
+	dump1 := dumpDesired(s1)
+
+	// Every kind of change.
+	d.SetPod(testPod("C"), []PodVolume{shared, emptyDir("C", "c")}, nil, nil)
+	d.SetPod(testPod("A"), []PodVolume{shared}, []*volume.PodVolumeError{pvErr("A", "x", "PVCNotFound")}, []string{"x"})
+	d.DeletePod("B")
+	d.SetPod(testPod("C"), []PodVolume{sized(localPV(pv, "renamed"), "9Gi")}, nil, nil)
+
+	if dump := dumpDesired(s1); dump != dump1 {
+		t.Errorf("old snapshot changed:\nbefore: %s\nafter:  %s", dump1, dump)
+	}
+	s2 := d.Snapshot()
+	if s2 == s1 || s2.Generation <= s1.Generation {
+		t.Errorf("generation %d -> %d", s1.Generation, s2.Generation)
+	}
+	if _, ok := s2.Pods["B"]; ok {
+		t.Error("new snapshot still has pod B")
+	}
+	if _, ok := s2.Volumes[a.Name]; ok {
+		t.Error("new snapshot still has A's emptyDir")
+	}
+	if !s1.HasPodVolume(shared.Name, "B") || s2.HasPodVolume(shared.Name, "B") {
+		t.Error("HasPodVolume on snapshots does not follow them")
+	}
+}
+
+func dumpDesired(s *DesiredSnapshot) string {
+	var out []string
+	for name, v := range s.Volumes {
+		out = append(out, fmt.Sprintf("V %s %s %+v %s %p %v", name, v.Plugin, v.Attributes, v.SpecName, v.Spec, v.DesiredSize))
+		for uid, p := range v.Pods {
+			out = append(out, fmt.Sprintf("VP %s %s %+v %v %p %v", name, uid, p.Pod, p.OuterNames, p.Spec, p.Since))
+		}
+	}
+	for uid, p := range s.Pods {
+		out = append(out, fmt.Sprintf("P %s %+v %v %v %v %v", uid, p.Pod, p.Volumes, p.Errors, p.Unresolved, p.Since))
+	}
+	slices.Sort(out)
+	return fmt.Sprint(s.Generation, out)
+}
+
+func TestDesiredSnapshotCached(t *testing.T) {
+	d, _ := newDSW()
+	s0 := d.Snapshot()
+	if s0 == nil || len(s0.Volumes) != 0 || len(s0.Pods) != 0 {
+		t.Fatalf("empty snapshot = %+v", s0)
+	}
+	if d.Snapshot() != s0 {
+		t.Error("snapshot of an unchanged DSW rebuilt")
+	}
+	a := emptyDir("p1", "a")
+	d.SetPod(testPod("p1"), []PodVolume{a}, nil, nil)
+	s1 := d.Snapshot()
+	if s1 == s0 || s1.Generation != s0.Generation+1 {
+		t.Errorf("after a change: generation %d -> %d", s0.Generation, s1.Generation)
+	}
+	d.SetPod(testPod("p1"), []PodVolume{a}, nil, nil) // no change
+	d.DeletePod("unknown")                            // no change
+	if d.Snapshot() != s1 {
+		t.Error("snapshot rebuilt after no-op calls")
+	}
+}
+
+// TestDesiredConcurrent exercises the DSW from several goroutines; run with
+// -race.
+func TestDesiredConcurrent(t *testing.T) {
+	d, _ := newDSW()
+	pv := newPV("pv1", "1Gi")
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				uid := fmt.Sprintf("w%d-p%d", w, i%5)
+				if i%3 == 2 {
+					d.DeletePod(types.UID(uid))
+					continue
+				}
+				d.SetPod(testPod(uid), []PodVolume{localPV(pv, "data"), emptyDir(uid, "e")}, nil, nil)
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range 200 {
+			s := d.Snapshot()
+			for _, v := range s.Volumes {
+				for range v.Pods {
+				}
+			}
+			for uid := range s.Pods {
+				d.HasPodVolume(volume.SharedName(localPlugin, "pv1"), uid)
+			}
+		}
+	}()
+	wg.Wait()
+	// Consistency: every pod's volumes list that pod, and back.
+	s := d.Snapshot()
+	for uid, p := range s.Pods {
+		for _, name := range p.Volumes {
+			if !s.HasPodVolume(name, uid) {
+				t.Errorf("pod %s lists %s, which does not list the pod", uid, name)
+			}
+		}
+	}
+	for name, v := range s.Volumes {
+		for uid := range v.Pods {
+			if p, ok := s.Pods[uid]; !ok || !slices.Contains(p.Volumes, name) {
+				t.Errorf("volume %s lists pod %s, which does not list it", name, uid)
+			}
+		}
+	}
+}

@@ -1,0 +1,261 @@
+package mountutil_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/operations/mountutil"
+)
+
+// outside is a directory next to the one being removed, with content that
+// must survive whatever is done to the removed one.
+func outside(t *testing.T, tmp string) string {
+	t.Helper()
+	dir := mkdir(t, filepath.Join(tmp, "outside"))
+	mounttest.WriteFile(t, filepath.Join(dir, "precious.txt"), "precious")
+	mounttest.WriteFile(t, filepath.Join(dir, "sub", "deep.txt"), "deep")
+	return dir
+}
+
+func checkOutside(t *testing.T, dir string) {
+	t.Helper()
+	for _, f := range []string{"precious.txt", "sub/deep.txt"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("%s outside the removed directory is gone: %v", f, err)
+		}
+	}
+}
+
+// tree fills dir with nested directories, files, a FIFO and symbolic links
+// to the outside directory and file.
+func tree(t *testing.T, dir, out string) {
+	t.Helper()
+	mounttest.WriteFile(t, filepath.Join(dir, "a.txt"), "a")
+	mounttest.WriteFile(t, filepath.Join(dir, "x", "y", "z", "deep.txt"), "deep")
+	mounttest.WriteFile(t, filepath.Join(dir, ".hidden"), "h")
+	mkdir(t, filepath.Join(dir, "empty"))
+	if err := unix.Mkfifo(filepath.Join(dir, "x", "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for link, target := range map[string]string{
+		"link-dir":           out,
+		"x/y/link-file":      filepath.Join(out, "precious.txt"),
+		"x/link-sub":         filepath.Join(out, "sub"),
+		"relative-link":      "../outside",
+		"dangling":           filepath.Join(out, "nothing"),
+		"x/y/z/link-to-self": ".",
+	} {
+		if err := os.Symlink(target, filepath.Join(dir, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Unwritable directories and files do not stop root.
+	if err := os.Chmod(filepath.Join(dir, "x", "y"), 0o500); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRemoveAll(t *testing.T) {
+	tmp := t.TempDir()
+	out := outside(t, tmp)
+	dir := mkdir(t, filepath.Join(tmp, "victim"))
+	tree(t, dir, out)
+	if err := mountutil.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("directory still there: %v", err)
+	}
+	checkOutside(t, out)
+}
+
+func TestRemoveAllMissingAndEmpty(t *testing.T) {
+	tmp := t.TempDir()
+	if err := mountutil.RemoveAll(filepath.Join(tmp, "missing")); err != nil {
+		t.Errorf("RemoveAll(missing) = %v", err)
+	}
+	if err := mountutil.RemoveContents(filepath.Join(tmp, "missing")); err != nil {
+		t.Errorf("RemoveContents(missing) = %v", err)
+	}
+	empty := mkdir(t, filepath.Join(tmp, "empty"))
+	if err := mountutil.RemoveAll(empty); err != nil {
+		t.Errorf("RemoveAll(empty) = %v", err)
+	}
+	if _, err := os.Lstat(empty); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("empty directory still there: %v", err)
+	}
+}
+
+func TestRemoveContents(t *testing.T) {
+	tmp := t.TempDir()
+	out := outside(t, tmp)
+	dir := mkdir(t, filepath.Join(tmp, "victim"))
+	tree(t, dir, out)
+	if err := mountutil.RemoveContents(dir); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatalf("directory itself must stay: %v", err)
+	}
+	if len(entries) != 0 {
+		t.Errorf("entries left: %v", entries)
+	}
+	checkOutside(t, out)
+}
+
+// The directory to remove is itself a symbolic link: nothing it points to
+// may be touched.
+func TestRemoveThroughSymlinkRefused(t *testing.T) {
+	tmp := t.TempDir()
+	out := outside(t, tmp)
+	link := filepath.Join(tmp, "link")
+	if err := os.Symlink(out, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := mountutil.RemoveContents(link); err == nil {
+		t.Error("RemoveContents(symlink) succeeded")
+	}
+	if err := mountutil.RemoveAll(link); err == nil {
+		t.Error("RemoveAll(symlink) succeeded")
+	}
+	checkOutside(t, out)
+}
+
+func TestRemoveRefusesMountPointInside(t *testing.T) {
+	mounttest.RequireRoot(t)
+	tests := []struct {
+		name string
+		// mount mounts something at target.
+		mount func(t *testing.T, target, tmp string)
+	}{
+		{"tmpfs", func(t *testing.T, target, _ string) { mounttest.MountTmpfs(t, target) }},
+		{"bind mount of the same filesystem", func(t *testing.T, target, tmp string) {
+			src := mkdir(t, filepath.Join(tmp, "bind-src"))
+			if err := mountutil.New().BindMount(src, target, mountutil.BindOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"directory bind-mounted onto itself", func(t *testing.T, target, _ string) {
+			if err := mountutil.New().BindMount(target, target, mountutil.BindOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		for _, remove := range []struct {
+			name string
+			fn   func(string) error
+		}{{"RemoveAll", mountutil.RemoveAll}, {"RemoveContents", mountutil.RemoveContents}} {
+			t.Run(tc.name+"/"+remove.name, func(t *testing.T) {
+				tmp := mounttest.TempDir(t)
+				out := outside(t, tmp)
+				dir := mkdir(t, filepath.Join(tmp, "victim"))
+				tree(t, dir, out)
+				mnt := mkdir(t, filepath.Join(dir, "nested", "mnt"))
+				tc.mount(t, mnt, tmp)
+				mounttest.WriteFile(t, filepath.Join(mnt, "mounted-data.txt"), "data")
+				mounttest.WriteFile(t, filepath.Join(mnt, "d", "more.txt"), "more")
+
+				err := remove.fn(dir)
+				if !errors.Is(err, mountutil.ErrMountPointInside) {
+					t.Fatalf("%s = %v, want ErrMountPointInside", remove.name, err)
+				}
+				if err != nil && !strings.Contains(err.Error(), mnt) {
+					t.Errorf("error %q does not name the mount point %s", err, mnt)
+				}
+				for _, f := range []string{"mounted-data.txt", "d/more.txt"} {
+					if _, err := os.Stat(filepath.Join(mnt, f)); err != nil {
+						t.Errorf("data on the mount inside was deleted: %v", err)
+					}
+				}
+				if ms := mounttest.MountsAt(t, mnt); len(ms) != 1 {
+					t.Errorf("the mount inside changed: %+v", ms)
+				}
+				checkOutside(t, out)
+				// Everything else is gone: only the path to the mount point
+				// remains.
+				if got := remaining(t, dir, mnt); len(got) != 2 || got[0] != "nested" || got[1] != "nested/mnt" {
+					t.Errorf("left behind: %v, want only nested and nested/mnt", got)
+				}
+			})
+		}
+	}
+}
+
+// remaining lists the paths under dir, relative, not descending into stop.
+func remaining(t *testing.T, dir, stop string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if path == dir {
+			return nil
+		}
+		rel, _ := filepath.Rel(dir, path)
+		out = append(out, rel)
+		if path == stop {
+			return filepath.SkipDir
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// A file bind-mounted inside cannot be unlinked: removal fails and the
+// file's source keeps its content.
+func TestRemoveFileMountPointInside(t *testing.T) {
+	mounttest.RequireRoot(t)
+	tmp := mounttest.TempDir(t)
+	src := filepath.Join(tmp, "src.txt")
+	mounttest.WriteFile(t, src, "precious")
+	dir := mkdir(t, filepath.Join(tmp, "victim"))
+	target := filepath.Join(dir, "sub", "file")
+	mounttest.WriteFile(t, target, "")
+	mounttest.WriteFile(t, filepath.Join(dir, "other"), "x")
+	if err := mountutil.New().BindMount(src, target, mountutil.BindOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mountutil.RemoveAll(dir); err == nil {
+		t.Fatal("RemoveAll succeeded with a file mount point inside")
+	}
+	if got := mounttest.ReadFile(t, src); got != "precious" {
+		t.Errorf("source file content %q", got)
+	}
+	if got := mounttest.ReadFile(t, target); got != "precious" {
+		t.Errorf("mounted file content %q", got)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "other")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("sibling not removed: %v", err)
+	}
+}
+
+// RemoveAll of a directory that is itself a mount point must not empty the
+// mounted filesystem: callers unmount first, and a mount still there is
+// someone's data.
+func TestRemoveAllOfMountPoint(t *testing.T) {
+	mounttest.RequireRoot(t)
+	tmp := mounttest.TempDir(t)
+	dir := mkdir(t, filepath.Join(tmp, "mnt"))
+	mounttest.MountTmpfs(t, dir)
+	mounttest.WriteFile(t, filepath.Join(dir, "data.txt"), "data")
+	if err := mountutil.RemoveAll(dir); err == nil {
+		t.Error("RemoveAll of a mount point succeeded")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data.txt")); err != nil {
+		t.Errorf("data on the mount was deleted: %v", err)
+	}
+}

@@ -1,0 +1,246 @@
+// Package podstatus publishes, for every pod on the node, the condition
+// volume-agent.io/VolumesReady on the pod's status: True once every volume of
+// the pod is mounted, False with a reason and a message naming the volumes
+// otherwise. Pods can list it in spec.readinessGates.
+//
+// Conditions are computed from the reconciler's snapshots after every pass
+// (no extra work), and patched only when they change, through a rate-limited
+// work queue so a slow or unreachable API server never blocks the reconciler.
+package podstatus
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/reconciler"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// ConditionType is the pod condition the agent owns.
+const ConditionType v1.PodConditionType = "volume-agent.io/VolumesReady"
+
+// Reasons of the condition.
+const (
+	ReasonMounted      = "VolumesMounted"
+	ReasonWaiting      = "WaitingForVolumes"
+	ReasonVolumeErrors = "VolumeErrors"
+	ReasonMountFailed  = "MountFailed"
+)
+
+// notReadyDelay holds back a False condition in case it turns True at once.
+const notReadyDelay = 200 * time.Millisecond
+
+// Condition is the computed state of the condition for one pod.
+type Condition struct {
+	Status  v1.ConditionStatus
+	Reason  string
+	Message string
+}
+
+// Patcher writes pod status patches.
+type Patcher interface {
+	PatchPodStatus(ctx context.Context, namespace, name string, patch []byte) error
+}
+
+// PodGetter reads the pod as the API server last told us, to skip patches
+// that would change nothing (after a restart, for example).
+type PodGetter func(namespace, name string) (*v1.Pod, bool)
+
+// Errors gives the last error of an operation key, if it is in backoff.
+type Errors interface {
+	LastError(key operations.Key) error
+}
+
+// Reporter computes and publishes the condition.
+type Reporter struct {
+	patcher Patcher
+	getPod  PodGetter
+	errs    Errors
+	log     *zap.Logger
+	queue   workqueue.TypedRateLimitingInterface[types.UID]
+
+	mu      sync.Mutex
+	want    map[types.UID]podCondition
+	written map[types.UID]Condition
+}
+
+type podCondition struct {
+	pod  volume.PodRef
+	cond Condition
+}
+
+// New returns a Reporter; Run publishes.
+func New(p Patcher, getPod PodGetter, errs Errors, log *zap.Logger) *Reporter {
+	return &Reporter{
+		patcher: p, getPod: getPod, errs: errs, log: log,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.UID](),
+			workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "pod-status"}),
+		want:    map[types.UID]podCondition{},
+		written: map[types.UID]Condition{},
+	}
+}
+
+// Compute derives the condition of a pod from the snapshots.
+func Compute(p *cache.DesiredPod, asw *cache.ActualSnapshot, errs Errors) Condition {
+	if len(p.Errors) > 0 {
+		msgs := make([]string, 0, len(p.Errors))
+		for _, e := range p.Errors {
+			msgs = append(msgs, fmt.Sprintf("volume %q: %v", e.Volume, e.Err))
+		}
+		sort.Strings(msgs)
+		return Condition{Status: v1.ConditionFalse, Reason: ReasonVolumeErrors, Message: strings.Join(msgs, "; ")}
+	}
+	var waiting, failed []string
+	for _, name := range p.Volumes {
+		m, ok := asw.PodMount(name, p.Pod.UID)
+		if ok && m.State == cache.Mounted {
+			continue
+		}
+		label := string(name)
+		if ok {
+			label = m.SpecName
+		}
+		if errs != nil {
+			err := errs.LastError(operations.Key{Volume: name, Pod: p.Pod.UID})
+			if err == nil {
+				err = errs.LastError(operations.Key{Volume: name})
+			}
+			if err != nil {
+				failed = append(failed, fmt.Sprintf("%s: %v", label, err))
+				continue
+			}
+		}
+		waiting = append(waiting, label)
+	}
+	switch {
+	case len(failed) > 0:
+		sort.Strings(failed)
+		return Condition{Status: v1.ConditionFalse, Reason: ReasonMountFailed, Message: strings.Join(failed, "; ")}
+	case len(waiting) > 0:
+		sort.Strings(waiting)
+		return Condition{Status: v1.ConditionFalse, Reason: ReasonWaiting, Message: "waiting for volumes to be mounted: " + strings.Join(waiting, ", ")}
+	}
+	return Condition{Status: v1.ConditionTrue, Reason: ReasonMounted, Message: "all volumes are mounted"}
+}
+
+// Reconciled implements reconciler.Observer.
+func (r *Reporter) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, _ []reconciler.Action, _ time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for uid, p := range dsw.Pods {
+		c := Compute(p, asw, r.errs)
+		if old, ok := r.want[uid]; ok && old.cond == c {
+			continue
+		}
+		r.want[uid] = podCondition{pod: p.Pod.PodRef, cond: c}
+		if c.Status == v1.ConditionTrue {
+			r.queue.Add(uid)
+		} else {
+			// Most pods mount within milliseconds: writing "not ready" first
+			// would double the API writes for nothing.
+			r.queue.AddAfter(uid, notReadyDelay)
+		}
+	}
+	for uid := range r.want {
+		if _, ok := dsw.Pods[uid]; !ok {
+			delete(r.want, uid)
+			delete(r.written, uid)
+		}
+	}
+}
+
+// Run publishes conditions until ctx ends.
+func (r *Reporter) Run(ctx context.Context, workers int) {
+	go func() {
+		<-ctx.Done()
+		r.queue.ShutDown()
+	}()
+	var wg sync.WaitGroup
+	for i := 0; i < workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r.processNext(ctx) {
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func (r *Reporter) processNext(ctx context.Context) bool {
+	uid, shutdown := r.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer r.queue.Done(uid)
+	r.mu.Lock()
+	pc, ok := r.want[uid]
+	written, wasWritten := r.written[uid]
+	r.mu.Unlock()
+	if !ok || (wasWritten && written == pc.cond) {
+		r.queue.Forget(uid)
+		return true
+	}
+	if err := r.publish(ctx, pc); err != nil {
+		r.log.Warn("updating pod condition failed; will retry", zap.String("pod", pc.pod.String()), zap.Error(err))
+		r.queue.AddRateLimited(uid)
+		return true
+	}
+	r.queue.Forget(uid)
+	r.mu.Lock()
+	r.written[uid] = pc.cond
+	r.mu.Unlock()
+	return true
+}
+
+// publish patches the pod's status unless the API server already has the
+// condition. The transition time changes only when the status does.
+func (r *Reporter) publish(ctx context.Context, pc podCondition) error {
+	now := metav1.Now()
+	transition := now
+	if pod, ok := r.getPod(pc.pod.Namespace, pc.pod.Name); ok {
+		if pod.UID != pc.pod.UID {
+			return nil // a newer pod of the same name; ours is gone
+		}
+		for _, c := range pod.Status.Conditions {
+			if c.Type != ConditionType {
+				continue
+			}
+			if c.Status == pc.cond.Status && c.Reason == pc.cond.Reason && c.Message == pc.cond.Message {
+				return nil
+			}
+			if c.Status == pc.cond.Status {
+				transition = c.LastTransitionTime
+			}
+		}
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": pc.pod.UID}, // fails instead of patching a newer pod of the same name
+		"status": map[string]any{"conditions": []v1.PodCondition{{
+			Type: ConditionType, Status: pc.cond.Status, Reason: pc.cond.Reason, Message: pc.cond.Message,
+			LastProbeTime: now, LastTransitionTime: transition,
+		}}},
+	})
+	if err != nil {
+		return err
+	}
+	if err := r.patcher.PatchPodStatus(ctx, pc.pod.Namespace, pc.pod.Name, patch); err != nil {
+		return err
+	}
+	r.log.Info("pod condition updated", zap.String("pod", pc.pod.String()), zap.String("condition", string(ConditionType)),
+		zap.String("status", string(pc.cond.Status)), zap.String("reason", pc.cond.Reason))
+	return nil
+}
