@@ -44,6 +44,9 @@ type Config struct {
 	// PV node affinity); kubernetes.io/hostname is added from NodeName.
 	NodeLabels map[string]string
 	RootDir    string
+	// HostRoot is where the node's root filesystem is visible ("/" unless
+	// the agent runs in a container that mounts it elsewhere).
+	HostRoot string
 	// PodManifestPath selects standalone mode.
 	PodManifestPath string
 	// Kubeconfig selects cluster mode with a kubeconfig file; without it
@@ -138,7 +141,7 @@ func New(cfg Config) (*Agent, error) {
 	a.asw = cache.NewActualStateOfWorld(clk)
 	a.events = events.NewLog(log.Named("events"), 200, sink)
 
-	host := plugins.Host{Paths: paths, Mounter: mountutil.New(), NodeName: cfg.NodeName, Log: log.Named("plugins")}
+	host := plugins.Host{Paths: paths, Mounter: mountutil.New(), NodeName: cfg.NodeName, HostRoot: cfg.HostRoot, Log: log.Named("plugins")}
 	registry := plugins.NewRegistry(emptydir.New(host), hostpath.New(host), local.New(host))
 
 	var rec *reconciler.Reconciler
@@ -254,6 +257,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.metricsListener != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.Registry, promhttp.HandlerOpts{}))
+		// Probes reach the pod's address, not loopback where the debug
+		// endpoint listens: health and readiness are served here too.
+		a.healthHandlers(mux)
 		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second})
 	}
 	listeners := []net.Listener{}

@@ -193,6 +193,15 @@ func (a *Agent) debugMux() *http.ServeMux {
 	mux.HandleFunc("GET /debug/events", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, EventsDocument{Events: a.events.Recent()})
 	})
+	a.healthHandlers(mux)
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
+func (a *Agent) healthHandlers(mux *http.ServeMux) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if msg, ok := a.readiness(); !ok {
@@ -201,11 +210,6 @@ func (a *Agent) debugMux() *http.ServeMux {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return mux
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

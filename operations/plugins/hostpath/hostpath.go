@@ -155,10 +155,11 @@ func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
 	if err != nil {
 		return err
 	}
-	if err := check(src.Path); err != nil {
+	path := p.host.HostPath(src.Path)
+	if err := check(path); err != nil {
 		return err
 	}
-	info, err := os.Stat(src.Path)
+	info, err := os.Stat(path)
 	if err != nil {
 		return err
 	}
@@ -176,7 +177,7 @@ func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
 	if err != nil || mounted {
 		return err
 	}
-	return p.host.Mounter.BindMount(src.Path, req.Dir, mountutil.BindOptions{ReadOnly: req.Spec.ReadOnly, Recursive: true})
+	return p.host.Mounter.BindMount(path, req.Dir, mountutil.BindOptions{ReadOnly: req.Spec.ReadOnly, Recursive: true})
 }
 
 func ensureFile(path string) error {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/volume-agent/volume-agent/operations/mountutil"
 	"github.com/volume-agent/volume-agent/operations/plugins"
@@ -45,7 +46,12 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 	if spec.IsBlock() {
 		return volume.Attributes{}, fmt.Errorf("raw block (volumeDevices) use of local PV %s is not supported yet", spec.PV.Name)
 	}
-	info, err := os.Stat(path)
+	for _, el := range strings.Split(path, "/") {
+		if el == ".." {
+			return volume.Attributes{}, fmt.Errorf("local path %q of PV %s must not contain '..'", path, spec.PV.Name)
+		}
+	}
+	info, err := os.Stat(p.host.HostPath(path))
 	if err != nil {
 		return volume.Attributes{}, fmt.Errorf("local path of PV %s: %w", spec.PV.Name, err)
 	}
@@ -78,7 +84,7 @@ func (p *Plugin) MountDevice(_ context.Context, req *plugins.DeviceRequest) erro
 	if local.FSType != nil && *local.FSType != "" {
 		fsType = *local.FSType
 	}
-	if err := p.host.Mounter.FormatAndMount(local.Path, req.DeviceMountPath, fsType, plugins.MountOptions(req.Spec)); err != nil {
+	if err := p.host.Mounter.FormatAndMount(p.host.HostPath(local.Path), req.DeviceMountPath, fsType, plugins.MountOptions(req.Spec)); err != nil {
 		// mount(8) may have been killed half way: the mount is uncertain
 		// only if something is now mounted there.
 		if mounted, _ := p.host.Mounter.IsMountPoint(req.DeviceMountPath); mounted {
@@ -112,7 +118,7 @@ func (p *Plugin) UnmountDevice(_ context.Context, req *plugins.DeviceRequest) er
 // SetUp bind-mounts the directory, or the device's global mount, into the
 // pod's volume directory.
 func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
-	source := req.Spec.PV.Spec.Local.Path
+	source := p.host.HostPath(req.Spec.PV.Spec.Local.Path)
 	if req.DeviceMountPath != "" {
 		source = req.DeviceMountPath
 	}
