@@ -57,6 +57,17 @@ type Config struct {
 	// StatusWorkers patch pod conditions in parallel (cluster mode).
 	StatusWorkers int
 
+	// PluginRegistryDir is watched for kubelet-style CSI registration
+	// sockets (default <root>/plugins_registry).
+	PluginRegistryDir string
+	// CSIDrivers are drivers configured without a registration socket.
+	CSIDrivers []StaticDriver
+	// AttachMode is "controller" (an attach/detach controller owns
+	// VolumeAttachments) or "self" (the agent attaches) in cluster mode.
+	AttachMode string
+	// CSIProbePeriod is how often registered drivers are probed.
+	CSIProbePeriod time.Duration
+
 	DebugAddress   string
 	MetricsAddress string
 
@@ -84,6 +95,7 @@ type Agent struct {
 	metrics    *Metrics
 	cluster    *clusterParts
 	podStatus  *podstatus.Reporter
+	csi        *csiParts
 
 	debugListener   net.Listener
 	metricsListener net.Listener
@@ -102,6 +114,17 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.ShutdownGracePeriod <= 0 {
 		cfg.ShutdownGracePeriod = 30 * time.Second
+	}
+	if cfg.PluginRegistryDir == "" {
+		cfg.PluginRegistryDir = filepath.Join(cfg.RootDir, "plugins_registry")
+	}
+	if cfg.CSIProbePeriod <= 0 {
+		cfg.CSIProbePeriod = 30 * time.Second
+	}
+	switch cfg.AttachMode {
+	case "", "controller", "self":
+	default:
+		return nil, fmt.Errorf("--attach-mode must be controller or self, not %q", cfg.AttachMode)
 	}
 	paths := volume.Paths{Root: filepath.Clean(cfg.RootDir)}
 	if err := os.MkdirAll(paths.PodsDir(), 0o750); err != nil {
@@ -142,7 +165,8 @@ func New(cfg Config) (*Agent, error) {
 	a.events = events.NewLog(log.Named("events"), 200, sink)
 
 	host := plugins.Host{Paths: paths, Mounter: mountutil.New(), NodeName: cfg.NodeName, HostRoot: cfg.HostRoot, Log: log.Named("plugins")}
-	registry := plugins.NewRegistry(emptydir.New(host), hostpath.New(host), local.New(host))
+	a.csi = a.setupCSI(host)
+	registry := plugins.NewRegistry(emptydir.New(host), hostpath.New(host), local.New(host), a.csi.plugin)
 
 	var rec *reconciler.Reconciler
 	rep := &reporter{log: log.Named("operations"), events: a.events}
@@ -165,11 +189,15 @@ func New(cfg Config) (*Agent, error) {
 	a.metrics = NewMetrics(a.dsw, a.asw, a.executor, a.source, a.populator.Ready)
 	rep.metrics = a.metrics
 	a.populator.SetObserver(a.metrics)
-	var observer reconciler.Observer = a.metrics
+	a.metrics.Registry.MustRegister(driversCollector{a.csi.drivers})
+	observer := multiObserver{a.metrics}
 	if a.cluster != nil {
 		kubeclient.RegisterMetrics(a.metrics.Registry)
 		a.podStatus = podstatus.New(a.cluster.client, a.cluster.source.Pod, a.executor, log.Named("podstatus"))
-		observer = multiObserver{a.metrics, a.podStatus}
+		observer = append(observer, a.podStatus)
+	}
+	if a.csi.nodeStatus != nil {
+		observer = append(observer, a.csi.nodeStatus)
 	}
 
 	operator := &operations.Operator{Plugins: registry, ASW: a.asw, DSW: a.dsw, Paths: paths, Log: log.Named("operations")}
@@ -182,6 +210,7 @@ func New(cfg Config) (*Agent, error) {
 		Log:          log.Named("reconciler"),
 	})
 	a.reconciler = rec
+	a.csi.start(a.executor, rec.Trigger)
 
 	if a.debugListener, err = listen(cfg.DebugAddress); err != nil {
 		return nil, fmt.Errorf("debug endpoint: %w", err)
@@ -290,6 +319,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}()
 	go func() { defer wg.Done(); a.populator.Run(runCtx) }()
+	logDriverConfig(a.log, a.cfg.CSIDrivers, a.cfg.PluginRegistryDir)
+	a.csi.run(runCtx, a.cfg.CSIDrivers, a.cfg.CSIProbePeriod)
 	go func() { defer wg.Done(); a.reconciler.Run(runCtx) }()
 	if a.cluster != nil {
 		a.cluster.start()

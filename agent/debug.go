@@ -190,6 +190,9 @@ func (a *Agent) debugMux() *http.ServeMux {
 		}
 		writeJSON(w, doc)
 	})
+	mux.HandleFunc("GET /debug/drivers", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, DriversDocument{Drivers: a.csi.drivers.List()})
+	})
 	mux.HandleFunc("GET /debug/events", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, EventsDocument{Events: a.events.Recent()})
 	})

@@ -71,11 +71,14 @@ type ActualVolume struct {
 	Plugin     string            `json:"plugin"`
 	Attributes volume.Attributes `json:"attributes"`
 	// Spec may be nil for a volume reconstructed from disk.
-	Spec            *volume.Spec     `json:"-"`
-	AttachState     AttachState      `json:"attachState,omitempty"`
-	DeviceState     DeviceMountState `json:"deviceMountState"`
-	DevicePath      string           `json:"devicePath,omitempty"`
-	DeviceMountPath string           `json:"deviceMountPath,omitempty"`
+	Spec        *volume.Spec     `json:"-"`
+	AttachState AttachState      `json:"attachState,omitempty"`
+	DeviceState DeviceMountState `json:"deviceMountState"`
+	DevicePath  string           `json:"devicePath,omitempty"`
+	// PublishContext is what attaching returned (CSI publish context),
+	// passed to the device mount and to every pod's set up.
+	PublishContext  map[string]string `json:"publishContext,omitempty"`
+	DeviceMountPath string            `json:"deviceMountPath,omitempty"`
 	// Size is the volume size the node last made the filesystem fit.
 	Size *resource.Quantity `json:"size,omitempty"`
 	// ResizeBlocked holds the reason node expansion must not be retried
@@ -168,12 +171,16 @@ func (a *ActualStateOfWorld) update(id VolumeIdentity, fn func(v *ActualVolume))
 	a.generation++
 }
 
-// SetAttachState records whether the volume is attached.
-func (a *ActualStateOfWorld) SetAttachState(id VolumeIdentity, state AttachState, devicePath string) {
+// SetAttachState records whether the volume is attached and, when it is,
+// what attaching returned.
+func (a *ActualStateOfWorld) SetAttachState(id VolumeIdentity, state AttachState, devicePath string, publishContext map[string]string) {
 	a.update(id, func(v *ActualVolume) {
 		v.AttachState = state
 		if devicePath != "" {
 			v.DevicePath = devicePath
+		}
+		if publishContext != nil {
+			v.PublishContext = publishContext
 		}
 	})
 }

@@ -125,20 +125,20 @@ func TestActualEntryKeptWhileSomethingIsLeft(t *testing.T) {
 			a.SetDeviceState(deviceID, DeviceNotMounted, "", "")
 		}, false},
 		{"attached", func(a *ActualStateOfWorld) {
-			a.SetAttachState(deviceID, Attached, "/dev/sdb")
+			a.SetAttachState(deviceID, Attached, "/dev/sdb", nil)
 		}, true},
 		{"attach uncertain", func(a *ActualStateOfWorld) {
-			a.SetAttachState(deviceID, AttachUncertain, "")
+			a.SetAttachState(deviceID, AttachUncertain, "", nil)
 		}, true},
 		{"detached", func(a *ActualStateOfWorld) {
-			a.SetAttachState(deviceID, Attached, "/dev/sdb")
-			a.SetAttachState(deviceID, NotAttached, "")
+			a.SetAttachState(deviceID, Attached, "/dev/sdb", nil)
+			a.SetAttachState(deviceID, NotAttached, "", nil)
 		}, false},
 		{"attach not needed", func(a *ActualStateOfWorld) {
-			a.SetAttachState(deviceID, AttachNotNeeded, "")
+			a.SetAttachState(deviceID, AttachNotNeeded, "", nil)
 		}, false},
 		{"device unmounted but still attached", func(a *ActualStateOfWorld) {
-			a.SetAttachState(deviceID, Attached, "/dev/sdb")
+			a.SetAttachState(deviceID, Attached, "/dev/sdb", nil)
 			a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "/global")
 			a.SetDeviceState(deviceID, DeviceNotMounted, "", "")
 		}, true},
@@ -148,12 +148,12 @@ func TestActualEntryKeptWhileSomethingIsLeft(t *testing.T) {
 			a.DeletePodMount(deviceID.Name, "p1")
 		}, true},
 		{"everything undone in order", func(a *ActualStateOfWorld) {
-			a.SetAttachState(deviceID, Attached, "/dev/sdb")
+			a.SetAttachState(deviceID, Attached, "/dev/sdb", nil)
 			a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "/global")
 			a.SetPodMount(deviceID, mountOf("p1", Mounted))
 			a.DeletePodMount(deviceID.Name, "p1")
 			a.SetDeviceState(deviceID, DeviceNotMounted, "", "")
-			a.SetAttachState(deviceID, NotAttached, "")
+			a.SetAttachState(deviceID, NotAttached, "", nil)
 		}, false},
 		{"size of an unknown volume", func(a *ActualStateOfWorld) {
 			q := resource.MustParse("1Gi")
@@ -179,8 +179,8 @@ func TestActualEntryKeptWhileSomethingIsLeft(t *testing.T) {
 
 func TestActualPathsKept(t *testing.T) {
 	a, _ := newASW()
-	a.SetAttachState(deviceID, Attached, "/dev/sdb")
-	a.SetAttachState(deviceID, Attached, "") // verify again, path unknown
+	a.SetAttachState(deviceID, Attached, "/dev/sdb", nil)
+	a.SetAttachState(deviceID, Attached, "", nil) // verify again, path unknown
 	a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "/global/disk")
 	v, _ := a.Volume(deviceID.Name)
 	if v.DevicePath != "/dev/sdb" || v.DeviceMountPath != "/global/disk" || v.AttachState != Attached {
@@ -199,7 +199,7 @@ func TestActualPathsKept(t *testing.T) {
 	if v.DevicePath != "/dev/sdc" || v.DeviceMountPath != "/global/other" {
 		t.Errorf("new paths not recorded: %+v", v)
 	}
-	a.SetAttachState(deviceID, AttachUncertain, "/dev/sdd")
+	a.SetAttachState(deviceID, AttachUncertain, "/dev/sdd", nil)
 	v, _ = a.Volume(deviceID.Name)
 	if v.DevicePath != "/dev/sdd" || v.AttachState != AttachUncertain || v.DeviceMountPath != "/global/other" {
 		t.Errorf("after attach uncertain: %+v", v)
@@ -372,7 +372,7 @@ func TestActualPodMounts(t *testing.T) {
 
 func TestActualSnapshotImmutable(t *testing.T) {
 	a, _ := newASW()
-	a.SetAttachState(deviceID, Attached, "/dev/sdb")
+	a.SetAttachState(deviceID, Attached, "/dev/sdb", nil)
 	a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "/g")
 	a.SetPodMount(deviceID, mountOf("p1", Mounted))
 	a.SetPodMount(perPodID, mountOf("p1", MountUncertain))
@@ -389,7 +389,7 @@ func TestActualSnapshotImmutable(t *testing.T) {
 	a.SetPodMount(deviceID, mountOf("p1", MountUncertain))
 	a.DeletePodMount(perPodID.Name, "p1")
 	a.SetDeviceState(deviceID, DeviceMountUncertain, "/dev/sdc", "/g2")
-	a.SetAttachState(deviceID, AttachUncertain, "")
+	a.SetAttachState(deviceID, AttachUncertain, "", nil)
 	a.SetSize(deviceID.Name, &q)
 	a.SetResizeBlocked(deviceID.Name, "busy")
 	a.MarkRemountRequired("p1")

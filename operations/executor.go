@@ -348,6 +348,20 @@ func (e *Executor) ResetBackoff(name volume.UniqueName) {
 	}
 }
 
+// ResetBackoffWhere lets every failed operation for which match is true be
+// retried at once, e.g. all CSI operations when a driver registers.
+func (e *Executor) ResetBackoffWhere(match func(op *Operation) bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, entries := range e.byVolume {
+		for _, en := range entries {
+			if !en.pending && match(en.op) {
+				en.lastErrTime = time.Time{}
+			}
+		}
+	}
+}
+
 // Wait blocks until no operation runs or ctx ends.
 func (e *Executor) Wait(ctx context.Context) error {
 	done := make(chan struct{})

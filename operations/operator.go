@@ -88,7 +88,7 @@ func (o *Operator) MountDevice(ctx context.Context, t *Target) error {
 		Log:             o.logger(t, "mount_device"),
 	}
 	if av != nil {
-		req.DevicePath = av.DevicePath
+		req.DevicePath, req.PublishContext = av.DevicePath, av.PublishContext
 	}
 	err = dm.MountDevice(ctx, req)
 	switch {
@@ -122,7 +122,7 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 		req.DeviceMountPath = av.DeviceMountPath
 	}
 	if av != nil {
-		req.DevicePath = av.DevicePath
+		req.DevicePath, req.PublishContext = av.DevicePath, av.PublishContext
 	}
 	var prev *cache.ActualPodMount
 	if av != nil {
@@ -189,9 +189,10 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target, mountPath strin
 // that are now empty, up to the pod directory itself once nothing is left.
 func (o *Operator) removePodDirs(t *Target) {
 	state := o.Paths.PodVolumeStateFile(t.Pod.UID, t.Plugin, t.SpecName)
-	if err := os.Remove(state); err == nil {
-		mountutil.RemoveEmptyDirs(filepath.Dir(state), o.Paths.PodsDir())
-	}
+	// Plugins that keep state remove their file themselves; remove it in
+	// case one did not, then its directories once empty.
+	_ = os.Remove(state)
+	mountutil.RemoveEmptyDirs(filepath.Dir(state), o.Paths.PodsDir())
 	mountutil.RemoveEmptyDirs(filepath.Dir(o.Paths.PodVolumeDir(t.Pod.UID, t.Plugin, t.SpecName)), o.Paths.PodsDir())
 }
 
@@ -232,5 +233,55 @@ func (o *Operator) UnmountDevice(ctx context.Context, t *Target) error {
 	}
 	o.ASW.SetDeviceState(t.identity(), cache.DeviceNotMounted, "", "")
 	mountutil.RemoveEmptyDirs(o.Paths.VolumeDir(t.Plugin, av.Attributes.Identity), o.Paths.Root)
+	return nil
+}
+
+// VerifyAttached makes sure an attachable volume is attached to the node
+// (attaching it when the plugin attaches itself) and records what attaching
+// returned.
+func (o *Operator) VerifyAttached(ctx context.Context, t *Target) error {
+	p, err := o.plugin(t.Plugin)
+	if err != nil {
+		return err
+	}
+	at, ok := p.(plugins.Attacher)
+	if !ok {
+		return fmt.Errorf("plugin %s cannot attach volumes", t.Plugin)
+	}
+	if av, ok := o.ASW.Volume(t.Volume); ok && av.AttachState == cache.Attached {
+		return ErrStale
+	}
+	res, err := at.Attach(ctx, &plugins.AttachRequest{VolumeName: t.Volume, Spec: t.Spec, Log: o.logger(t, "verify_attached")})
+	switch {
+	case err == nil:
+		o.ASW.SetAttachState(t.identity(), cache.Attached, res.DevicePath, res.PublishContext)
+	case volume.IsUncertain(err):
+		o.ASW.SetAttachState(t.identity(), cache.AttachUncertain, "", nil)
+	}
+	return err
+}
+
+// DetachVolume detaches a volume that no pod uses and whose device is
+// unmounted.
+func (o *Operator) DetachVolume(ctx context.Context, t *Target) error {
+	if o.DSW.HasVolume(t.Volume) {
+		return ErrStale
+	}
+	av, ok := o.ASW.Volume(t.Volume)
+	if !ok || len(av.Pods) > 0 || av.DeviceState.MayBeMounted() {
+		return ErrStale
+	}
+	p, err := o.plugin(t.Plugin)
+	if err != nil {
+		return err
+	}
+	at, ok := p.(plugins.Attacher)
+	if !ok {
+		return fmt.Errorf("plugin %s cannot detach volumes", t.Plugin)
+	}
+	if err := at.Detach(ctx, &plugins.AttachRequest{VolumeName: t.Volume, Spec: av.Spec, Log: o.logger(t, "detach_volume")}); err != nil {
+		return err
+	}
+	o.ASW.SetAttachState(t.identity(), cache.NotAttached, "", nil)
 	return nil
 }

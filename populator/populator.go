@@ -13,6 +13,7 @@ package populator
 
 import (
 	"context"
+	"maps"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -65,6 +66,9 @@ type Populator struct {
 
 	mu    sync.Mutex
 	state map[types.UID]*podState
+	// lastNode is the node as of the last pass: a label change can change
+	// node-affinity decisions for every pod.
+	lastNode Node
 }
 
 // podState is what the populator remembers of a pod between passes.
@@ -131,6 +135,10 @@ func (p *Populator) Sync(force bool) {
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if node.Name != p.lastNode.Name || !maps.Equal(node.Labels, p.lastNode.Labels) {
+		force = true
+		p.lastNode = node
+	}
 	seen := make(map[types.UID]bool, len(pods))
 	for _, pod := range pods {
 		if p.opts.IsTerminated(pod) {
@@ -220,6 +228,9 @@ func (p *Populator) depsUnchanged(deps []dep) bool {
 			} else {
 				cur = (*v1.PersistentVolume)(nil)
 			}
+		case "csidriver":
+			o, _ := p.opts.Source.CSIDriver(d.name)
+			cur = o
 		}
 		if cur != d.obj {
 			return false

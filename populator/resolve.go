@@ -97,6 +97,21 @@ func (r *resolver) pvc(ns, name string) (*v1.PersistentVolumeClaim, error) {
 	return pvc, err
 }
 
+func (r *resolver) csiDriver(name string) {
+	d, _ := r.store.CSIDriver(name)
+	r.deps = append(r.deps, dep{"csidriver", "", name, d})
+}
+
+func csiDriverName(spec *volume.Spec) string {
+	switch {
+	case spec.PV != nil && spec.PV.Spec.CSI != nil:
+		return spec.PV.Spec.CSI.Driver
+	case spec.Volume != nil && spec.Volume.CSI != nil:
+		return spec.Volume.CSI.Driver
+	}
+	return ""
+}
+
 func (r *resolver) pv(name string) (*v1.PersistentVolume, error) {
 	pv, err := r.store.PV(name)
 	r.deps = append(r.deps, dep{"pv", "", name, pv})
@@ -154,6 +169,11 @@ func (r *resolver) resolve(pod *v1.Pod, podInfo volume.PodInfo, vol *v1.Volume, 
 		return fail(ReasonVolumeMode, fmt.Errorf("volume has volumeMode %s, but is specified in volumeDevices", spec.Mode))
 	}
 
+	if driver := csiDriverName(spec); driver != "" {
+		// The plugin's decisions depend on the CSIDriver object: record it
+		// so a change to it re-resolves the pod.
+		r.csiDriver(driver)
+	}
 	plugin, err := r.plugins.ForSpec(spec)
 	if err != nil {
 		return fail(ReasonUnsupported, err)

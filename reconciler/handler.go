@@ -28,9 +28,12 @@ func (h *OperatorHandler) Operation(a *Action) *operations.Operation {
 		fn = func(ctx context.Context) error { return h.Operator.UnmountVolume(ctx, t, mountPath) }
 	case OpUnmountDevice:
 		fn = func(ctx context.Context) error { return h.Operator.UnmountDevice(ctx, t) }
+	case OpVerifyAttached:
+		fn = func(ctx context.Context) error { return h.Operator.VerifyAttached(ctx, t) }
+	case OpDetachVolume:
+		fn = func(ctx context.Context) error { return h.Operator.DetachVolume(ctx, t) }
 	default:
-		// Attach, detach and expansion are wired in by the plugins that
-		// need them.
+		// Expansion is wired in by the plugins that need it.
 		return nil
 	}
 	return &operations.Operation{Name: string(a.Op), Plugin: a.Plugin, Pod: a.Pod.PodRef, Waiting: a.Pods, Spec: a.Spec, Fn: fn}

@@ -45,6 +45,9 @@ type PodVolumeError struct {
 }
 
 func (e *PodVolumeError) Error() string {
+	if e.Volume == "" {
+		return fmt.Sprintf("pod %s: %v", e.Pod, e.Err)
+	}
 	return fmt.Sprintf("pod %s volume %q: %v", e.Pod, e.Volume, e.Err)
 }
 

@@ -39,6 +39,16 @@ func run() error {
 	fs.Float64Var(&qps, "kube-api-qps", 20, "cluster mode: sustained requests per second to the API server (watches do not count)")
 	fs.IntVar(&cfg.KubeAPIBurst, "kube-api-burst", 40, "cluster mode: request burst to the API server")
 	fs.IntVar(&cfg.StatusWorkers, "status-workers", 4, "cluster mode: pod condition updates sent in parallel")
+	fs.StringVar(&cfg.PluginRegistryDir, "plugin-registry-dir", "", "directory watched for kubelet-style CSI driver registration sockets (default <root-dir>/plugins_registry; point it at /var/lib/kubelet/plugins_registry to share node-driver-registrar's sockets)")
+	fs.Func("csi-driver", "a CSI driver without a registration socket, NAME=unix:///path/csi.sock (repeatable)", func(s string) error {
+		d, err := agent.ParseStaticDriver(s)
+		if err == nil {
+			cfg.CSIDrivers = append(cfg.CSIDrivers, d)
+		}
+		return err
+	})
+	fs.StringVar(&cfg.AttachMode, "attach-mode", "controller", "cluster mode, attach-required CSI drivers: controller (wait for the attach/detach controller's VolumeAttachment) or self (the agent creates it and attaches through the driver)")
+	fs.DurationVar(&cfg.CSIProbePeriod, "csi-probe-period", 30*time.Second, "how often registered CSI drivers are probed; three failures in a row deregister a driver")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "127.0.0.1:9808", "address of the debug endpoint (/debug/*, /healthz, /readyz); empty disables it")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9809", "address of the Prometheus endpoint (/metrics); empty disables it")
 	fs.DurationVar(&cfg.ResyncPeriod, "resync-period", time.Minute, "longest time between two full passes of the populator and the reconciler (changes trigger passes at once)")

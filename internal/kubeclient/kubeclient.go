@@ -11,6 +11,7 @@ package kubeclient
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -182,4 +184,48 @@ type requestLatency struct{ h *prometheus.HistogramVec }
 
 func (r requestLatency) Observe(_ context.Context, verb string, _ url.URL, d time.Duration) {
 	r.h.WithLabelValues(verb).Observe(d.Seconds())
+}
+
+// PatchNodeStatus applies a JSON merge patch to a node's status.
+func (c *Client) PatchNodeStatus(ctx context.Context, name string, patch []byte) error {
+	return c.Core.Patch(types.MergePatchType).Resource("nodes").Name(name).SubResource("status").Body(patch).Do(ctx).Error()
+}
+
+// SecretData reads a secret's data.
+func (c *Client) SecretData(ctx context.Context, namespace, name string) (map[string][]byte, error) {
+	s := &v1.Secret{}
+	if err := c.Core.Get().Namespace(namespace).Resource("secrets").Name(name).Do(ctx).Into(s); err != nil {
+		return nil, err
+	}
+	return s.Data, nil
+}
+
+// CreateVolumeAttachment creates a VolumeAttachment; one that exists
+// already is fine.
+func (c *Client) CreateVolumeAttachment(ctx context.Context, va *storagev1.VolumeAttachment) error {
+	err := c.Storage.Post().Resource("volumeattachments").Body(va).Do(ctx).Error()
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
+}
+
+// PatchVolumeAttachmentStatus sets a VolumeAttachment's status.
+func (c *Client) PatchVolumeAttachmentStatus(ctx context.Context, name string, status storagev1.VolumeAttachmentStatus) error {
+	patch, err := json.Marshal(map[string]any{"status": status})
+	if err != nil {
+		return err
+	}
+	return c.Storage.Patch(types.MergePatchType).Resource("volumeattachments").Name(name).SubResource("status").
+		Body(patch).Do(ctx).Error()
+}
+
+// DeleteVolumeAttachment deletes a VolumeAttachment; one that is gone
+// already is fine.
+func (c *Client) DeleteVolumeAttachment(ctx context.Context, name string) error {
+	err := c.Storage.Delete().Resource("volumeattachments").Name(name).Do(ctx).Error()
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
 }

@@ -56,9 +56,11 @@ func tree(t *testing.T, dir, out string) {
 			t.Fatal(err)
 		}
 	}
-	// Unwritable directories and files do not stop root.
-	if err := os.Chmod(filepath.Join(dir, "x", "y"), 0o500); err != nil {
-		t.Fatal(err)
+	// Unwritable directories do not stop root.
+	if os.Geteuid() == 0 {
+		if err := os.Chmod(filepath.Join(dir, "x", "y"), 0o500); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -67,8 +67,10 @@ type SetUpRequest struct {
 	Pod        volume.PodInfo
 	// Dir is where the pod expects the volume.
 	Dir string
-	// DevicePath is what attaching returned, for attachable volumes.
-	DevicePath string
+	// DevicePath and PublishContext are what attaching returned, for
+	// attachable volumes.
+	DevicePath     string
+	PublishContext map[string]string
 	// DeviceMountPath is the device (staging) mount, for device-mountable
 	// volumes.
 	DeviceMountPath string
@@ -101,8 +103,36 @@ type DeviceRequest struct {
 	Spec            *volume.Spec
 	Identity        string
 	DevicePath      string
+	PublishContext  map[string]string
 	DeviceMountPath string
 	Log             *zap.Logger
+}
+
+// Attacher is implemented by plugins whose volumes must be attached to the
+// node (by a controller, or by the agent itself) before their device is
+// mounted.
+type Attacher interface {
+	// Attach makes sure the volume is attached to this node, attaching it
+	// if this plugin does that itself, and returns what attaching produced.
+	// It returns an error while the volume is not attached yet.
+	Attach(ctx context.Context, req *AttachRequest) (*AttachResult, error)
+	// Detach detaches a volume no pod uses any more (or just forgets it
+	// when a controller detaches).
+	Detach(ctx context.Context, req *AttachRequest) error
+}
+
+// AttachRequest asks for an attach or detach.
+type AttachRequest struct {
+	VolumeName volume.UniqueName
+	// Spec is nil for a detach of a volume found on disk after a restart.
+	Spec *volume.Spec
+	Log  *zap.Logger
+}
+
+// AttachResult is what attaching produced.
+type AttachResult struct {
+	DevicePath     string
+	PublishContext map[string]string
 }
 
 // Expander is implemented by plugins that can grow a volume's filesystem on

@@ -1,0 +1,521 @@
+package deploy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+
+	"github.com/volume-agent/volume-agent/test/cluster"
+)
+
+// render builds a kustomization directory (relative to deploy/) the way
+// `kubectl kustomize` does and returns its objects in kustomize's order.
+func render(t *testing.T, dir string) []*unstructured.Unstructured {
+	t.Helper()
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resMap, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), abs)
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	var out []*unstructured.Unstructured
+	for _, r := range resMap.Resources() {
+		// Through JSON: r.Map() holds Go ints, which unstructured objects
+		// must not (they hold int64 and float64, as decoded JSON does).
+		data, err := r.MarshalJSON()
+		if err != nil {
+			t.Fatalf("kustomize build %s: %s: %v", dir, r.CurId(), err)
+		}
+		obj := &unstructured.Unstructured{}
+		if err := obj.UnmarshalJSON(data); err != nil {
+			t.Fatalf("kustomize build %s: %s: %v", dir, r.CurId(), err)
+		}
+		out = append(out, obj)
+	}
+	if len(out) == 0 {
+		t.Fatalf("kustomize build %s: no objects", dir)
+	}
+	return out
+}
+
+// find returns the one rendered object of a kind, converted to a typed value.
+func find[T any](t *testing.T, objs []*unstructured.Unstructured, kind string) *T {
+	t.Helper()
+	var found []*unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == kind {
+			found = append(found, o)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d objects of kind %s rendered, want 1", len(found), kind)
+	}
+	out := new(T)
+	// With validation: a field the typed API does not know is a typo.
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(found[0].Object, out, true); err != nil {
+		t.Fatalf("%s %s: %v", kind, found[0].GetName(), err)
+	}
+	return out
+}
+
+// flagValues parses the container's --flag=value arguments.
+func flagValues(t *testing.T, args []string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, a := range args {
+		k, v, ok := strings.Cut(a, "=")
+		if !ok || !strings.HasPrefix(k, "--") {
+			t.Fatalf("argument %q is not --flag=value", a)
+		}
+		out[k] = v
+	}
+	return out
+}
+
+func TestRenderedInvariants(t *testing.T) {
+	base := render(t, ".")
+	monitoring := render(t, "monitoring")
+
+	ns := find[corev1.Namespace](t, base, "Namespace")
+	sa := find[corev1.ServiceAccount](t, base, "ServiceAccount")
+	role := find[rbacv1.ClusterRole](t, base, "ClusterRole")
+	binding := find[rbacv1.ClusterRoleBinding](t, base, "ClusterRoleBinding")
+	ds := find[appsv1.DaemonSet](t, base, "DaemonSet")
+	svc := find[corev1.Service](t, base, "Service")
+
+	for _, o := range base {
+		if o.GetNamespace() != "" && o.GetNamespace() != ns.Name {
+			t.Errorf("%s %s is in namespace %q, not %q", o.GetKind(), o.GetName(), o.GetNamespace(), ns.Name)
+		}
+	}
+	if ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+		t.Errorf("namespace %s: pod-security enforce label is %q; the privileged agent would be rejected",
+			ns.Name, ns.Labels["pod-security.kubernetes.io/enforce"])
+	}
+
+	// RBAC wiring: the DaemonSet runs as the ServiceAccount that the binding
+	// grants the ClusterRole to.
+	if ds.Spec.Template.Spec.ServiceAccountName != sa.Name {
+		t.Errorf("DaemonSet serviceAccountName %q, ServiceAccount is %q", ds.Spec.Template.Spec.ServiceAccountName, sa.Name)
+	}
+	if binding.RoleRef.Kind != "ClusterRole" || binding.RoleRef.Name != role.Name {
+		t.Errorf("ClusterRoleBinding roleRef %+v, want ClusterRole %s", binding.RoleRef, role.Name)
+	}
+	if !slices.ContainsFunc(binding.Subjects, func(s rbacv1.Subject) bool {
+		return s.Kind == "ServiceAccount" && s.Name == sa.Name && s.Namespace == sa.Namespace
+	}) {
+		t.Errorf("ClusterRoleBinding subjects %+v do not include ServiceAccount %s/%s", binding.Subjects, sa.Namespace, sa.Name)
+	}
+
+	// The DaemonSet.
+	spec := ds.Spec.Template.Spec
+	if len(spec.Containers) != 1 {
+		t.Fatalf("DaemonSet has %d containers, want 1", len(spec.Containers))
+	}
+	c := spec.Containers[0]
+	if c.Image == "volume-agent" || !strings.Contains(c.Image, ":") {
+		t.Errorf("image %q: the kustomization's images transformer did not apply", c.Image)
+	}
+	if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+		t.Error("container is not privileged: it cannot mount")
+	}
+	flags := flagValues(t, c.Args)
+	rootDir, hostRoot := flags["--root-dir"], flags["--host-root"]
+	if rootDir == "" || hostRoot == "" {
+		t.Fatalf("args %q lack --root-dir or --host-root", c.Args)
+	}
+	volumes := map[string]corev1.Volume{}
+	for _, v := range spec.Volumes {
+		volumes[v.Name] = v
+	}
+	mountAt := func(path string) (corev1.VolumeMount, *corev1.HostPathVolumeSource) {
+		t.Helper()
+		for _, m := range c.VolumeMounts {
+			if m.MountPath == path {
+				v, ok := volumes[m.Name]
+				if !ok || v.HostPath == nil {
+					t.Fatalf("mount at %s: volume %q is not a hostPath volume", path, m.Name)
+				}
+				return m, v.HostPath
+			}
+		}
+		t.Fatalf("no volume mounted at %s", path)
+		return corev1.VolumeMount{}, nil
+	}
+	// The root directory: Bidirectional, or the mounts the agent makes
+	// stay inside its container; and the same path on the host, so that the
+	// paths the agent reports are the host's.
+	m, hp := mountAt(rootDir)
+	if m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional {
+		t.Errorf("root dir %s: mountPropagation %v, want Bidirectional", rootDir, m.MountPropagation)
+	}
+	if hp.Path != rootDir {
+		t.Errorf("root dir %s is the host's %s: paths would differ between agent and host", rootDir, hp.Path)
+	}
+	if m.ReadOnly {
+		t.Errorf("root dir %s is mounted read-only", rootDir)
+	}
+	// Block devices of local volumes.
+	if _, hp := mountAt("/dev"); hp.Path != "/dev" {
+		t.Errorf("/dev is the host's %s, want /dev", hp.Path)
+	}
+	// The host's filesystem for hostPath and local paths.
+	m, hp = mountAt(hostRoot)
+	if hp.Path != "/" {
+		t.Errorf("--host-root %s is the host's %s, want /", hostRoot, hp.Path)
+	}
+	if m.MountPropagation == nil || *m.MountPropagation == corev1.MountPropagationNone {
+		t.Errorf("--host-root %s: mountPropagation %v; mounts made on the host later would be invisible", hostRoot, m.MountPropagation)
+	}
+
+	// NODE_NAME from the downward API, used by --node-name.
+	var nodeEnv *corev1.EnvVar
+	for i := range c.Env {
+		if c.Env[i].Name == "NODE_NAME" {
+			nodeEnv = &c.Env[i]
+		}
+	}
+	if nodeEnv == nil || nodeEnv.ValueFrom == nil || nodeEnv.ValueFrom.FieldRef == nil || nodeEnv.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("NODE_NAME is not set from spec.nodeName: %+v", nodeEnv)
+	}
+	if v, ok := flags["--node-name"]; ok && v != "$(NODE_NAME)" {
+		t.Errorf("--node-name=%s, want $(NODE_NAME)", v)
+	}
+
+	// Probes on the metrics port, which listens on the pod's address (the
+	// debug endpoint is loopback only).
+	_, metricsPortStr, err := net.SplitHostPort(flags["--metrics-address"])
+	if err != nil {
+		t.Fatalf("--metrics-address %q: %v", flags["--metrics-address"], err)
+	}
+	if host, _, _ := net.SplitHostPort(flags["--metrics-address"]); host != "" && host != "0.0.0.0" {
+		t.Errorf("--metrics-address %q is not reachable from the kubelet's probes", flags["--metrics-address"])
+	}
+	var metricsPort int32
+	if _, err := fmt.Sscan(metricsPortStr, &metricsPort); err != nil {
+		t.Fatal(err)
+	}
+	containerPort := func(p intstr.IntOrString) int32 {
+		if p.Type == intstr.Int {
+			return p.IntVal
+		}
+		for _, cp := range c.Ports {
+			if cp.Name == p.StrVal {
+				return cp.ContainerPort
+			}
+		}
+		t.Errorf("container has no port named %q", p.StrVal)
+		return 0
+	}
+	for _, probe := range []struct {
+		name  string
+		probe *corev1.Probe
+		path  string
+	}{{"liveness", c.LivenessProbe, "/healthz"}, {"readiness", c.ReadinessProbe, "/readyz"}} {
+		if probe.probe == nil || probe.probe.HTTPGet == nil {
+			t.Errorf("no HTTP %s probe", probe.name)
+			continue
+		}
+		if got := probe.probe.HTTPGet.Path; got != probe.path {
+			t.Errorf("%s probe path %q, want %q", probe.name, got, probe.path)
+		}
+		if got := containerPort(probe.probe.HTTPGet.Port); got != metricsPort {
+			t.Errorf("%s probe on port %d, the metrics endpoint listens on %d", probe.name, got, metricsPort)
+		}
+	}
+
+	// Resources: requests for scheduling, a memory limit against leaks.
+	for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		if q, ok := c.Resources.Requests[r]; !ok || q.IsZero() {
+			t.Errorf("no %s request", r)
+		}
+	}
+	limit, ok := c.Resources.Limits[corev1.ResourceMemory]
+	if !ok || limit.IsZero() {
+		t.Error("no memory limit")
+	} else if req := c.Resources.Requests[corev1.ResourceMemory]; req.Cmp(limit) > 0 {
+		t.Errorf("memory request %s exceeds the limit %s", req.String(), limit.String())
+	}
+	if spec.TerminationGracePeriodSeconds == nil || time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second < 30*time.Second {
+		t.Errorf("terminationGracePeriodSeconds %v is shorter than the agent's default --shutdown-grace-period (30s)", spec.TerminationGracePeriodSeconds)
+	}
+	if !slices.ContainsFunc(spec.Tolerations, func(t corev1.Toleration) bool { return t.Operator == corev1.TolerationOpExists && t.Key == "" }) {
+		t.Error("no toleration of every taint: tainted nodes would have no agent")
+	}
+
+	// The Service selects the DaemonSet's pods and targets the metrics port.
+	podLabels := ds.Spec.Template.Labels
+	for k, v := range svc.Spec.Selector {
+		if podLabels[k] != v {
+			t.Errorf("Service selector %s=%s does not match the pod labels %v", k, v, podLabels)
+		}
+	}
+	if len(svc.Spec.Selector) == 0 {
+		t.Error("Service has no selector")
+	}
+	sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector)
+	if err != nil || sel.Empty() {
+		t.Errorf("DaemonSet selector %v: %v", ds.Spec.Selector, err)
+	}
+	var svcPortNames []string
+	for _, p := range svc.Spec.Ports {
+		svcPortNames = append(svcPortNames, p.Name)
+		if got := containerPort(p.TargetPort); got != metricsPort {
+			t.Errorf("Service port %s targets container port %d, the metrics endpoint is %d", p.Name, got, metricsPort)
+		}
+	}
+
+	// The monitoring overlay is the base plus a ServiceMonitor that selects
+	// the Service and scrapes one of its ports.
+	if len(monitoring) != len(base)+1 {
+		t.Errorf("deploy/monitoring renders %d objects, want the base's %d plus a ServiceMonitor", len(monitoring), len(base))
+	}
+	var sm *unstructured.Unstructured
+	for _, o := range monitoring {
+		if o.GetKind() == "ServiceMonitor" {
+			sm = o
+		}
+	}
+	if sm == nil {
+		t.Fatal("deploy/monitoring renders no ServiceMonitor")
+	}
+	if sm.GetNamespace() != svc.Namespace {
+		t.Errorf("ServiceMonitor in namespace %q, Service in %q", sm.GetNamespace(), svc.Namespace)
+	}
+	matchLabels, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+	if len(matchLabels) == 0 {
+		t.Error("ServiceMonitor has no spec.selector.matchLabels")
+	}
+	for k, v := range matchLabels {
+		if svc.Labels[k] != v {
+			t.Errorf("ServiceMonitor selects %s=%s; the Service's labels are %v", k, v, svc.Labels)
+		}
+	}
+	endpoints, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+	if len(endpoints) == 0 {
+		t.Error("ServiceMonitor has no endpoints")
+	}
+	for _, e := range endpoints {
+		port, _, _ := unstructured.NestedString(e.(map[string]any), "port")
+		if !slices.Contains(svcPortNames, port) {
+			t.Errorf("ServiceMonitor endpoint port %q is not a Service port %v", port, svcPortNames)
+		}
+	}
+}
+
+// serviceMonitorCRD stands in for the Prometheus Operator's CRD of
+// ServiceMonitors (monitoring.coreos.com/v1), which is large and not a
+// dependency of this project: the same group, version, kind and scope, and a
+// small schema for the fields deploy/monitoring sets; everything else is
+// preserved, not validated.
+const serviceMonitorCRD = `
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: servicemonitors.monitoring.coreos.com
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names:
+    kind: ServiceMonitor
+    listKind: ServiceMonitorList
+    plural: servicemonitors
+    singular: servicemonitor
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        required: [spec]
+        properties:
+          spec:
+            type: object
+            required: [selector]
+            x-kubernetes-preserve-unknown-fields: true
+            properties:
+              selector:
+                type: object
+                x-kubernetes-preserve-unknown-fields: true
+              endpoints:
+                type: array
+                items:
+                  type: object
+                  x-kubernetes-preserve-unknown-fields: true
+                  properties:
+                    port: {type: string}
+                    path: {type: string}
+                    interval: {type: string}
+`
+
+// TestServerSideDryRun proves the manifests are valid by sending every
+// rendered object to a real kube-apiserver as a server-side apply with
+// dryRun=All and strict field validation: schema validation, defaulting and
+// admission (PodSecurity, RBAC escalation checks...) run, nothing is stored.
+func TestServerSideDryRun(t *testing.T) {
+	base := render(t, ".")
+	monitoring := render(t, "monitoring")
+
+	c := cluster.StartForTest(t, cluster.Options{})
+	ctx := t.Context()
+	cfg := c.RESTConfig()
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The ServiceMonitor kind must be known to the API server first. This
+	// one is really created: a dry run cannot make a kind exist.
+	crd := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal([]byte(serviceMonitorCRD), &crd.Object); err != nil {
+		t.Fatal(err)
+	}
+	crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	if _, err := dyn.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create CRD: %v", err)
+	}
+	smGVK := schema.GroupVersionKind{Group: "monitoring.coreos.com", Version: "v1", Kind: "ServiceMonitor"}
+	var mapper meta.RESTMapper
+	// Established, then served: discovery lists the new group shortly after.
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		got, err := dyn.Resource(crdGVR).Get(ctx, crd.GetName(), metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
+		established := false
+		for _, c := range conds {
+			m := c.(map[string]any)
+			if m["type"] == "Established" && m["status"] == "True" {
+				established = true
+			}
+		}
+		if !established {
+			return false, nil
+		}
+		groups, err := restmapper.GetAPIGroupResources(disco)
+		if err != nil {
+			return false, nil // discovery can fail while a group is being added
+		}
+		mapper = restmapper.NewDiscoveryRESTMapper(groups)
+		_, err = mapper.RESTMapping(smGVK.GroupKind(), smGVK.Version)
+		return err == nil, nil
+	}); err != nil {
+		t.Fatalf("CRD %s never became usable: %v", crd.GetName(), err)
+	}
+
+	// Namespaced objects, even in a dry run, are rejected by the
+	// NamespaceLifecycle admission plugin unless their namespace exists: the
+	// Namespace is created for real first. Its dry-run apply below then
+	// checks the rendered Namespace as an update of the same object.
+	ns := find[corev1.Namespace](t, base, "Namespace")
+	if _, err := c.AdminClient().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns.Name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", ns.Name, err)
+	}
+
+	applied := map[string]bool{}
+	for _, set := range []struct {
+		dir  string
+		objs []*unstructured.Unstructured
+	}{{"deploy", base}, {"deploy/monitoring", monitoring}} {
+		for _, obj := range set.objs {
+			gvk := obj.GroupVersionKind()
+			id := fmt.Sprintf("%s %s %s/%s", set.dir, gvk.Kind, obj.GetNamespace(), obj.GetName())
+			mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			if err != nil {
+				t.Errorf("%s: the API server does not serve this kind: %v", id, err)
+				continue
+			}
+			var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
+			if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
+				if obj.GetNamespace() == "" {
+					t.Errorf("%s: namespaced kind without a namespace", id)
+					continue
+				}
+				ri = dyn.Resource(mapping.Resource).Namespace(obj.GetNamespace())
+			} else if obj.GetNamespace() != "" {
+				t.Errorf("%s: cluster-scoped kind with a namespace", id)
+			}
+			body, err := json.Marshal(obj.Object)
+			if err != nil {
+				t.Fatal(err)
+			}
+			force := true
+			got, err := ri.Patch(ctx, obj.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{
+				DryRun:          []string{metav1.DryRunAll},
+				FieldManager:    "deploy-test",
+				Force:           &force,
+				FieldValidation: metav1.FieldValidationStrict,
+			})
+			if err != nil {
+				t.Errorf("%s: server-side dry-run apply: %v", id, err)
+				continue
+			}
+			applied[gvk.Kind] = true
+			t.Logf("%s: valid (dry run)", id)
+			// Nothing may have been stored, except the Namespace created above.
+			if gvk.Kind != "Namespace" && gvk.Kind != "CustomResourceDefinition" {
+				if _, err := ri.Get(ctx, got.GetName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+					t.Errorf("%s: exists after a dry run (get: %v)", id, err)
+				}
+			}
+		}
+	}
+	// Negative control: the same request with a misspelt field is refused,
+	// so the passes above mean something.
+	for _, obj := range base {
+		if obj.GetKind() != "DaemonSet" {
+			continue
+		}
+		bad := obj.DeepCopy()
+		containers, _, _ := unstructured.NestedSlice(bad.Object, "spec", "template", "spec", "containers")
+		containers[0].(map[string]any)["securityContex"] = map[string]any{"privileged": true}
+		if err := unstructured.SetNestedSlice(bad.Object, containers, "spec", "template", "spec", "containers"); err != nil {
+			t.Fatal(err)
+		}
+		body, _ := json.Marshal(bad.Object)
+		force := true
+		_, err := dyn.Resource(appsv1.SchemeGroupVersion.WithResource("daemonsets")).Namespace(bad.GetNamespace()).Patch(ctx, bad.GetName(),
+			types.ApplyPatchType, body, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}, FieldManager: "deploy-test", Force: &force, FieldValidation: metav1.FieldValidationStrict})
+		if err == nil || !strings.Contains(err.Error(), "securityContex") {
+			t.Errorf("a DaemonSet with a misspelt field: got %v, want an unknown-field error", err)
+		}
+	}
+	for _, kind := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service", "ServiceMonitor"} {
+		if !applied[kind] {
+			t.Errorf("no %s was validated", kind)
+		}
+	}
+}

@@ -1,0 +1,191 @@
+// Package csi implements CSI volumes: persistent volumes (pv.spec.csi),
+// staged once per node at a global path when the driver stages
+// (NodeStageVolume) and published into each pod (NodePublishVolume), and
+// inline ephemeral volumes (pod volume.csi), published per pod. Attach-required
+// drivers wait for (or, in self-attach mode, perform) the attachment first.
+//
+// Everything teardown needs (driver, volume handle, paths, attachment) is
+// written to a state file next to the mount before the driver is asked to
+// mount anything, so unpublish, unstage and detach work after a restart even
+// when the pod and its objects are gone.
+package csi
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/volume-agent/volume-agent/csi/registry"
+	"github.com/volume-agent/volume-agent/operations/plugins"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// Name is the plugin's name (the kubelet's, so directories look familiar).
+const Name = "kubernetes.io/csi"
+
+// Keys of the volume context the CO adds.
+const (
+	keyPodName        = "csi.storage.k8s.io/pod.name"
+	keyPodNamespace   = "csi.storage.k8s.io/pod.namespace"
+	keyPodUID         = "csi.storage.k8s.io/pod.uid"
+	keyServiceAccount = "csi.storage.k8s.io/serviceAccount.name"
+	keyEphemeral      = "csi.storage.k8s.io/ephemeral"
+)
+
+// Attach modes.
+const (
+	// AttachController: an attach/detach controller in the cluster owns
+	// VolumeAttachments; the agent waits for status.attached.
+	AttachController = "controller"
+	// AttachSelf: the agent creates the VolumeAttachment, attaches through
+	// the driver's ControllerPublishVolume, and deletes it after unstaging.
+	AttachSelf = "self"
+	// AttachLocal: no API server (standalone mode); the agent calls
+	// ControllerPublishVolume itself when the driver has it.
+	AttachLocal = "local"
+)
+
+// Config wires the plugin to the rest of the agent.
+type Config struct {
+	Host    plugins.Host
+	Drivers *registry.Registry
+	// CSIDriver looks up a CSIDriver object (NotFound if there is none).
+	CSIDriver func(name string) (*storagev1.CSIDriver, error)
+	// Secrets reads a secret's data; nil when secrets cannot be read.
+	Secrets SecretGetter
+	// AttachMode is one of AttachController, AttachSelf, AttachLocal.
+	AttachMode string
+	// Attachments is the VolumeAttachment API (nil in standalone mode).
+	Attachments Attachments
+}
+
+// Plugin is the CSI volume plugin.
+type Plugin struct{ cfg Config }
+
+// New returns the plugin.
+func New(cfg Config) *Plugin {
+	if cfg.AttachMode == "" {
+		cfg.AttachMode = AttachController
+	}
+	return &Plugin{cfg: cfg}
+}
+
+func (p *Plugin) Name() string { return Name }
+
+func (p *Plugin) CanSupport(spec *volume.Spec) bool {
+	return (spec.PV != nil && spec.PV.Spec.CSI != nil) || (spec.Volume != nil && spec.Volume.CSI != nil)
+}
+
+// Attributes: a CSI persistent volume is shared (identity driver^handle),
+// always device-mountable (the device mount is a no-op for drivers that do
+// not stage, which keeps the decision independent of whether the driver is
+// registered yet) and attachable when its CSIDriver requires attach. An
+// inline volume is per pod and needs a CSIDriver that allows the Ephemeral
+// lifecycle mode.
+func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
+	if spec.IsBlock() {
+		return volume.Attributes{}, fmt.Errorf("raw block (volumeDevices) CSI volumes are not supported yet")
+	}
+	if spec.PV != nil {
+		src := spec.PV.Spec.CSI
+		if src.Driver == "" || src.VolumeHandle == "" {
+			return volume.Attributes{}, fmt.Errorf("PV %s has no CSI driver or volume handle", spec.PV.Name)
+		}
+		attrs := volume.Attributes{Identity: src.Driver + "^" + src.VolumeHandle, DeviceMountable: true}
+		drv, err := p.cfg.CSIDriver(src.Driver)
+		switch {
+		case err == nil:
+			attrs.Attachable = drv.Spec.AttachRequired == nil || *drv.Spec.AttachRequired
+			attrs.RequiresRemount = drv.Spec.RequiresRepublish != nil && *drv.Spec.RequiresRepublish
+		case apierrors.IsNotFound(err):
+			// Without a CSIDriver object the kubelet assumes attach is
+			// required; without an API server there is nothing to attach.
+			attrs.Attachable = p.cfg.AttachMode != AttachLocal
+		default:
+			return volume.Attributes{}, err
+		}
+		if !lifecycleAllowed(drv, storagev1.VolumeLifecyclePersistent) {
+			return volume.Attributes{}, fmt.Errorf("CSIDriver %s does not allow the Persistent lifecycle mode", src.Driver)
+		}
+		return attrs, nil
+	}
+	src := spec.Volume.CSI
+	drv, err := p.cfg.CSIDriver(src.Driver)
+	if apierrors.IsNotFound(err) {
+		return volume.Attributes{}, fmt.Errorf("inline CSI volume of driver %s needs a CSIDriver object listing the Ephemeral lifecycle mode; there is none", src.Driver)
+	}
+	if err != nil {
+		return volume.Attributes{}, err
+	}
+	if !lifecycleAllowed(drv, storagev1.VolumeLifecycleEphemeral) {
+		return volume.Attributes{}, fmt.Errorf("CSIDriver %s does not allow inline (Ephemeral lifecycle mode) volumes", src.Driver)
+	}
+	return volume.Attributes{RequiresRemount: drv.Spec.RequiresRepublish != nil && *drv.Spec.RequiresRepublish}, nil
+}
+
+// lifecycleAllowed: no modes listed means Persistent only.
+func lifecycleAllowed(drv *storagev1.CSIDriver, mode storagev1.VolumeLifecycleMode) bool {
+	if drv == nil || len(drv.Spec.VolumeLifecycleModes) == 0 {
+		return mode == storagev1.VolumeLifecyclePersistent
+	}
+	for _, m := range drv.Spec.VolumeLifecycleModes {
+		if m == mode {
+			return true
+		}
+	}
+	return false
+}
+
+// source is what the plugin needs to know of a volume, from its spec.
+type source struct {
+	driver, handle string
+	fsType         string
+	readOnly       bool
+	context        map[string]string
+	stageSecret    *v1.SecretReference
+	publishSecret  *v1.SecretReference
+	controllerPub  *v1.SecretReference
+	inline         bool
+	accessModes    []v1.PersistentVolumeAccessMode
+	mountOptions   []string
+	pvName         string
+}
+
+func sourceOf(spec *volume.Spec, pod volume.PodRef) source {
+	if spec.PV != nil {
+		c := spec.PV.Spec.CSI
+		return source{
+			driver: c.Driver, handle: c.VolumeHandle, fsType: c.FSType, readOnly: spec.ReadOnly || c.ReadOnly,
+			context: c.VolumeAttributes, stageSecret: c.NodeStageSecretRef, publishSecret: c.NodePublishSecretRef,
+			controllerPub: c.ControllerPublishSecretRef, accessModes: spec.PV.Spec.AccessModes,
+			mountOptions: plugins.MountOptions(spec), pvName: spec.PV.Name,
+		}
+	}
+	c := spec.Volume.CSI
+	s := source{driver: c.Driver, handle: inlineHandle(pod, spec.Name), context: c.VolumeAttributes, inline: true, readOnly: spec.ReadOnly}
+	if c.FSType != nil {
+		s.fsType = *c.FSType
+	}
+	if c.NodePublishSecretRef != nil {
+		s.publishSecret = &v1.SecretReference{Namespace: pod.Namespace, Name: c.NodePublishSecretRef.Name}
+	}
+	return s
+}
+
+// inlineHandle is the volume ID of an inline volume, unique per pod and
+// volume and stable across restarts (the kubelet's scheme).
+func inlineHandle(pod volume.PodRef, specName string) string {
+	sum := sha256.Sum256([]byte(string(pod.UID) + specName))
+	return "csi-" + hex.EncodeToString(sum[:])
+}
+
+// AttachmentName is the VolumeAttachment name for a volume on a node, as the
+// kubelet and the attach/detach controller name it.
+func AttachmentName(handle, driver, node string) string {
+	sum := sha256.Sum256([]byte(handle + driver + node))
+	return fmt.Sprintf("csi-%x", sum)
+}

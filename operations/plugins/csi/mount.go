@@ -1,0 +1,374 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+
+	"github.com/volume-agent/volume-agent/csi/csiclient"
+	"github.com/volume-agent/volume-agent/csi/registry"
+	"github.com/volume-agent/volume-agent/internal/atomicfile"
+	"github.com/volume-agent/volume-agent/operations/mountutil"
+	"github.com/volume-agent/volume-agent/operations/plugins"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// SecretGetter reads a secret's data.
+type SecretGetter func(ctx context.Context, namespace, name string) (map[string][]byte, error)
+
+// DeviceState is persisted next to a staged volume: what unstaging and
+// detaching need when the volume's objects are gone.
+type DeviceState struct {
+	VolumeName  volume.UniqueName `json:"volumeName"`
+	Driver      string            `json:"driver"`
+	VolumeID    string            `json:"volumeHandle"`
+	PV          string            `json:"persistentVolume,omitempty"`
+	StagingPath string            `json:"stagingPath"`
+	Staged      bool              `json:"staged"`
+	Attachment  string            `json:"attachment,omitempty"`
+	AttachMode  string            `json:"attachMode,omitempty"`
+}
+
+// PodState is persisted for each pod's publish.
+type PodState struct {
+	VolumeName  volume.UniqueName `json:"volumeName"`
+	Driver      string            `json:"driver"`
+	VolumeID    string            `json:"volumeHandle"`
+	PV          string            `json:"persistentVolume,omitempty"`
+	TargetPath  string            `json:"targetPath"`
+	StagingPath string            `json:"stagingPath,omitempty"`
+	Inline      bool              `json:"inline,omitempty"`
+	SpecName    string            `json:"specName"`
+	PodUID      string            `json:"podUID"`
+}
+
+func (p *Plugin) deviceStateFile(identity string) string {
+	return p.cfg.Host.Paths.VolumeStateFile(Name, identity)
+}
+
+func (p *Plugin) podStateFile(pod volume.PodRef, specName string) string {
+	return p.cfg.Host.Paths.PodVolumeStateFile(pod.UID, Name, specName)
+}
+
+// ReadPodState loads the state of a pod's publish (used after restarts).
+func ReadPodState(path string) (*PodState, error) {
+	var s PodState
+	if err := atomicfile.ReadJSON(path, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// ReadDeviceState loads the state of a staged volume.
+func ReadDeviceState(path string) (*DeviceState, error) {
+	var s DeviceState
+	if err := atomicfile.ReadJSON(path, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+func (p *Plugin) driver(name string) (*registry.Driver, error) {
+	return p.cfg.Drivers.Client(name)
+}
+
+func (p *Plugin) csiDriverObject(name string) *storagev1.CSIDriver {
+	if p.cfg.CSIDriver == nil {
+		return nil
+	}
+	d, err := p.cfg.CSIDriver(name)
+	if err != nil {
+		return nil
+	}
+	return d
+}
+
+func (p *Plugin) secrets(ctx context.Context, ref *v1.SecretReference) (map[string]string, error) {
+	if ref == nil {
+		return nil, nil
+	}
+	if p.cfg.Secrets == nil {
+		return nil, fmt.Errorf("secret %s/%s is needed, but this agent cannot read secrets", ref.Namespace, ref.Name)
+	}
+	data, err := p.cfg.Secrets(ctx, ref.Namespace, ref.Name)
+	if err != nil {
+		return nil, fmt.Errorf("reading secret %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
+	out := make(map[string]string, len(data))
+	for k, v := range data {
+		out[k] = string(v)
+	}
+	return out, nil
+}
+
+// capability describes how the pod uses the volume, in CSI terms.
+func capability(src source, mountGroup string) *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{
+			FsType: src.fsType, MountFlags: src.mountOptions, VolumeMountGroup: mountGroup,
+		}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: accessMode(src)},
+	}
+}
+
+// accessMode picks the CSI access mode for the PV's access modes: the widest
+// one listed, as a pod on this node may use any of them.
+func accessMode(src source) csi.VolumeCapability_AccessMode_Mode {
+	has := map[v1.PersistentVolumeAccessMode]bool{}
+	for _, m := range src.accessModes {
+		has[m] = true
+	}
+	switch {
+	case src.inline:
+		return csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+	case has[v1.ReadWriteMany]:
+		return csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER
+	case has[v1.ReadOnlyMany] && !has[v1.ReadWriteOnce]:
+		return csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY
+	case has[v1.ReadWriteOncePod] && !has[v1.ReadWriteOnce]:
+		return csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+	}
+	return csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+}
+
+// MountDevice stages the volume at its global path. The state file is
+// written first: if the agent dies during NodeStageVolume, the next start
+// knows to unstage.
+func (p *Plugin) MountDevice(ctx context.Context, req *plugins.DeviceRequest) error {
+	src := sourceOf(req.Spec, volume.PodRef{})
+	d, err := p.driver(src.driver)
+	if err != nil {
+		return err
+	}
+	state := &DeviceState{
+		VolumeName: req.VolumeName, Driver: src.driver, VolumeID: src.handle, PV: src.pvName,
+		StagingPath: req.DeviceMountPath, Staged: d.StageUnstage, AttachMode: p.cfg.AttachMode,
+	}
+	if prev, err := ReadDeviceState(p.deviceStateFile(req.Identity)); err == nil {
+		state.Attachment = prev.Attachment
+	}
+	if err := atomicfile.WriteJSON(p.deviceStateFile(req.Identity), state); err != nil {
+		return fmt.Errorf("recording volume state: %w", err)
+	}
+	if !d.StageUnstage {
+		return nil
+	}
+	if _, err := mountutil.EnsureDir(req.DeviceMountPath, 0o750); err != nil {
+		return err
+	}
+	secrets, err := p.secrets(ctx, src.stageSecret)
+	if err != nil {
+		return err
+	}
+	_, err = d.Client.Node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{
+		VolumeId: src.handle, PublishContext: req.PublishContext, StagingTargetPath: req.DeviceMountPath,
+		VolumeCapability: capability(src, ""), Secrets: secrets, VolumeContext: src.context,
+	})
+	if err != nil {
+		return fmt.Errorf("NodeStageVolume of %s (driver %s): %w", src.handle, src.driver, csiclient.Classify(err))
+	}
+	return nil
+}
+
+// UnmountDevice unstages the volume. It works from the state file, so it
+// needs nothing but the volume's identity.
+func (p *Plugin) UnmountDevice(ctx context.Context, req *plugins.DeviceRequest) error {
+	path := p.deviceStateFile(req.Identity)
+	state, err := ReadDeviceState(path)
+	if errors.Is(err, fs.ErrNotExist) && req.Spec != nil {
+		src := sourceOf(req.Spec, volume.PodRef{})
+		state = &DeviceState{Driver: src.driver, VolumeID: src.handle, StagingPath: req.DeviceMountPath, Staged: true}
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("cannot unstage %s: %w", req.VolumeName, err)
+	}
+	if state.Staged {
+		d, err := p.driver(state.Driver)
+		if err != nil {
+			return err
+		}
+		if _, err := d.Client.Node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: state.VolumeID, StagingTargetPath: state.StagingPath}); err != nil {
+			return fmt.Errorf("NodeUnstageVolume of %s (driver %s): %w", state.VolumeID, state.Driver, csiclient.Classify(err))
+		}
+		if mounted, err := p.cfg.Host.Mounter.IsMountPoint(state.StagingPath); err != nil || mounted {
+			return volume.Uncertainf("driver %s unstaged %s but %s is still mounted", state.Driver, state.VolumeID, state.StagingPath)
+		}
+		if err := os.Remove(state.StagingPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	// Keep the state while an attachment remains to be released.
+	if state.Attachment == "" {
+		return atomicfile.Remove(path)
+	}
+	state.Staged = false
+	return atomicfile.WriteJSON(path, state)
+}
+
+// SetUp publishes the volume into the pod's directory.
+func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
+	src := sourceOf(req.Spec, req.Pod.PodRef)
+	d, err := p.driver(src.driver)
+	if err != nil {
+		return err
+	}
+	drvObj := p.csiDriverObject(src.driver)
+	staging := ""
+	if !src.inline && d.StageUnstage {
+		staging = req.DeviceMountPath
+	}
+	state := &PodState{
+		VolumeName: req.VolumeName, Driver: src.driver, VolumeID: src.handle, PV: src.pvName, TargetPath: req.Dir,
+		StagingPath: staging, Inline: src.inline, SpecName: req.Spec.Name, PodUID: string(req.Pod.UID),
+	}
+	stateFile := p.podStateFile(req.Pod.PodRef, req.Spec.Name)
+	if err := atomicfile.WriteJSON(stateFile, state); err != nil {
+		return fmt.Errorf("recording volume state: %w", err)
+	}
+	// The driver creates the target itself; its parent must exist.
+	if err := os.MkdirAll(filepath.Dir(req.Dir), 0o750); err != nil {
+		return err
+	}
+	if mounted, err := p.cfg.Host.Mounter.IsMountPoint(req.Dir); err != nil {
+		return err
+	} else if mounted && !req.Spec.InlineEphemeral && !remount(drvObj) {
+		return nil // published before (a restart adopted it)
+	}
+
+	context := map[string]string{}
+	for k, v := range src.context {
+		context[k] = v
+	}
+	if src.inline {
+		context[keyEphemeral] = "true"
+	}
+	if drvObj != nil && drvObj.Spec.PodInfoOnMount != nil && *drvObj.Spec.PodInfoOnMount {
+		context[keyPodName] = req.Pod.Name
+		context[keyPodNamespace] = req.Pod.Namespace
+		context[keyPodUID] = string(req.Pod.UID)
+		context[keyServiceAccount] = req.Pod.ServiceAccount
+		context[keyEphemeral] = strconv.FormatBool(src.inline)
+	}
+	policy := fsGroupPolicy(drvObj)
+	mountGroup := ""
+	if req.Pod.FSGroup != nil && d.VolumeMountGroup && policy != storagev1.NoneFSGroupPolicy {
+		mountGroup = strconv.FormatInt(*req.Pod.FSGroup, 10)
+	}
+	secrets, err := p.secrets(ctx, src.publishSecret)
+	if err != nil {
+		return err
+	}
+	_, err = d.Client.Node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
+		VolumeId: src.handle, PublishContext: req.PublishContext, StagingTargetPath: staging, TargetPath: req.Dir,
+		VolumeCapability: capability(src, mountGroup), Readonly: src.readOnly, Secrets: secrets, VolumeContext: context,
+	})
+	if err != nil {
+		err = csiclient.Classify(err)
+		if !volume.IsUncertain(err) {
+			// Nothing was published: forget it, unless something is
+			// mounted there after all.
+			if mounted, _ := p.cfg.Host.Mounter.IsMountPoint(req.Dir); mounted {
+				err = volume.Uncertain(err)
+			} else {
+				_ = os.Remove(req.Dir)
+				_ = atomicfile.Remove(stateFile)
+			}
+		}
+		return fmt.Errorf("NodePublishVolume of %s (driver %s): %w", src.handle, src.driver, err)
+	}
+	if mountGroup == "" && applyFSGroup(policy, src) {
+		if err := plugins.ApplyFSGroup(req.Dir, req.Pod, src.readOnly); err != nil {
+			return volume.Uncertain(fmt.Errorf("applying fsGroup: %w", err))
+		}
+	}
+	return nil
+}
+
+func remount(drv *storagev1.CSIDriver) bool {
+	return drv != nil && drv.Spec.RequiresRepublish != nil && *drv.Spec.RequiresRepublish
+}
+
+func fsGroupPolicy(drv *storagev1.CSIDriver) storagev1.FSGroupPolicy {
+	if drv == nil || drv.Spec.FSGroupPolicy == nil {
+		return storagev1.ReadWriteOnceWithFSTypeFSGroupPolicy
+	}
+	return *drv.Spec.FSGroupPolicy
+}
+
+// applyFSGroup follows the CSIDriver's fsGroupPolicy: None never, File
+// always, ReadWriteOnceWithFSType (the default) only for a volume with an
+// fsType used by one node for writing.
+func applyFSGroup(policy storagev1.FSGroupPolicy, src source) bool {
+	if src.readOnly {
+		return false
+	}
+	switch policy {
+	case storagev1.NoneFSGroupPolicy:
+		return false
+	case storagev1.FileFSGroupPolicy:
+		return true
+	}
+	if src.fsType == "" {
+		return false
+	}
+	if src.inline {
+		return true
+	}
+	for _, m := range src.accessModes {
+		if m != v1.ReadWriteOnce && m != v1.ReadWriteOncePod {
+			return false
+		}
+	}
+	return true
+}
+
+// TearDown unpublishes the volume from the pod's directory, from the state
+// file written when it was published.
+func (p *Plugin) TearDown(ctx context.Context, req *plugins.TearDownRequest) error {
+	stateFile := p.podStateFile(req.Pod, filepath.Base(req.Dir))
+	state, err := ReadPodState(stateFile)
+	if errors.Is(err, fs.ErrNotExist) {
+		if req.Spec != nil {
+			src := sourceOf(req.Spec, req.Pod)
+			state, err = &PodState{Driver: src.driver, VolumeID: src.handle, TargetPath: req.Dir}, nil
+		} else if mounted, merr := p.cfg.Host.Mounter.IsMountPoint(req.Dir); merr == nil && !mounted {
+			// Nothing was ever published here.
+			return removeTarget(req.Dir)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("cannot unpublish %s: %w", req.Dir, err)
+	}
+	d, err := p.driver(state.Driver)
+	if err != nil {
+		return err
+	}
+	if _, err := d.Client.Node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: state.VolumeID, TargetPath: req.Dir}); err != nil {
+		return fmt.Errorf("NodeUnpublishVolume of %s (driver %s): %w", state.VolumeID, state.Driver, csiclient.Classify(err))
+	}
+	if mounted, err := p.cfg.Host.Mounter.IsMountPoint(req.Dir); err != nil || mounted {
+		return volume.Uncertainf("driver %s unpublished %s but %s is still mounted", state.Driver, state.VolumeID, req.Dir)
+	}
+	if err := removeTarget(req.Dir); err != nil {
+		return err
+	}
+	return atomicfile.Remove(stateFile)
+}
+
+// removeTarget removes an unmounted target left by the driver: only the
+// entry itself, never anything below it.
+func removeTarget(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing %s after unpublish: %w", path, err)
+	}
+	return nil
+}
