@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/claimstatus"
 	"github.com/volume-agent/volume-agent/events"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/operations"
@@ -200,7 +201,14 @@ func New(cfg Config) (*Agent, error) {
 		observer = append(observer, a.csi.nodeStatus)
 	}
 
-	operator := &operations.Operator{Plugins: registry, ASW: a.asw, DSW: a.dsw, Paths: paths, Log: log.Named("operations")}
+	var claims operations.ClaimStatus = claimstatus.None{}
+	if a.cluster != nil {
+		claims = claimstatus.New(a.cluster.client, a.cluster.source.PVC)
+	}
+	operator := &operations.Operator{
+		Plugins: registry, ASW: a.asw, DSW: a.dsw, Paths: paths, Log: log.Named("operations"),
+		Claims: claims, Events: a.events,
+	}
 	rec = reconciler.New(reconciler.Options{
 		DSW: a.dsw, ASW: a.asw, Executor: a.executor,
 		Handler:      &reconciler.OperatorHandler{Operator: operator},

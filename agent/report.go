@@ -22,12 +22,12 @@ type reporter struct {
 
 // failureReasons maps operations to the event reason of their failure.
 var failureReasons = map[string]string{
-	"mount_volume":    events.FailedMount,
-	"mount_device":    events.FailedMount,
-	"verify_attached": events.FailedAttachVolume,
-	"unmount_volume":  events.FailedUnmount,
-	"unmount_device":  events.FailedUnmountDevice,
-	"expand_volume":   events.VolumeResizeFailed,
+	"mount_volume":     events.FailedMount,
+	"mount_device":     events.FailedMount,
+	"verify_attached":  events.FailedAttachVolume,
+	"unmount_volume":   events.FailedUnmount,
+	"unmount_device":   events.FailedUnmountDevice,
+	"volume_fs_resize": events.VolumeResizeFailed,
 }
 
 func (r *reporter) OperationFinished(key operations.Key, op *operations.Operation, took time.Duration, err error, retryIn time.Duration) {

@@ -204,8 +204,14 @@ func (a *ActualStateOfWorld) SetDeviceState(id VolumeIdentity, state DeviceMount
 func (a *ActualStateOfWorld) SetPodMount(id VolumeIdentity, m ActualPodMount) {
 	m.Since = a.clock.Now()
 	a.update(id, func(v *ActualVolume) {
-		if old, ok := v.Pods[m.Pod.UID]; ok && old.State == m.State {
+		old, ok := v.Pods[m.Pod.UID]
+		if ok && old.State == m.State {
 			m.Since = old.Since
+		}
+		if !ok {
+			// A refusal to expand "while in use" holds until the pods
+			// using the volume change.
+			v.ResizeBlocked = ""
 		}
 		mm := m
 		v.Pods[m.Pod.UID] = &mm
@@ -214,7 +220,12 @@ func (a *ActualStateOfWorld) SetPodMount(id VolumeIdentity, m ActualPodMount) {
 
 // DeletePodMount records that the pod's mount is gone.
 func (a *ActualStateOfWorld) DeletePodMount(name volume.UniqueName, pod types.UID) {
-	a.update(VolumeIdentity{Name: name}, func(v *ActualVolume) { delete(v.Pods, pod) })
+	a.update(VolumeIdentity{Name: name}, func(v *ActualVolume) {
+		if _, ok := v.Pods[pod]; ok {
+			delete(v.Pods, pod)
+			v.ResizeBlocked = ""
+		}
+	})
 }
 
 // SetSize records the size the node made the volume's filesystem fit.

@@ -7,9 +7,11 @@ import (
 	"path/filepath"
 
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/events"
 	"github.com/volume-agent/volume-agent/operations/mountutil"
 	"github.com/volume-agent/volume-agent/operations/plugins"
 	"github.com/volume-agent/volume-agent/volume"
@@ -32,6 +34,10 @@ type Operator struct {
 	DSW     Desired
 	Paths   volume.Paths
 	Log     *zap.Logger
+	// Claims reports node expansion on claims' status (a no-op without an
+	// API server).
+	Claims ClaimStatus
+	Events events.Recorder
 }
 
 // Target is a volume (and, for pod operations, a pod) an operation is about.
@@ -43,6 +49,10 @@ type Target struct {
 	Pod        volume.PodInfo
 	// SpecName names the pod's volume directory.
 	SpecName string
+	// DesiredSize is the size node expansion must reach, if pending.
+	DesiredSize *resource.Quantity
+	// Waiting are the pods a volume-wide operation works for.
+	Waiting []volume.PodRef
 }
 
 func (t *Target) identity() cache.VolumeIdentity {
@@ -85,6 +95,7 @@ func (o *Operator) MountDevice(ctx context.Context, t *Target) error {
 	req := &plugins.DeviceRequest{
 		VolumeName: t.Volume, Spec: t.Spec, Identity: t.Attributes.Identity,
 		DeviceMountPath: o.Paths.DeviceMountPath(t.Plugin, t.Attributes.Identity),
+		DesiredSize:     t.DesiredSize,
 		Log:             o.logger(t, "mount_device"),
 	}
 	if av != nil {
@@ -94,6 +105,10 @@ func (o *Operator) MountDevice(ctx context.Context, t *Target) error {
 	switch {
 	case err == nil:
 		o.ASW.SetDeviceState(t.identity(), cache.DeviceGloballyMounted, req.DevicePath, req.DeviceMountPath)
+		if req.Resized != nil {
+			// Grown offline before mounting.
+			o.expansionDone(ctx, t, req.Resized)
+		}
 	case volume.IsUncertain(err):
 		o.ASW.SetDeviceState(t.identity(), cache.DeviceMountUncertain, req.DevicePath, req.DeviceMountPath)
 	case av != nil && av.DeviceState == cache.DeviceMountUncertain:

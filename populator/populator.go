@@ -14,6 +14,7 @@ package populator
 import (
 	"context"
 	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -79,6 +80,7 @@ type podState struct {
 	// (by the pod's volume name): the sticky rule.
 	resolved map[string]cache.PodVolume
 	errs     []*volume.PodVolumeError
+	notices  []notice
 }
 
 // New returns a Populator.
@@ -205,7 +207,9 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 	}
 	next.deps = r.deps
 	sort.Strings(unresolved)
+	next.notices = r.notices
 	p.reportNewErrors(st, next.errs)
+	p.reportNewNotices(st, next.notices)
 	p.state[pod.UID] = next
 	p.opts.DSW.SetPod(info, vols, next.errs, unresolved)
 }
@@ -261,6 +265,26 @@ func (p *Populator) reportNewErrors(old *podState, errs []*volume.PodVolumeError
 		}
 		if p.opts.Observer != nil {
 			p.opts.Observer.PodVolumeError(e)
+		}
+	}
+}
+
+// reportNewNotices emits each notice once (per pod), on the pod and on the
+// claim.
+func (p *Populator) reportNewNotices(old *podState, notices []notice) {
+	for _, n := range notices {
+		if old != nil && slices.ContainsFunc(old.notices, func(o notice) bool { return o.message == n.message }) {
+			continue
+		}
+		if p.opts.Log != nil {
+			p.opts.Log.Warn(n.message, zap.String("pod", n.pod.String()), zap.String("volume", n.volume), zap.String("reason", n.reason))
+		}
+		if p.opts.Events != nil {
+			p.opts.Events.Event(events.PodObject(n.pod), events.Warning, n.reason, n.message)
+			if n.pvc != nil {
+				p.opts.Events.Event(events.Object{Kind: "PersistentVolumeClaim", Namespace: n.pvc.Namespace, Name: n.pvc.Name, UID: string(n.pvc.UID)},
+					events.Warning, n.reason, n.message)
+			}
 		}
 	}
 }

@@ -81,6 +81,7 @@ type resolver struct {
 	plugins *plugins.Registry
 	node    Node
 	deps    []dep
+	notices []notice
 }
 
 // dep is a store object a result depends on; obj is the pointer read (nil
@@ -188,7 +189,12 @@ func (r *resolver) resolve(pod *v1.Pod, podInfo volume.PodInfo, vol *v1.Volume, 
 	} else {
 		pv.Name = volume.PodScopedName(plugin.Name(), podInfo.UID, spec.Name)
 	}
-	pv.DesiredSize = desiredSize(spec)
+	var n *notice
+	pv.DesiredSize, n = resizeTarget(spec)
+	if n != nil {
+		n.pod, n.volume = podInfo.PodRef, vol.Name
+		r.notices = append(r.notices, *n)
+	}
 	return pv, nil
 }
 
@@ -281,15 +287,61 @@ func inlineReadOnly(vol *v1.Volume) bool {
 	return false
 }
 
-// desiredSize is the PV's capacity for PV-backed, writable volumes: the size
-// node expansion would grow the filesystem to.
-func desiredSize(spec *volume.Spec) *resource.Quantity {
-	if spec.PV == nil || spec.ReadOnly {
-		return nil
+// notice is something worth telling people about a volume that is not an
+// error: an expansion skipped because the volume is read-only, a PV smaller
+// than its claim.
+type notice struct {
+	pod     volume.PodRef
+	volume  string
+	pvc     *v1.PersistentVolumeClaim
+	reason  string
+	message string
+}
+
+// resizeTarget decides whether the node must grow the volume's filesystem,
+// and to what size, the way the kubelet reads a claim since Kubernetes 1.34:
+// the resize controller records the new size in status.allocatedResources
+// and sets status.allocatedResourceStatuses[storage] to NodeResizePending;
+// the node works while it is Pending or InProgress. A claim from an older
+// controller (neither field set) needs node expansion while the PV's
+// capacity exceeds the claim's status capacity.
+func resizeTarget(spec *volume.Spec) (*resource.Quantity, *notice) {
+	if spec.PV == nil || spec.PVC == nil {
+		return nil, nil
 	}
-	q, ok := spec.PV.Spec.Capacity[v1.ResourceStorage]
+	pvSize, ok := spec.PV.Spec.Capacity[v1.ResourceStorage]
 	if !ok {
-		return nil
+		return nil, nil
 	}
-	return &q
+	status := spec.PVC.Status
+	claimSize, hasClaimSize := status.Capacity[v1.ResourceStorage]
+	var target *resource.Quantity
+	switch st := status.AllocatedResourceStatuses[v1.ResourceStorage]; {
+	case st == v1.PersistentVolumeClaimNodeResizePending || st == v1.PersistentVolumeClaimNodeResizeInProgress:
+		q := pvSize
+		if alloc, ok := status.AllocatedResources[v1.ResourceStorage]; ok {
+			q = alloc
+		}
+		if !hasClaimSize || q.Cmp(claimSize) > 0 {
+			target = &q
+		}
+	case st == "" && status.AllocatedResources == nil && hasClaimSize:
+		switch pvSize.Cmp(claimSize) {
+		case 1:
+			target = &pvSize
+		case -1:
+			return nil, &notice{pvc: spec.PVC, reason: "VolumeShrinkIgnored",
+				message: fmt.Sprintf("PV %s capacity %s is smaller than claim %s capacity %s; volumes never shrink, ignoring",
+					spec.PV.Name, pvSize.String(), spec.ClaimRef(), claimSize.String())}
+		}
+	}
+	if target == nil {
+		return nil, nil
+	}
+	if spec.ReadOnly {
+		return nil, &notice{pvc: spec.PVC, reason: "FileSystemResizeFailed",
+			message: fmt.Sprintf("volume %s (claim %s) needs its filesystem grown to %s, but it is mounted read-only; not expanding",
+				spec.PV.Name, spec.ClaimRef(), target.String())}
+	}
+	return target, nil
 }

@@ -15,7 +15,7 @@ type OperatorHandler struct {
 func (h *OperatorHandler) Operation(a *Action) *operations.Operation {
 	t := &operations.Target{
 		Volume: a.Volume, Plugin: a.Plugin, Attributes: a.Attributes,
-		Spec: a.Spec, Pod: a.Pod, SpecName: a.SpecName,
+		Spec: a.Spec, Pod: a.Pod, SpecName: a.SpecName, DesiredSize: a.DesiredSize, Waiting: a.Pods,
 	}
 	var fn func(context.Context) error
 	switch a.Op {
@@ -32,8 +32,9 @@ func (h *OperatorHandler) Operation(a *Action) *operations.Operation {
 		fn = func(ctx context.Context) error { return h.Operator.VerifyAttached(ctx, t) }
 	case OpDetachVolume:
 		fn = func(ctx context.Context) error { return h.Operator.DetachVolume(ctx, t) }
+	case OpExpandVolume:
+		fn = func(ctx context.Context) error { return h.Operator.ExpandVolume(ctx, t) }
 	default:
-		// Expansion is wired in by the plugins that need it.
 		return nil
 	}
 	return &operations.Operation{Name: string(a.Op), Plugin: a.Plugin, Pod: a.Pod.PodRef, Waiting: a.Pods, Spec: a.Spec, Fn: fn}

@@ -3,6 +3,8 @@ package reconciler
 import (
 	"sort"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
@@ -20,7 +22,7 @@ const (
 	OpVerifyAttached Op = "verify_attached"
 	OpMountDevice    Op = "mount_device"
 	OpMountVolume    Op = "mount_volume"
-	OpExpandVolume   Op = "expand_volume"
+	OpExpandVolume   Op = "volume_fs_resize"
 	// Phase 3: devices no pod uses.
 	OpUnmountDevice Op = "unmount_device"
 	OpDetachVolume  Op = "detach_volume"
@@ -52,6 +54,9 @@ type Action struct {
 	SpecName string
 	// MountPath is the pod's mount, for OpUnmountVolume.
 	MountPath string
+	// DesiredSize is the size to grow to, for OpExpandVolume and for a
+	// device mount while expansion is pending.
+	DesiredSize *resource.Quantity
 	// Pods are the pods waiting for a volume-wide action (attach, device
 	// mount, expansion), so failures can be reported to them.
 	Pods []volume.PodRef
@@ -133,7 +138,7 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, out []Act
 		av := asw.Volumes[dv.Name]
 		volumeAction := func(op Op, reason string) Action {
 			return Action{Op: op, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes, Spec: dv.Spec, SpecName: dv.SpecName,
-				Pods: podRefs(dv), Reason: reason}
+				Pods: podRefs(dv), DesiredSize: dv.DesiredSize, Reason: reason}
 		}
 		if dv.Attributes.Attachable && (av == nil || av.AttachState != cache.Attached) {
 			out = append(out, volumeAction(OpVerifyAttached, "not attached"))
@@ -145,6 +150,13 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, out []Act
 				reason = "device mount uncertain"
 			}
 			out = append(out, volumeAction(OpMountDevice, reason))
+			continue
+		}
+		expand := needsExpansion(dv, av)
+		if expand && dv.Attributes.DeviceMountable && !anyPodMounted(av) {
+			// Offline expansion: grow the staged filesystem before any pod
+			// gets it.
+			out = append(out, volumeAction(OpExpandVolume, expansionReason(dv, av)+" (before publishing)"))
 			continue
 		}
 		for uid, dp := range dv.Pods {
@@ -168,29 +180,48 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, out []Act
 				Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, Reason: reason,
 			})
 		}
-		if needsExpansion(dv, av) {
-			out = append(out, volumeAction(OpExpandVolume, "desired size "+dv.DesiredSize.String()+" > "+av.Size.String()))
+		if expand {
+			out = append(out, volumeAction(OpExpandVolume, expansionReason(dv, av)))
 		}
 	}
 	return out
 }
 
-// needsExpansion: the volume is mounted for every pod that wants it, its
-// desired size is known and larger than what the node made it, and nothing
-// said expansion must not be retried.
+// needsExpansion: node expansion is pending for the volume (the populator
+// set a desired size), the node has not yet made the filesystem fit it,
+// nothing said to stop retrying, and the volume is there to be grown: staged
+// for device-mountable volumes, mounted for some pod otherwise.
 func needsExpansion(dv *cache.DesiredVolume, av *cache.ActualVolume) bool {
-	if dv.DesiredSize == nil || av == nil || av.Size == nil || av.ResizeBlocked != "" {
+	if dv.DesiredSize == nil || av == nil || av.ResizeBlocked != "" {
 		return false
 	}
-	if dv.DesiredSize.Cmp(*av.Size) <= 0 {
+	if av.Size != nil && dv.DesiredSize.Cmp(*av.Size) <= 0 {
 		return false
 	}
-	for uid := range dv.Pods {
-		if m, ok := av.Pods[uid]; !ok || m.State != cache.Mounted {
-			return false
+	if dv.Attributes.DeviceMountable {
+		return av.DeviceState == cache.DeviceGloballyMounted
+	}
+	return anyPodMounted(av)
+}
+
+func anyPodMounted(av *cache.ActualVolume) bool {
+	if av == nil {
+		return false
+	}
+	for _, m := range av.Pods {
+		if m.State == cache.Mounted {
+			return true
 		}
 	}
-	return true
+	return false
+}
+
+func expansionReason(dv *cache.DesiredVolume, av *cache.ActualVolume) string {
+	have := "unknown"
+	if av.Size != nil {
+		have = av.Size.String()
+	}
+	return "filesystem must grow to " + dv.DesiredSize.String() + " (node made it fit " + have + ")"
 }
 
 // planDeviceTeardown: phase 3. A volume no pod wants and no pod has mounted

@@ -502,25 +502,43 @@ func planCases() []planCase {
 			name: "desired size larger, all pods mounted: expand_volume",
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1", "p2"), "2Gi")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1", "p2"), size("1Gi"))},
-			want: []act{{OpExpandVolume, vDev, "", "desired size 2Gi > 1Gi"}},
+			want: []act{{OpExpandVolume, vDev, "", "filesystem must grow to 2Gi (node made it fit 1Gi)"}},
 		},
 		{
 			name: "per-pod volume larger: expand_volume",
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vA, perPodAttrs, "p1"), "10Gi")},
 			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"), size("5Gi"))},
-			want: []act{{OpExpandVolume, vA, "", "desired size 10Gi > 5Gi"}},
+			want: []act{{OpExpandVolume, vA, "", "filesystem must grow to 10Gi (node made it fit 5Gi)"}},
 		},
 		{
-			name: "desired size larger, one pod not mounted: mount, no expansion",
+			name: "desired size larger, one pod not mounted: online expansion and mount (the executor serialises them)",
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1", "p2"), "2Gi")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"), size("1Gi"))},
-			want: []act{{OpMountVolume, vDev, "p2", "not mounted"}},
+			want: []act{{OpExpandVolume, vDev, "", ""}, {OpMountVolume, vDev, "p2", "not mounted"}},
 		},
 		{
-			name: "desired size larger, one pod mount uncertain: no expansion",
+			name: "desired size larger, one pod mount uncertain: expansion and remount",
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1", "p2"), "2Gi")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"), uncertain("p2"), size("1Gi"))},
-			want: []act{{OpMountVolume, vDev, "p2", "mount uncertain"}},
+			want: []act{{OpExpandVolume, vDev, "", ""}, {OpMountVolume, vDev, "p2", "mount uncertain"}},
+		},
+		{
+			name: "offline expansion: staged, no pod mounted yet: grow before publishing",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1", "p2"), "2Gi")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), size("1Gi"))},
+			want: []act{{OpExpandVolume, vDev, "", "filesystem must grow to 2Gi (node made it fit 1Gi) (before publishing)"}},
+		},
+		{
+			name: "offline expansion with the size not known yet",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1"), "2Gi")},
+			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted))},
+			want: []act{{OpExpandVolume, vDev, "", "filesystem must grow to 2Gi (node made it fit unknown) (before publishing)"}},
+		},
+		{
+			name: "per-pod volume not mounted yet: mount first, no expansion",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vA, perPodAttrs, "p1"), "10Gi")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, uncertain("p1"), size("5Gi"))},
+			want: []act{{OpMountVolume, vA, "p1", "mount uncertain"}},
 		},
 		{
 			name: "desired size larger, device not mounted: no expansion",
@@ -544,9 +562,10 @@ func planCases() []planCase {
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"), size("1Gi"))},
 		},
 		{
-			name: "ASW size unknown: no expansion",
+			name: "ASW size unknown: expand (growing is idempotent)",
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1"), "2Gi")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"))},
+			want: []act{{OpExpandVolume, vDev, "", "filesystem must grow to 2Gi (node made it fit unknown)"}},
 		},
 		{
 			name: "desired size unknown: no expansion",
@@ -703,7 +722,7 @@ func TestPlanActionFields(t *testing.T) {
 		}{
 			{"verify_attached", dvol(vDisk, attachableAttrs, "p3", "p1", "p2"), nil, OpVerifyAttached},
 			{"mount_device", dvol(vDev, deviceAttrs, "p3", "p1", "p2"), nil, OpMountDevice},
-			{"expand_volume", withSize(dvol(vDev, deviceAttrs, "p3", "p1", "p2"), "2Gi"),
+			{"volume_fs_resize", withSize(dvol(vDev, deviceAttrs, "p3", "p1", "p2"), "2Gi"),
 				avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1", "p2", "p3"), size("1Gi")), OpExpandVolume},
 		} {
 			t.Run(tc.name, func(t *testing.T) {

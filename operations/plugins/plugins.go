@@ -10,6 +10,7 @@ package plugins
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 
@@ -105,8 +106,22 @@ type DeviceRequest struct {
 	DevicePath      string
 	PublishContext  map[string]string
 	DeviceMountPath string
-	Log             *zap.Logger
+	// DesiredSize is set when node expansion is pending: a plugin that can
+	// grow the filesystem while it is not mounted does so in MountDevice
+	// and reports the size in Resized.
+	DesiredSize *resource.Quantity
+	Resized     *resource.Quantity
+	Log         *zap.Logger
 }
+
+// ErrExpansionNotSupported is returned (wrapped) by Expand when the volume
+// has nothing the node can grow; the expansion counts as done.
+var ErrExpansionNotSupported = errors.New("node expansion is not supported for this volume")
+
+// ErrVolumeInUse is returned (wrapped) by Expand when the driver refuses to
+// grow the volume while it is in use; it is not retried until the volume's
+// pods change.
+var ErrVolumeInUse = errors.New("volume in use")
 
 // Attacher is implemented by plugins whose volumes must be attached to the
 // node (by a controller, or by the agent itself) before their device is

@@ -7,10 +7,16 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/mount-utils"
+	utilexec "k8s.io/utils/exec"
 
 	"github.com/volume-agent/volume-agent/operations/mountutil"
 	"github.com/volume-agent/volume-agent/operations/plugins"
@@ -84,6 +90,19 @@ func (p *Plugin) MountDevice(_ context.Context, req *plugins.DeviceRequest) erro
 	if local.FSType != nil && *local.FSType != "" {
 		fsType = *local.FSType
 	}
+	if req.DesiredSize != nil {
+		if err := deviceFits(p.host.HostPath(local.Path), *req.DesiredSize); err != nil {
+			return err
+		}
+		grown, err := p.growOffline(p.host.HostPath(local.Path))
+		if err != nil {
+			return err
+		}
+		if grown {
+			size := req.DesiredSize.DeepCopy()
+			req.Resized = &size
+		}
+	}
 	if err := p.host.Mounter.FormatAndMount(p.host.HostPath(local.Path), req.DeviceMountPath, fsType, plugins.MountOptions(req.Spec)); err != nil {
 		// mount(8) may have been killed half way: the mount is uncertain
 		// only if something is now mounted there.
@@ -155,4 +174,73 @@ func bindOptions(req *plugins.SetUpRequest) (uintptr, bool, error) {
 
 func (p *Plugin) TearDown(_ context.Context, req *plugins.TearDownRequest) error {
 	return plugins.UnmountAndRemoveEntry(p.host.Mounter, req.Dir)
+}
+
+// Expand grows the filesystem of a block-backed local volume while it is
+// mounted (resize2fs online for ext*, xfs_growfs for xfs). A directory has
+// nothing to grow: its size is its filesystem's.
+func (p *Plugin) Expand(_ context.Context, req *plugins.ExpandRequest) (*resource.Quantity, error) {
+	if req.DeviceMountPath == "" {
+		return nil, fmt.Errorf("local PV %s is a directory: %w", req.Spec.PV.Name, plugins.ErrExpansionNotSupported)
+	}
+	device := p.host.HostPath(req.Spec.PV.Spec.Local.Path)
+	if err := deviceFits(device, req.NewSize); err != nil {
+		return nil, err
+	}
+	resizer := mount.NewResizeFs(utilexec.New())
+	need, err := resizer.NeedResize(device, req.DeviceMountPath)
+	if err != nil {
+		return nil, err
+	}
+	if need {
+		if _, err := resizer.Resize(device, req.DeviceMountPath); err != nil {
+			return nil, err
+		}
+	}
+	size := req.NewSize
+	return &size, nil
+}
+
+// growOffline grows an ext2/3/4 filesystem on an unmounted device before it
+// is mounted (the offline path of node expansion): the kernel need not
+// allow online resizing, and resize2fs insists on a clean check first. It
+// reports whether it grew anything; other filesystems are left for the
+// online path.
+func (p *Plugin) growOffline(device string) (bool, error) {
+	format, err := p.host.Mounter.DiskFormat(device)
+	if err != nil || (format != "ext2" && format != "ext3" && format != "ext4") {
+		return false, err
+	}
+	ex := utilexec.New()
+	out, err := ex.Command("e2fsck", "-f", "-p", device).CombinedOutput()
+	if err != nil {
+		// Exit status 1 means errors were corrected, which is fine.
+		var ee utilexec.ExitError
+		if !errors.As(err, &ee) || ee.ExitStatus() > 1 {
+			return false, fmt.Errorf("e2fsck %s before growing it: %v: %s", device, err, out)
+		}
+	}
+	if out, err := ex.Command("resize2fs", device).CombinedOutput(); err != nil {
+		return false, fmt.Errorf("resize2fs %s: %v: %s", device, err, out)
+	}
+	return true, nil
+}
+
+// deviceFits checks that the block device itself is at least the requested
+// size: the filesystem can only grow into space the device has, and
+// reporting a size the device lacks would be a lie on the claim.
+func deviceFits(device string, want resource.Quantity) error {
+	f, err := os.Open(device)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return fmt.Errorf("reading the size of %s: %w", device, err)
+	}
+	if size < want.Value() {
+		return fmt.Errorf("device %s has %d bytes, less than the requested %s: grow the device first", device, size, want.String())
+	}
+	return nil
 }

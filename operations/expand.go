@@ -1,0 +1,136 @@
+package operations
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"go.uber.org/zap"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/events"
+	"github.com/volume-agent/volume-agent/operations/plugins"
+)
+
+// ClaimStatus records node expansion on a claim's status, the way the
+// kubelet does since Kubernetes 1.34: allocatedResourceStatuses[storage]
+// NodeResizeInProgress while working, NodeResizeFailed after a failure, and
+// on success the new capacity with the status entry and the resize
+// conditions removed.
+type ClaimStatus interface {
+	ResizeInProgress(ctx context.Context, pvc *v1.PersistentVolumeClaim) error
+	ResizeFinished(ctx context.Context, pvc *v1.PersistentVolumeClaim, size resource.Quantity) error
+	ResizeFailed(ctx context.Context, pvc *v1.PersistentVolumeClaim, cause error) error
+}
+
+// ExpandVolume grows a volume's filesystem on the node to the desired size
+// (online while pods use it, offline after staging and before any pod
+// does), then reports the new size on the claim.
+func (o *Operator) ExpandVolume(ctx context.Context, t *Target) error {
+	if t.DesiredSize == nil {
+		return ErrStale
+	}
+	av, ok := o.ASW.Volume(t.Volume)
+	if !ok || (av.Size != nil && av.Size.Cmp(*t.DesiredSize) >= 0) {
+		return ErrStale
+	}
+	p, err := o.plugin(t.Plugin)
+	if err != nil {
+		return err
+	}
+	pvc := t.Spec.PVC
+	log := o.logger(t, "volume_fs_resize")
+	ex, ok := p.(plugins.Expander)
+	if !ok {
+		log.Info("plugin cannot grow filesystems on the node; expansion counts as done")
+		o.expansionDone(ctx, t, t.DesiredSize)
+		return nil
+	}
+	if av.Attributes.DeviceMountable && !av.DeviceState.MayBeMounted() {
+		return ErrStale
+	}
+	if pvc != nil && o.Claims != nil {
+		if err := o.Claims.ResizeInProgress(ctx, pvc); err != nil {
+			log.Warn("could not mark the claim's node expansion in progress", zap.Error(err))
+		}
+	}
+	req := &plugins.ExpandRequest{
+		VolumeName: t.Volume, Spec: t.Spec, DevicePath: av.DevicePath, DeviceMountPath: av.DeviceMountPath,
+		VolumePath: firstMountPath(av), OldSize: av.Size, NewSize: *t.DesiredSize, Log: log,
+	}
+	_, err = ex.Expand(ctx, req)
+	switch {
+	case err == nil:
+		o.expansionDone(ctx, t, t.DesiredSize)
+		return nil
+	case errors.Is(err, plugins.ErrExpansionNotSupported):
+		log.Info("nothing to grow on the node; expansion counts as done", zap.Error(err))
+		o.expansionDone(ctx, t, t.DesiredSize)
+		return nil
+	case errors.Is(err, plugins.ErrVolumeInUse):
+		o.ASW.SetResizeBlocked(t.Volume, err.Error())
+	}
+	o.expansionFailed(ctx, t, err)
+	return fmt.Errorf("growing the filesystem to %s: %w", t.DesiredSize, err)
+}
+
+// firstMountPath is one pod's mount of the volume (sorted, so the choice is
+// stable), for drivers that need a published path.
+func firstMountPath(av *cache.ActualVolume) string {
+	var paths []string
+	for _, m := range av.Pods {
+		if m.State == cache.Mounted {
+			paths = append(paths, m.MountPath)
+		}
+	}
+	sort.Strings(paths)
+	if len(paths) == 0 {
+		return ""
+	}
+	return paths[0]
+}
+
+func (o *Operator) expansionDone(ctx context.Context, t *Target, size *resource.Quantity) {
+	o.ASW.SetSize(t.Volume, size)
+	pvc := t.Spec.PVC
+	msg := fmt.Sprintf("filesystem of volume %s grown to %s on node", t.Spec.Name, size)
+	if pvc != nil && o.Claims != nil {
+		if err := o.Claims.ResizeFinished(ctx, pvc, *size); err != nil {
+			o.logger(t, "volume_fs_resize").Warn("could not record the new size on the claim; will retry", zap.Error(err))
+			// The claim still says the node has work to do; forget the
+			// size so the (idempotent) expansion and the report run again.
+			o.ASW.SetSize(t.Volume, nil)
+			return
+		}
+	}
+	o.event(t, events.Normal, events.FileSystemResizeSuccessful, msg)
+}
+
+func (o *Operator) expansionFailed(ctx context.Context, t *Target, cause error) {
+	pvc := t.Spec.PVC
+	if pvc != nil && o.Claims != nil {
+		if err := o.Claims.ResizeFailed(ctx, pvc, cause); err != nil {
+			o.logger(t, "volume_fs_resize").Warn("could not record the failure on the claim", zap.Error(err))
+		}
+	}
+	if pvc != nil && o.Events != nil {
+		o.Events.Event(events.Object{Kind: "PersistentVolumeClaim", Namespace: pvc.Namespace, Name: pvc.Name, UID: string(pvc.UID)},
+			events.Warning, events.VolumeResizeFailed, fmt.Sprintf("growing the filesystem of volume %s to %s failed: %v", t.Spec.Name, t.DesiredSize, cause))
+	}
+}
+
+// event reports on the claim and on the pods using the volume.
+func (o *Operator) event(t *Target, typ, reason, msg string) {
+	if o.Events == nil {
+		return
+	}
+	if pvc := t.Spec.PVC; pvc != nil {
+		o.Events.Event(events.Object{Kind: "PersistentVolumeClaim", Namespace: pvc.Namespace, Name: pvc.Name, UID: string(pvc.UID)}, typ, reason, msg)
+	}
+	for _, p := range t.Waiting {
+		o.Events.Event(events.PodObject(p), typ, reason, msg)
+	}
+}

@@ -1,0 +1,285 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/test/cluster"
+)
+
+// outage is how long TestAPIServerOutage keeps kube-apiserver down.
+const outage = 30 * time.Second
+
+// kube-apiserver is stopped for 30 s while pods are mounted: the agent keeps
+// every mount (its caches keep the last known state; a missing API server
+// must not look like deleted pods), during the outage and after the API
+// server is back and the agent has listed again. Then new work is done.
+//
+// Not parallel: the outage would break every other test. Sequential tests
+// run before the parallel ones start, so none of them runs meanwhile.
+func TestAPIServerOutage(t *testing.T) {
+	e := newEnv(t, "outage")
+	pv, _ := e.createLocalPV("data", "data")
+	e.createClaim("data")
+	e.waitBound("data", pv.Name)
+	a := e.start()
+
+	var paths []string
+	uids := map[string]string{}
+	for _, name := range []string{"db", "cache"} {
+		pod := e.createPod(e.pod(name, claimVolume("data", "data"), memoryVolume("scratch")))
+		uids[string(pod.UID)] = name
+		paths = append(paths, e.volumePath(pod.UID, localPlugin, pv.Name), e.volumePath(pod.UID, emptyDirPlug, "scratch"))
+	}
+	e.waitMounted(paths...)
+	for _, name := range uids {
+		e.waitCondition(name, corev1.ConditionTrue, "VolumesMounted")
+	}
+	before := mountPoints(t, e.root)
+
+	t.Logf("stopping kube-apiserver for %v", outage)
+	suite.cluster.StopAPIServer()
+	up := false
+	// Whatever happens, the other tests need the API server back.
+	t.Cleanup(func() {
+		if !up {
+			if err := suite.cluster.StartAPIServer(context.Background()); err != nil {
+				t.Errorf("restarting kube-apiserver: %v", err)
+			}
+		}
+	})
+	start := time.Now()
+	checks := 0
+	tick := time.NewTicker(time.Second)
+	for time.Since(start) < outage { // the outage is the subject of the test, not a wait for something
+		checks++
+		if missing := missingMounts(t, e.root, before); len(missing) > 0 {
+			t.Fatalf("%v into the outage: unmounted %q", time.Since(start).Round(time.Second), missing)
+		}
+		if resp, err := http.Get(a.debugURL + "/healthz"); err != nil {
+			t.Fatalf("agent /healthz during the outage: %v", err)
+		} else {
+			resp.Body.Close()
+		}
+		desired := 0
+		for _, p := range a.dsw(t).Pods {
+			if _, ok := uids[p.UID]; ok {
+				desired++
+			}
+		}
+		if desired != len(uids) {
+			t.Fatalf("%v into the outage: %d of the %d pods are still desired", time.Since(start).Round(time.Second), desired, len(uids))
+		}
+		<-tick.C
+	}
+	tick.Stop()
+	t.Logf("kube-apiserver was down for %v; %d checks of the mount table and the agent found nothing torn down", time.Since(start).Round(time.Millisecond), checks)
+	restart := time.Now()
+	if err := suite.cluster.StartAPIServer(t.Context()); err != nil {
+		t.Fatalf("restarting kube-apiserver: %v", err)
+	}
+	up = true
+	t.Logf("kube-apiserver ready again after %v", time.Since(restart).Round(time.Millisecond))
+	if missing := missingMounts(t, e.root, before); len(missing) > 0 {
+		t.Fatalf("unmounted right after the outage: %q", missing)
+	}
+
+	// Work resumes: a new pod is mounted and its condition written. The
+	// informers re-list after their backoff (up to about 30 s).
+	resumed := time.Now()
+	pod := e.createPod(e.pod("late", claimVolume("data", "data"), memoryVolume("scratch")))
+	e.waitMounted(e.volumePath(pod.UID, localPlugin, pv.Name), e.volumePath(pod.UID, emptyDirPlug, "scratch"))
+	e.waitCondition("late", corev1.ConditionTrue, "VolumesMounted")
+	t.Logf("a pod created after the outage was mounted and reported in %v", time.Since(resumed).Round(time.Millisecond))
+	// By now the agent has listed again and reconciled: still nothing lost.
+	if missing := missingMounts(t, e.root, before); len(missing) > 0 {
+		t.Fatalf("unmounted after the agent re-listed: %q", missing)
+	}
+	for _, name := range uids {
+		e.waitCondition(name, corev1.ConditionTrue, "VolumesMounted")
+	}
+}
+
+func mountPoints(t *testing.T, root string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, m := range mounttest.MountsUnder(t, root) {
+		out[m.MountPoint] = true
+	}
+	return out
+}
+
+func missingMounts(t *testing.T, root string, want map[string]bool) []string {
+	t.Helper()
+	have := mountPoints(t, root)
+	var missing []string
+	for p := range want {
+		if !have[p] {
+			missing = append(missing, p)
+		}
+	}
+	sort.Strings(missing)
+	return missing
+}
+
+// The agent starts with 100 pods × 2 volumes (a Memory emptyDir each, and a
+// local PV claim shared by 10 pods) already there: everything is mounted
+// and every condition True, and the agent's API traffic is bounded. Reads
+// are its informers' lists and watches, a constant independent of pods ×
+// volumes (no per-pod or per-volume GET); writes are about one pod-status
+// patch per pod, plus events (none when nothing fails). Counted from the
+// API server's audit log by the agent's user agent.
+func TestManyPodsAtStartup(t *testing.T) {
+	t.Parallel()
+	const pods, claims = 100, 10
+	e := newEnv(t, "many")
+	ctx := t.Context()
+	pvNames := make([]string, claims)
+	for i := range claims {
+		claim := fmt.Sprintf("data-%d", i)
+		pv, _ := e.createLocalPV(claim, claim)
+		pvNames[i] = pv.Name
+		e.createClaim(claim)
+	}
+	for i := range claims {
+		e.waitBound(fmt.Sprintf("data-%d", i), pvNames[i])
+	}
+	var paths []string
+	for i := range pods {
+		pod := e.createPod(e.pod(fmt.Sprintf("pod-%03d", i), memoryVolume("cache"), claimVolume("data", fmt.Sprintf("data-%d", i%claims))))
+		paths = append(paths, e.volumePath(pod.UID, emptyDirPlug, "cache"), e.volumePath(pod.UID, localPlugin, pvNames[i%claims]))
+	}
+
+	start := time.Now()
+	e.start()
+	eventually(t, 3*time.Minute, fmt.Sprintf("%d volumes mounted", len(paths)), func(context.Context) (bool, string) {
+		have := mountPoints(t, e.root)
+		n := 0
+		for _, p := range paths {
+			if have[mounttest.Real(p)] {
+				n++
+			}
+		}
+		return n == len(paths), fmt.Sprintf("%d of %d mounted", n, len(paths))
+	})
+	mountedIn := time.Since(start)
+	eventually(t, 3*time.Minute, "every pod's condition True", func(ctx context.Context) (bool, string) {
+		list, err := suite.admin.CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		ready := 0
+		for i := range list.Items {
+			if c := condition(&list.Items[i]); c != nil && c.Status == corev1.ConditionTrue && c.Reason == "VolumesMounted" {
+				ready++
+			}
+		}
+		return ready == pods && len(list.Items) == pods, fmt.Sprintf("%d of %d pods ready", ready, len(list.Items))
+	})
+	t.Logf("agent start to %d volumes mounted: %v; to %d conditions True: %v", len(paths), mountedIn.Round(time.Millisecond), pods, time.Since(start).Round(time.Millisecond))
+	if n := mountsUnder(t, e.root); n != len(paths) {
+		t.Errorf("%d mounts under the root, want exactly %d", n, len(paths))
+	}
+
+	// Audit events are written just after the response: wait until the
+	// patches that made the conditions visible are logged.
+	userAgent := "volume-agent/" + e.node
+	var counts map[string]int
+	eventually(t, 30*time.Second, "the agent's status patches in the audit log", func(context.Context) (bool, string) {
+		var err error
+		if counts, err = countRequests(userAgent); err != nil {
+			return false, err.Error()
+		}
+		return counts["patch pods/status"] >= pods, fmt.Sprintf("%d status patches logged", counts["patch pods/status"])
+	})
+	_ = ctx
+
+	var keys []string
+	reads, writes := 0, 0
+	for k, n := range counts {
+		keys = append(keys, k)
+		switch verb, _, _ := strings.Cut(k, " "); verb {
+		case "get", "list", "watch":
+			reads += n
+		default:
+			writes += n
+		}
+	}
+	sort.Strings(keys)
+	var table strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&table, "\n  %-40s %5d", k, counts[k])
+	}
+	t.Logf("API requests of %s for %d pods × 2 volumes (%d claims): %d reads, %d writes:%s", userAgent, pods, claims, reads, writes, table.String())
+
+	informers := []string{"pods", "nodes", "persistentvolumeclaims", "persistentvolumes", "storageclasses.storage.k8s.io", "csidrivers.storage.k8s.io"}
+	for _, k := range keys {
+		verb, res, _ := strings.Cut(k, " ")
+		switch {
+		case verb == "get":
+			t.Errorf("%d GETs of %s: lookups must be served from informer caches", counts[k], res)
+		case verb == "list" || verb == "watch":
+			known := false
+			for _, inf := range informers {
+				known = known || res == inf
+			}
+			if !known {
+				t.Errorf("%s of %s: not one of the agent's informers", verb, res)
+			}
+			if counts[k] > 3 {
+				t.Errorf("%d %s requests of %s: more than an informer's list and watch (with a retry)", counts[k], verb, res)
+			}
+		case k == "patch pods/status":
+			if counts[k] > 2*pods {
+				t.Errorf("%d pod status patches for %d pods: more than two per pod", counts[k], pods)
+			}
+		case res == "events":
+			if counts[k] > 10 {
+				t.Errorf("%d event writes (%s) though no volume failed", counts[k], verb)
+			}
+		default:
+			t.Errorf("unexpected request: %s (%d)", k, counts[k])
+		}
+	}
+	if reads > 3*len(informers) {
+		t.Errorf("%d reads: more than a constant per informer", reads)
+	}
+	if writes > 2*pods+10 {
+		t.Errorf("%d writes for %d pods: more than about one status patch per pod plus events", writes, pods)
+	}
+}
+
+// countRequests counts the requests of one user agent (exactly: another
+// agent's node name may have this one's as a prefix) by "verb resource".
+func countRequests(userAgent string) (map[string]int, error) {
+	events, err := suite.cluster.AuditEvents()
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	counts := map[string]int{}
+	for _, e := range events {
+		if e.UserAgent != userAgent || seen[e.AuditID] {
+			continue
+		}
+		if e.Stage != cluster.StageResponseComplete && e.Stage != cluster.StageResponseStarted {
+			continue
+		}
+		seen[e.AuditID] = true // a watch has two events
+		key := e.Verb + " " + e.RequestURI
+		if e.ObjectRef != nil {
+			key = e.Verb + " " + groupResource(e.ObjectRef.APIGroup, e.ObjectRef.Resource, e.ObjectRef.Subresource)
+		}
+		counts[key]++
+	}
+	return counts, nil
+}
