@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
@@ -97,6 +98,10 @@ type Agent struct {
 	cluster    *clusterParts
 	podStatus  *podstatus.Reporter
 	csi        *csiParts
+	orphans    *reconciler.Orphans
+	paths      volume.Paths
+	plugins    *plugins.Registry
+	mounter    *mountutil.Mounter
 
 	debugListener   net.Listener
 	metricsListener net.Listener
@@ -165,9 +170,12 @@ func New(cfg Config) (*Agent, error) {
 	a.asw = cache.NewActualStateOfWorld(clk)
 	a.events = events.NewLog(log.Named("events"), 200, sink)
 
-	host := plugins.Host{Paths: paths, Mounter: mountutil.New(), NodeName: cfg.NodeName, HostRoot: cfg.HostRoot, Log: log.Named("plugins")}
+	a.paths, a.mounter = paths, mountutil.New()
+	a.orphans = reconciler.NewOrphans(log.Named("orphans"))
+	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot, Log: log.Named("plugins")}
 	a.csi = a.setupCSI(host)
 	registry := plugins.NewRegistry(emptydir.New(host), hostpath.New(host), local.New(host), a.csi.plugin)
+	a.plugins = registry
 
 	var rec *reconciler.Reconciler
 	rep := &reporter{log: log.Named("operations"), events: a.events}
@@ -190,7 +198,10 @@ func New(cfg Config) (*Agent, error) {
 	a.metrics = NewMetrics(a.dsw, a.asw, a.executor, a.source, a.populator.Ready)
 	rep.metrics = a.metrics
 	a.populator.SetObserver(a.metrics)
-	a.metrics.Registry.MustRegister(driversCollector{a.csi.drivers})
+	a.metrics.Registry.MustRegister(driversCollector{a.csi.drivers}, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "orphans",
+		Help: "Things left on disk the agent cannot clean or account for (see /debug/orphans).",
+	}, func() float64 { return float64(len(a.orphans.List())) }))
 	observer := multiObserver{a.metrics}
 	if a.cluster != nil {
 		kubeclient.RegisterMetrics(a.metrics.Registry)
@@ -209,10 +220,17 @@ func New(cfg Config) (*Agent, error) {
 		Plugins: registry, ASW: a.asw, DSW: a.dsw, Paths: paths, Log: log.Named("operations"),
 		Claims: claims, Events: a.events,
 	}
+	handler := &reconciler.OperatorHandler{Operator: operator}
 	rec = reconciler.New(reconciler.Options{
 		DSW: a.dsw, ASW: a.asw, Executor: a.executor,
-		Handler:      &reconciler.OperatorHandler{Operator: operator},
-		SourcesReady: a.populator.Ready,
+		Handler:           handler,
+		Adopter:           handler,
+		SetUpWithoutMount: a.setUpWithoutMount,
+		SourcesReady:      a.populator.Ready,
+		SourcesComplete:   a.sourcesComplete,
+		Housekeeping: func(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) {
+			a.orphans.Set("housekeeping", reconciler.CleanPodDirs(paths, dsw, asw, a.mounter.IsMountPoint))
+		},
 		ResyncPeriod: cfg.ResyncPeriod,
 		Observer:     observer,
 		Log:          log.Named("reconciler"),
@@ -258,6 +276,48 @@ func addrOf(l net.Listener) string {
 	return l.Addr().String()
 }
 
+// setUpWithoutMount asks the volume's plugin whether it sets the volume up
+// without a mount (for adopting volumes found after a restart).
+func (a *Agent) setUpWithoutMount(plugin string, spec *volume.Spec) bool {
+	p, ok := a.plugins.ByName(plugin)
+	if !ok || spec == nil {
+		return false
+	}
+	s, ok := p.(plugins.SetUpWithoutMount)
+	return ok && s.SetUpWithoutMount(spec)
+}
+
+// sourcesComplete: no input of the source is unreadable (see
+// source.Completeness).
+func (a *Agent) sourcesComplete() bool {
+	c, ok := a.source.(source.Completeness)
+	return !ok || len(c.UnreadInputs()) == 0
+}
+
+// reconstruct rebuilds the actual state from disk before anything runs, so
+// the first plans see what is already mounted.
+func (a *Agent) reconstruct() error {
+	start := time.Now()
+	r, err := reconciler.Reconstruct(a.paths, a.plugins, a.mounter.IsMountPoint)
+	if err != nil {
+		return fmt.Errorf("reconstructing state from %s: %w", a.paths.Root, err)
+	}
+	a.asw.AddReconstructed(r.Volumes)
+	a.orphans.Set("reconstruction", r.Problems)
+	pods, devices := 0, 0
+	for _, v := range r.Volumes {
+		pods += len(v.Pods)
+		if v.DeviceReconstructed {
+			devices++
+		}
+	}
+	a.metrics.reconstructed.Add(float64(pods))
+	a.log.Info("reconstructed state from disk: nothing is torn down before the sources are read completely",
+		zap.Int("podVolumes", pods), zap.Int("deviceMounts", devices), zap.Int("problems", len(r.Problems)),
+		zap.Duration("took", time.Since(start)))
+	return nil
+}
+
 // multiObserver fans a reconciler pass out to several observers.
 type multiObserver []reconciler.Observer
 
@@ -287,6 +347,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("starting", zap.String("node", a.cfg.NodeName), zap.String("rootDir", a.cfg.RootDir),
 		zap.String("debugAddress", a.DebugAddress()), zap.String("metricsAddress", a.MetricsAddress()))
 
+	if err := a.reconstruct(); err != nil {
+		return err
+	}
 	var servers []*http.Server
 	if a.debugListener != nil {
 		servers = append(servers, &http.Server{Handler: a.debugMux(), ReadHeaderTimeout: 10 * time.Second})

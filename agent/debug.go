@@ -10,6 +10,7 @@ import (
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/events"
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/reconciler"
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -167,6 +168,11 @@ type SourcesDocument struct {
 	InputErrors []source.InputError `json:"inputErrors"`
 }
 
+// OrphansDocument is GET /debug/orphans.
+type OrphansDocument struct {
+	Orphans []reconciler.OrphanStatus `json:"orphans"`
+}
+
 // EventsDocument is GET /debug/events.
 type EventsDocument struct {
 	Events []events.Event `json:"events"`
@@ -192,6 +198,9 @@ func (a *Agent) debugMux() *http.ServeMux {
 	})
 	mux.HandleFunc("GET /debug/drivers", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, DriversDocument{Drivers: a.csi.drivers.List()})
+	})
+	mux.HandleFunc("GET /debug/orphans", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, OrphansDocument{Orphans: a.orphans.List()})
 	})
 	mux.HandleFunc("GET /debug/events", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, EventsDocument{Events: a.events.Recent()})

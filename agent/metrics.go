@@ -34,6 +34,7 @@ type Metrics struct {
 	podReady          prometheus.Histogram
 	podVolumeErrors   *prometheus.CounterVec
 	actions           *prometheus.CounterVec
+	reconstructed     prometheus.Counter
 
 	mu        sync.Mutex
 	readyPods map[types.UID]bool
@@ -70,12 +71,16 @@ func NewMetrics(dsw *cache.DesiredStateOfWorld, asw *cache.ActualStateOfWorld, e
 			Namespace: namespace, Name: "planned_actions_total",
 			Help: "Actions the reconciler planned, by operation (including ones not started because of a conflict or backoff).",
 		}, []string{"operation"}),
+		reconstructed: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "reconstructed_pod_volumes_total",
+			Help: "Pod volumes found on disk at start-up (then adopted if a pod wants them, torn down if not).",
+		}),
 		readyPods: map[types.UID]bool{},
 	}
 	m.Registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.operationDuration, m.reconcileDuration, m.populateDuration, m.podReady, m.podVolumeErrors, m.actions,
+		m.operationDuration, m.reconcileDuration, m.populateDuration, m.podReady, m.podVolumeErrors, m.actions, m.reconstructed,
 		&stateCollector{dsw: dsw, asw: asw, exec: exec, src: src, sourcesReady: sourcesReady},
 	)
 	return m

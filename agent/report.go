@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -18,6 +19,12 @@ type reporter struct {
 	log     *zap.Logger
 	events  events.Recorder
 	metrics *Metrics
+
+	// lastErr remembers each key's last failure: a failure that repeats
+	// unchanged is logged at debug level, so a stuck volume does not write
+	// the same error line on every retry.
+	mu      sync.Mutex
+	lastErr map[operations.Key]string
 }
 
 // failureReasons maps operations to the event reason of their failure.
@@ -41,6 +48,7 @@ func (r *reporter) OperationFinished(key operations.Key, op *operations.Operatio
 	}
 	switch {
 	case err == nil:
+		r.forget(key)
 		r.log.Info("operation succeeded", fields...)
 		return
 	case errors.Is(err, operations.ErrStale):
@@ -48,7 +56,11 @@ func (r *reporter) OperationFinished(key operations.Key, op *operations.Operatio
 		return
 	}
 	fields = append(fields, zap.Error(err), zap.Duration("retryIn", retryIn), zap.Bool("uncertain", volume.IsUncertain(err)))
-	r.log.Error("operation failed", fields...)
+	if r.repeated(key, err) {
+		r.log.Debug("operation failed again", fields...)
+	} else {
+		r.log.Error("operation failed", fields...)
+	}
 
 	reason, ok := failureReasons[op.Name]
 	if !ok {
@@ -73,4 +85,25 @@ func volumeLabel(name volume.UniqueName, spec *volume.Spec) string {
 		return fmt.Sprintf("%s (PVC %s)", spec.Name, spec.ClaimRef())
 	}
 	return spec.Name
+}
+
+func (r *reporter) repeated(key operations.Key, err error) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lastErr == nil {
+		r.lastErr = map[operations.Key]string{}
+	}
+	msg := err.Error()
+	if len(r.lastErr) > 10000 { // keys of volumes long gone
+		clear(r.lastErr)
+	}
+	same := r.lastErr[key] == msg
+	r.lastErr[key] = msg
+	return same
+}
+
+func (r *reporter) forget(key operations.Key) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.lastErr, key)
 }

@@ -58,8 +58,10 @@ type ActualPodMount struct {
 	State           MountState `json:"mountState"`
 	RemountRequired bool       `json:"remountRequired,omitempty"`
 	// Reconstructed marks a mount found on disk after a restart and not yet
-	// confirmed by a mount operation.
+	// matched with a pod that wants it; FoundMounted says whether a mount
+	// was in place when it was found.
 	Reconstructed bool         `json:"reconstructed,omitempty"`
+	FoundMounted  bool         `json:"foundMounted,omitempty"`
 	Spec          *volume.Spec `json:"-"`
 	// Since is when the mount reached its state.
 	Since time.Time `json:"since"`
@@ -81,6 +83,11 @@ type ActualVolume struct {
 	DeviceMountPath string            `json:"deviceMountPath,omitempty"`
 	// Size is the volume size the node last made the filesystem fit.
 	Size *resource.Quantity `json:"size,omitempty"`
+	// DeviceReconstructed marks a device mount found on disk after a
+	// restart and not yet matched; DeviceFoundMounted says whether it was
+	// in place.
+	DeviceReconstructed bool `json:"deviceReconstructed,omitempty"`
+	DeviceFoundMounted  bool `json:"deviceFoundMounted,omitempty"`
 	// ResizeBlocked holds the reason node expansion must not be retried
 	// (the driver said the volume is in use) until the pods change.
 	ResizeBlocked string                        `json:"resizeBlocked,omitempty"`
@@ -150,8 +157,11 @@ func (a *ActualStateOfWorld) update(id VolumeIdentity, fn func(v *ActualVolume))
 	var v *ActualVolume
 	if old, ok := a.volumes[id.Name]; ok {
 		v = old.clone()
-		if v.Spec == nil {
-			v.Spec = id.Spec
+		if v.Spec == nil && id.Spec != nil {
+			// A volume reconstructed from disk learns its spec, and the
+			// attributes the plugin derives from it, from the first
+			// operation that knows them.
+			v.Spec, v.Attributes = id.Spec, id.Attributes
 		}
 	} else {
 		if id.Plugin == "" {
@@ -304,4 +314,44 @@ func (a *ActualStateOfWorld) Snapshot() *ActualSnapshot {
 	}
 	a.snapshot = s
 	return s
+}
+
+// AddReconstructed records volumes found on disk after a restart. Volumes
+// already known are left alone (the running agent knows better).
+func (a *ActualStateOfWorld) AddReconstructed(vols []*ActualVolume) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.clock.Now()
+	for _, v := range vols {
+		if _, ok := a.volumes[v.Name]; ok {
+			continue
+		}
+		nv := v.clone()
+		for uid, m := range nv.Pods {
+			mm := *m
+			mm.Since = now
+			nv.Pods[uid] = &mm
+		}
+		a.volumes[v.Name] = nv
+	}
+	a.generation++
+}
+
+// Adopt confirms reconstructed state that a pod wants: device mounts become
+// GloballyMounted, pod mounts Mounted, without any mount operation.
+func (a *ActualStateOfWorld) Adopt(name volume.UniqueName, device bool, pods map[types.UID]volume.PodRef) {
+	a.update(VolumeIdentity{Name: name}, func(v *ActualVolume) {
+		if device && v.DeviceReconstructed {
+			v.DeviceState, v.DeviceReconstructed = DeviceGloballyMounted, false
+		}
+		for uid, ref := range pods {
+			m, ok := v.Pods[uid]
+			if !ok || !m.Reconstructed {
+				continue
+			}
+			mm := *m
+			mm.Pod, mm.State, mm.Reconstructed = ref, Mounted, false
+			v.Pods[uid] = &mm
+		}
+	})
 }

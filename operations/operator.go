@@ -300,3 +300,12 @@ func (o *Operator) DetachVolume(ctx context.Context, t *Target) error {
 	o.ASW.SetAttachState(t.identity(), cache.NotAttached, "", nil)
 	return nil
 }
+
+// AdoptVolume confirms reconstructed state of a volume that pods want: its
+// device mount (if device is true) and the given pods' mounts were found in
+// place after a restart and are now known to be mounted. No mount
+// operation runs.
+func (o *Operator) AdoptVolume(name volume.UniqueName, device bool, pods map[types.UID]volume.PodRef) {
+	o.ASW.Adopt(name, device, pods)
+	o.Log.Info("adopted volume found after restart", zap.String("volume", string(name)), zap.Bool("device", device), zap.Int("pods", len(pods)))
+}

@@ -39,3 +39,6 @@ func (h *OperatorHandler) Operation(a *Action) *operations.Operation {
 	}
 	return &operations.Operation{Name: string(a.Op), Plugin: a.Plugin, Pod: a.Pod.PodRef, Waiting: a.Pods, Spec: a.Spec, Fn: fn}
 }
+
+// Adopt implements Adopter through the Operator.
+func (h *OperatorHandler) Adopt(a Adoption) { h.Operator.AdoptVolume(a.Volume, a.Device, a.Pods) }

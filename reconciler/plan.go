@@ -70,6 +70,11 @@ type PlanOptions struct {
 	// DSW reflects it. Until then nothing is torn down: a pod that is not in
 	// the DSW yet may simply not have been read.
 	SourcesReady bool
+	// OrphanCleanupAllowed is true when state reconstructed from disk that
+	// no pod wants may be torn down: the sources are ready and none of their
+	// inputs is unreadable (a manifest that never parsed may hold the pod
+	// that owns it).
+	OrphanCleanupAllowed bool
 }
 
 // Plan computes what the node should do to make the actual state match the
@@ -81,11 +86,11 @@ type PlanOptions struct {
 func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) []Action {
 	var out []Action
 	if opts.SourcesReady {
-		out = planUnmounts(dsw, asw, out)
+		out = planUnmounts(dsw, asw, opts.OrphanCleanupAllowed, out)
 	}
 	out = planMounts(dsw, asw, out)
 	if opts.SourcesReady {
-		out = planDeviceTeardown(dsw, asw, out)
+		out = planDeviceTeardown(dsw, asw, opts.OrphanCleanupAllowed, out)
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		a, b := &out[i], &out[j]
@@ -104,7 +109,7 @@ func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOption
 // wants is unmounted, except for pods that still exist but have volumes that
 // could not be resolved (an API outage must never unmount a running pod's
 // volume because its claim could not be read).
-func planUnmounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, out []Action) []Action {
+func planUnmounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, orphans bool, out []Action) []Action {
 	for _, av := range asw.Volumes {
 		dv := dsw.Volumes[av.Name]
 		for uid, m := range av.Pods {
@@ -113,7 +118,7 @@ func planUnmounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, out []A
 					continue
 				}
 			}
-			if protectedPod(dsw, uid) {
+			if protectedPod(dsw, uid) || (m.Reconstructed && !orphans) {
 				continue
 			}
 			out = append(out, Action{
@@ -226,9 +231,9 @@ func expansionReason(dv *cache.DesiredVolume, av *cache.ActualVolume) string {
 
 // planDeviceTeardown: phase 3. A volume no pod wants and no pod has mounted
 // gets its device unmounted, then is detached.
-func planDeviceTeardown(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, out []Action) []Action {
+func planDeviceTeardown(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, orphans bool, out []Action) []Action {
 	for _, av := range asw.Volumes {
-		if _, wanted := dsw.Volumes[av.Name]; wanted || len(av.Pods) > 0 {
+		if _, wanted := dsw.Volumes[av.Name]; wanted || len(av.Pods) > 0 || (av.DeviceReconstructed && !orphans) {
 			continue
 		}
 		a := Action{Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes, Spec: av.Spec}

@@ -11,6 +11,7 @@ import (
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/volume"
 )
 
 // Handler performs an action. The reconciler owns when; the handler owns how.
@@ -33,6 +34,17 @@ type Options struct {
 	Handler  Handler
 	// SourcesReady gates destructive phases (see PlanOptions).
 	SourcesReady func() bool
+	// SourcesComplete additionally gates tearing down reconstructed state
+	// (see PlanOptions.OrphanCleanupAllowed); nil means always complete.
+	SourcesComplete func() bool
+	// Adopter confirms reconstructed state that pods want (no operation).
+	Adopter Adopter
+	// SetUpWithoutMount tells, for adoption, which volumes are set up
+	// without a mount.
+	SetUpWithoutMount func(plugin string, spec *volume.Spec) bool
+	// Housekeeping, when set, removes what is left of gone pods once the
+	// reconciler is idle, at most once per ResyncPeriod.
+	Housekeeping func(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot)
 	// ResyncPeriod is the longest time between two passes (default 1m).
 	ResyncPeriod time.Duration
 	// MinInterval spaces passes triggered in quick succession, so a burst
@@ -43,10 +55,17 @@ type Options struct {
 	Log         *zap.Logger
 }
 
+// Adopter applies adoptions to the actual state.
+type Adopter interface {
+	Adopt(a Adoption)
+}
+
 // Reconciler runs Plan and dispatches its actions.
 type Reconciler struct {
 	opts    Options
 	trigger *notify.Signal
+
+	lastHousekeeping time.Time
 }
 
 // New returns a Reconciler.
@@ -97,7 +116,17 @@ func (r *Reconciler) ReconcileOnce() []Action {
 	ready := r.opts.SourcesReady()
 	asw := r.opts.ASW.Snapshot()
 	dsw := r.opts.DSW.Snapshot()
-	actions := Plan(dsw, asw, PlanOptions{SourcesReady: ready})
+	if ready && r.opts.Adopter != nil && HasReconstructed(asw) {
+		adoptions := Adoptions(dsw, asw, r.opts.SetUpWithoutMount)
+		for _, a := range adoptions {
+			r.opts.Adopter.Adopt(a)
+		}
+		if len(adoptions) > 0 {
+			asw = r.opts.ASW.Snapshot()
+		}
+	}
+	complete := ready && (r.opts.SourcesComplete == nil || r.opts.SourcesComplete())
+	actions := Plan(dsw, asw, PlanOptions{SourcesReady: ready, OrphanCleanupAllowed: complete})
 	cands := make([]operations.Candidate, len(actions))
 	for i := range actions {
 		cands[i] = operations.Candidate{Key: operations.Key{Volume: actions[i].Volume, Pod: actions[i].Pod.UID}, Name: string(actions[i].Op)}
@@ -115,6 +144,11 @@ func (r *Reconciler) ReconcileOnce() []Action {
 	}
 	if r.opts.Observer != nil {
 		r.opts.Observer.Reconciled(dsw, asw, actions, r.opts.Clock.Since(start))
+	}
+	if r.opts.Housekeeping != nil && complete && started == 0 && !HasReconstructed(asw) &&
+		r.opts.Clock.Since(r.lastHousekeeping) >= r.opts.ResyncPeriod {
+		r.lastHousekeeping = r.opts.Clock.Now()
+		r.opts.Housekeeping(dsw, asw)
 	}
 	return actions
 }

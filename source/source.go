@@ -57,3 +57,12 @@ type InputError struct {
 type ErrorReporter interface {
 	InputErrors() []InputError
 }
+
+// Completeness is implemented by sources whose inputs can be unusable from
+// the start (a manifest file that never parsed): the objects in them are
+// unknown, so volumes found on disk after a restart that no known pod wants
+// may still belong to one of them. Cleaning such orphans waits until
+// UnreadInputs is empty; everything else proceeds.
+type Completeness interface {
+	UnreadInputs() []string
+}

@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/operations/mountutil"
 	"github.com/volume-agent/volume-agent/volume"
@@ -169,6 +170,40 @@ type ExpandRequest struct {
 	OldSize    *resource.Quantity
 	NewSize    resource.Quantity
 	Log        *zap.Logger
+}
+
+// Reconstructor is implemented by plugins whose volumes can be found on disk
+// after a restart: given a pod volume directory, it names the volume the
+// same way the populator would, so the mount can be matched with what pods
+// want (and adopted) or torn down.
+type Reconstructor interface {
+	ReconstructPodVolume(pod types.UID, specName, dir string) (volume.UniqueName, volume.Attributes, error)
+}
+
+// DeviceReconstructor is implemented by plugins with device (staging)
+// mounts: given a directory under <root>/plugins/<plugin>/mounts/, it says
+// which volume it belongs to and what is left of it.
+type DeviceReconstructor interface {
+	ReconstructDevice(volumeDir string) (*ReconstructedDevice, error)
+}
+
+// ReconstructedDevice is a device mount found on disk.
+type ReconstructedDevice struct {
+	Name            volume.UniqueName
+	Attributes      volume.Attributes
+	DeviceMountPath string
+	// Mounted: the device mount is in place (or the plugin has nothing to
+	// mount for it).
+	Mounted bool
+	// Attached: an attachment made by the agent may remain to be released.
+	Attached bool
+}
+
+// SetUpWithoutMount is implemented by plugins some of whose volumes are set
+// up without a mount (an emptyDir on disk is just a directory): after a
+// restart such a directory is evidence enough that the volume is set up.
+type SetUpWithoutMount interface {
+	SetUpWithoutMount(spec *volume.Spec) bool
 }
 
 // Registry finds plugins.

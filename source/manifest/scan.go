@@ -27,6 +27,8 @@ type fileState struct {
 	warnings []string
 	// fatal says why the current content cannot be used; empty when it can.
 	fatal string
+	// good is true once some version of the file parsed well.
+	good bool
 }
 
 // job is the reading of one file, done concurrently with others.
@@ -267,7 +269,7 @@ func (s *Source) apply(j *job) bool {
 	st.hash, st.hashed = j.hash, true
 	objs := j.parsed.objects
 	reuseUnchanged(objs, st.objects)
-	st.objects, st.warnings, st.fatal = objs, j.parsed.warnings, ""
+	st.objects, st.warnings, st.fatal, st.good = objs, j.parsed.warnings, "", true
 	c := countKinds(objs)
 	s.log.Info("Loaded manifest file", append([]zap.Field{zap.String("file", path),
 		zap.Int("ignoredPods", len(j.parsed.ignored))}, c.fields()...)...)

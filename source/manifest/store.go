@@ -29,6 +29,8 @@ type snapshot struct {
 	classes map[string]*storagev1.StorageClass
 	drivers map[string]*storagev1.CSIDriver
 	errors  []source.InputError
+	// unread are inputs that never parsed: their objects are unknown.
+	unread []string
 }
 
 func emptySnapshot() *snapshot {
@@ -91,6 +93,12 @@ func (s *Source) CSIDriver(name string) (*storagev1.CSIDriver, error) {
 	return nil, apierrors.NewNotFound(storagev1.Resource("csidrivers"), name)
 }
 
+// UnreadInputs implements source.Completeness: files that never parsed, so
+// their pods are unknown.
+func (s *Source) UnreadInputs() []string {
+	return slices.Clone(s.snap.Load().unread)
+}
+
 // InputErrors returns the current problems with the manifest files, ordered
 // by file name.
 func (s *Source) InputErrors() []source.InputError {
@@ -125,6 +133,7 @@ func (s *Source) rebuild() bool {
 	}
 	if s.dirErr != "" {
 		n.errors = append(n.errors, source.InputError{Input: s.dir, Error: s.dirErr})
+		n.unread = append(n.unread, s.dir)
 	}
 	seen := make(map[kindKey]origin, total)
 	podUIDs := make(map[types.UID]kindKey, total)
@@ -132,6 +141,9 @@ func (s *Source) rebuild() bool {
 	for _, name := range names {
 		st := s.files[name]
 		path := filepath.Join(s.dir, name)
+		if st.fatal != "" && !st.good {
+			n.unread = append(n.unread, path)
+		}
 		if st.fatal != "" {
 			msg := st.fatal
 			if len(st.objects) > 0 {

@@ -14,10 +14,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"path/filepath"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/csi/registry"
 	"github.com/volume-agent/volume-agent/operations/plugins"
@@ -188,4 +190,41 @@ func inlineHandle(pod volume.PodRef, specName string) string {
 func AttachmentName(handle, driver, node string) string {
 	sum := sha256.Sum256([]byte(handle + driver + node))
 	return fmt.Sprintf("csi-%x", sum)
+}
+
+// ReconstructPodVolume implements plugins.Reconstructor from the state file
+// written before the volume was published.
+func (p *Plugin) ReconstructPodVolume(pod types.UID, specName, _ string) (volume.UniqueName, volume.Attributes, error) {
+	st, err := ReadPodState(p.cfg.Host.Paths.PodVolumeStateFile(pod, Name, specName))
+	if err != nil {
+		return "", volume.Attributes{}, fmt.Errorf("no usable CSI state for pod %s volume %s: %w", pod, specName, err)
+	}
+	if st.Inline {
+		return volume.PodScopedName(Name, pod, specName), volume.Attributes{}, nil
+	}
+	return st.VolumeName, volume.Attributes{Identity: st.Driver + "^" + st.VolumeID, DeviceMountable: true}, nil
+}
+
+// ReconstructDevice implements plugins.DeviceReconstructor from the state
+// file written before the volume was staged (or attached).
+func (p *Plugin) ReconstructDevice(volumeDir string) (*plugins.ReconstructedDevice, error) {
+	st, err := ReadDeviceState(filepath.Join(volumeDir, "state.json"))
+	if err != nil {
+		return nil, fmt.Errorf("no usable CSI state in %s: %w", volumeDir, err)
+	}
+	d := &plugins.ReconstructedDevice{
+		Name:            st.VolumeName,
+		Attributes:      volume.Attributes{Identity: st.Driver + "^" + st.VolumeID, DeviceMountable: true, Attachable: st.Attachment != ""},
+		DeviceMountPath: st.StagingPath,
+		Attached:        st.Attachment != "",
+	}
+	if st.Staged {
+		if d.Mounted, err = p.cfg.Host.Mounter.IsMountPoint(st.StagingPath); err != nil {
+			return nil, err
+		}
+	} else {
+		// Nothing is mounted for a driver that does not stage.
+		d.Mounted = true
+	}
+	return d, nil
 }

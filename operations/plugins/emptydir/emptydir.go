@@ -9,6 +9,7 @@ import (
 	"os"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/operations/mountutil"
 	"github.com/volume-agent/volume-agent/operations/plugins"
@@ -88,4 +89,15 @@ func (p *Plugin) TearDown(_ context.Context, req *plugins.TearDownRequest) error
 		return err
 	}
 	return mountutil.RemoveAll(req.Dir)
+}
+
+// ReconstructPodVolume implements plugins.Reconstructor.
+func (p *Plugin) ReconstructPodVolume(pod types.UID, specName, _ string) (volume.UniqueName, volume.Attributes, error) {
+	return volume.PodScopedName(Name, pod, specName), volume.Attributes{}, nil
+}
+
+// SetUpWithoutMount implements plugins.SetUpWithoutMount: a disk emptyDir
+// is a plain directory.
+func (p *Plugin) SetUpWithoutMount(spec *volume.Spec) bool {
+	return spec.Volume != nil && spec.Volume.EmptyDir != nil && spec.Volume.EmptyDir.Medium == v1.StorageMediumDefault
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/operations/mountutil"
 	"github.com/volume-agent/volume-agent/operations/plugins"
@@ -204,4 +205,9 @@ func (p *Plugin) TearDown(_ context.Context, req *plugins.TearDownRequest) error
 		return err
 	}
 	return plugins.UnmountAndRemoveEntry(p.host.Mounter, req.Dir)
+}
+
+// ReconstructPodVolume implements plugins.Reconstructor.
+func (p *Plugin) ReconstructPodVolume(pod types.UID, specName, _ string) (volume.UniqueName, volume.Attributes, error) {
+	return volume.PodScopedName(Name, pod, specName), volume.Attributes{}, nil
 }

@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
@@ -243,4 +244,28 @@ func deviceFits(device string, want resource.Quantity) error {
 		return fmt.Errorf("device %s has %d bytes, less than the requested %s: grow the device first", device, size, want.String())
 	}
 	return nil
+}
+
+// ReconstructPodVolume implements plugins.Reconstructor: a local volume is
+// named by its PV, which is the directory's name.
+func (p *Plugin) ReconstructPodVolume(_ types.UID, specName, _ string) (volume.UniqueName, volume.Attributes, error) {
+	attrs := volume.Attributes{Identity: specName}
+	if _, err := os.Stat(p.host.Paths.VolumeDir(Name, specName)); err == nil {
+		attrs.DeviceMountable = true
+	}
+	return volume.SharedName(Name, specName), attrs, nil
+}
+
+// ReconstructDevice implements plugins.DeviceReconstructor.
+func (p *Plugin) ReconstructDevice(volumeDir string) (*plugins.ReconstructedDevice, error) {
+	identity := filepath.Base(volumeDir)
+	path := filepath.Join(volumeDir, "globalmount")
+	mounted, err := p.host.Mounter.IsMountPoint(path)
+	if err != nil {
+		return nil, err
+	}
+	return &plugins.ReconstructedDevice{
+		Name: volume.SharedName(Name, identity), Attributes: volume.Attributes{Identity: identity, DeviceMountable: true},
+		DeviceMountPath: path, Mounted: mounted,
+	}, nil
 }

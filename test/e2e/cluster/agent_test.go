@@ -167,6 +167,13 @@ func (a *agent) stop() {
 		if t.Failed() {
 			t.Logf("--- last lines of the agent's log (node %s) ---\n%s", a.node, tail(a.logPath, 60))
 		}
+		// For debugging: keep every agent's whole log.
+		if dir := os.Getenv("VOLUME_AGENT_E2E_LOG_DIR"); dir != "" {
+			if data, err := os.ReadFile(a.logPath); err == nil {
+				_ = os.MkdirAll(dir, 0o755)
+				_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%d.log", a.node, a.cmd.Process.Pid)), data, 0o644)
+			}
+		}
 	})
 }
 

@@ -263,6 +263,24 @@ func (e *env) waitCondition(name string, status corev1.ConditionStatus, reason s
 	return cond
 }
 
+// waitConditionStatus waits until the pod's condition has the status,
+// whatever the reason.
+func (e *env) waitConditionStatus(name string, status corev1.ConditionStatus) *corev1.PodCondition {
+	e.t.Helper()
+	var cond *corev1.PodCondition
+	eventually(e.t, 60*time.Second, fmt.Sprintf("pod %s condition %s=%s", name, conditionType, status), func(ctx context.Context) (bool, string) {
+		pod, err := suite.admin.CoreV1().Pods(e.ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if cond = condition(pod); cond == nil {
+			return false, "no condition"
+		}
+		return cond.Status == status, fmt.Sprintf("%s %s: %s", cond.Status, cond.Reason, cond.Message)
+	})
+	return cond
+}
+
 // waitEvent waits for an event on the pod with the reason whose message
 // contains every one of the given strings, and returns it.
 func (e *env) waitEvent(pod, reason string, match func(*corev1.Event) bool, contains ...string) *corev1.Event {

@@ -1,0 +1,153 @@
+package reconciler
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// CleanPodDirs removes what is left of pods that are gone once nothing of
+// theirs is mounted or known any more: empty volume directories, empty
+// state directories, the pod directory. It never deletes a file or a
+// non-empty directory and never touches a mount point; whatever it cannot
+// remove is returned as a problem to report.
+func CleanPodDirs(paths volume.Paths, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, isMountPoint func(string) (bool, error)) []Problem {
+	busy := map[types.UID]bool{}
+	for uid := range dsw.Pods {
+		busy[uid] = true
+	}
+	for _, v := range asw.Volumes {
+		for uid := range v.Pods {
+			busy[uid] = true
+		}
+	}
+	entries, err := os.ReadDir(paths.PodsDir())
+	if err != nil {
+		return nil
+	}
+	var problems []Problem
+	for _, e := range entries {
+		uid := types.UID(e.Name())
+		if !e.IsDir() || busy[uid] {
+			continue
+		}
+		podDir := paths.PodDir(uid)
+		var left []string
+		for _, sub := range []string{"volumes", "volume-state"} {
+			left = append(left, removeEmptyTree(filepath.Join(podDir, sub), isMountPoint)...)
+		}
+		if err := unix.Rmdir(podDir); err == nil || errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		rest, _ := os.ReadDir(podDir)
+		for _, r := range rest {
+			if r.Name() != "volumes" && r.Name() != "volume-state" {
+				left = append(left, filepath.Join(podDir, r.Name()))
+			}
+		}
+		sort.Strings(left)
+		if len(left) > 5 {
+			left = append(left[:5], fmt.Sprintf("and %d more", len(left)-5))
+		}
+		problems = append(problems, Problem{Path: podDir, PodUID: uid,
+			Reason: "pod is gone but its directory still holds what the agent does not own or cannot reconstruct: " + strings.Join(left, ", ")})
+	}
+	return problems
+}
+
+// removeEmptyTree removes empty directories bottom-up below and including
+// dir, and returns the paths it had to leave (files, mount points, non-empty
+// directories).
+func removeEmptyTree(dir string, isMountPoint func(string) (bool, error)) []string {
+	info, err := os.Lstat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil || !info.IsDir() {
+		return []string{dir}
+	}
+	if mounted, err := isMountPoint(dir); err != nil || mounted {
+		return []string{dir}
+	}
+	children, err := os.ReadDir(dir)
+	if err != nil {
+		return []string{dir}
+	}
+	var left []string
+	for _, c := range children {
+		left = append(left, removeEmptyTree(filepath.Join(dir, c.Name()), isMountPoint)...)
+	}
+	if len(left) == 0 {
+		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
+			return []string{dir}
+		}
+	}
+	return left
+}
+
+// Orphans keeps what the agent found and cannot clean, reporting each
+// problem once (a log line when it appears, not one every pass).
+type Orphans struct {
+	log *zap.Logger
+
+	mu       sync.Mutex
+	problems map[string]OrphanStatus
+}
+
+// OrphanStatus is a reported problem.
+type OrphanStatus struct {
+	Problem
+	Since time.Time `json:"since"`
+}
+
+// NewOrphans returns an empty report.
+func NewOrphans(log *zap.Logger) *Orphans {
+	return &Orphans{log: log, problems: map[string]OrphanStatus{}}
+}
+
+// Set replaces the problems of one kind (reconstruction or housekeeping).
+func (o *Orphans) Set(kind string, problems []Problem) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := time.Now()
+	keep := map[string]bool{}
+	for _, p := range problems {
+		key := kind + "|" + p.Path
+		keep[key] = true
+		if old, ok := o.problems[key]; ok && old.Reason == p.Reason {
+			continue
+		}
+		o.problems[key] = OrphanStatus{Problem: p, Since: now}
+		o.log.Warn("left on disk: cannot clean up", zap.String("path", p.Path), zap.String("podUID", string(p.PodUID)), zap.String("reason", p.Reason))
+	}
+	for key := range o.problems {
+		if strings.HasPrefix(key, kind+"|") && !keep[key] {
+			delete(o.problems, key)
+		}
+	}
+}
+
+// List returns the current problems sorted by path.
+func (o *Orphans) List() []OrphanStatus {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]OrphanStatus, 0, len(o.problems))
+	for _, p := range o.problems {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out
+}

@@ -1,0 +1,232 @@
+package reconciler
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/operations/plugins"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// Problem is something found on disk the agent cannot account for or
+// clean: it is left alone and reported once.
+type Problem struct {
+	Path   string    `json:"path"`
+	PodUID types.UID `json:"podUID,omitempty"`
+	Reason string    `json:"reason"`
+}
+
+// Reconstruction is the actual state found on disk after a restart.
+type Reconstruction struct {
+	Volumes  []*cache.ActualVolume
+	Problems []Problem
+}
+
+// Reconstruct rebuilds the actual state of world from the root directory:
+// every pod volume directory (and pod volume state file) and every device
+// mount directory, asking the owning plugin to name each one the way the
+// populator would. Everything found is uncertain and marked reconstructed:
+// until matched with a pod that wants it, it may only be torn down, and only
+// once the sources have been read completely. isMountPoint tells what is
+// actually mounted.
+func Reconstruct(paths volume.Paths, reg *plugins.Registry, isMountPoint func(string) (bool, error)) (*Reconstruction, error) {
+	r := &Reconstruction{}
+	vols := map[volume.UniqueName]*cache.ActualVolume{}
+	get := func(name volume.UniqueName, plugin string, attrs volume.Attributes) *cache.ActualVolume {
+		v, ok := vols[name]
+		if !ok {
+			v = &cache.ActualVolume{Name: name, Plugin: plugin, Attributes: attrs, DeviceState: cache.DeviceNotMounted,
+				Pods: map[types.UID]*cache.ActualPodMount{}}
+			vols[name] = v
+		}
+		return v
+	}
+
+	podDirs, err := os.ReadDir(paths.PodsDir())
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	for _, pd := range podDirs {
+		if !pd.IsDir() {
+			continue
+		}
+		uid := types.UID(pd.Name())
+		for _, found := range podVolumeEntries(paths, uid) {
+			p, ok := reg.ByName(found.plugin)
+			if !ok {
+				r.Problems = append(r.Problems, Problem{Path: found.path, PodUID: uid, Reason: fmt.Sprintf("volume plugin %q is not available on this node", found.plugin)})
+				continue
+			}
+			rec, ok := p.(plugins.Reconstructor)
+			if !ok {
+				r.Problems = append(r.Problems, Problem{Path: found.path, PodUID: uid, Reason: fmt.Sprintf("volume plugin %q cannot reconstruct volumes", found.plugin)})
+				continue
+			}
+			name, attrs, err := rec.ReconstructPodVolume(uid, found.specName, found.path)
+			if err != nil {
+				r.Problems = append(r.Problems, Problem{Path: found.path, PodUID: uid, Reason: err.Error()})
+				continue
+			}
+			mounted, err := isMountPoint(found.path)
+			if err != nil {
+				r.Problems = append(r.Problems, Problem{Path: found.path, PodUID: uid, Reason: err.Error()})
+				continue
+			}
+			v := get(name, found.plugin, attrs)
+			v.Pods[uid] = &cache.ActualPodMount{
+				Pod: volume.PodRef{UID: uid}, SpecName: found.specName, MountPath: found.path,
+				State: cache.MountUncertain, Reconstructed: true, FoundMounted: mounted,
+			}
+		}
+	}
+
+	pluginDirs, err := os.ReadDir(filepath.Join(paths.Root, "plugins"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	for _, pld := range pluginDirs {
+		plugin := volume.UnescapePlugin(pld.Name())
+		mountsDir := filepath.Join(paths.PluginDir(plugin), "mounts")
+		entries, err := os.ReadDir(mountsDir)
+		if err != nil {
+			continue
+		}
+		p, _ := reg.ByName(plugin)
+		rec, ok := p.(plugins.DeviceReconstructor)
+		for _, e := range entries {
+			dir := filepath.Join(mountsDir, e.Name())
+			if !ok {
+				r.Problems = append(r.Problems, Problem{Path: dir, Reason: fmt.Sprintf("volume plugin %q cannot reconstruct device mounts", plugin)})
+				continue
+			}
+			d, err := rec.ReconstructDevice(dir)
+			if err != nil {
+				r.Problems = append(r.Problems, Problem{Path: dir, Reason: err.Error()})
+				continue
+			}
+			v := get(d.Name, plugin, d.Attributes)
+			v.Attributes = d.Attributes
+			v.DeviceState, v.DeviceMountPath = cache.DeviceMountUncertain, d.DeviceMountPath
+			v.DeviceReconstructed, v.DeviceFoundMounted = true, d.Mounted
+			if d.Attached {
+				v.AttachState = cache.AttachUncertain
+			}
+		}
+	}
+
+	names := make([]volume.UniqueName, 0, len(vols))
+	for n := range vols {
+		names = append(names, n)
+	}
+	sort.Slice(names, func(i, j int) bool { return names[i] < names[j] })
+	for _, n := range names {
+		r.Volumes = append(r.Volumes, vols[n])
+	}
+	return r, nil
+}
+
+type podVolumeEntry struct {
+	plugin, specName, path string
+}
+
+// podVolumeEntries lists a pod's volume directories and, for volumes whose
+// directory is gone but whose state file remains (a crash between the two),
+// the directory they would have.
+func podVolumeEntries(paths volume.Paths, uid types.UID) []podVolumeEntry {
+	var out []podVolumeEntry
+	seen := map[string]bool{}
+	volumesDir := paths.PodVolumesDir(uid)
+	plugins, _ := os.ReadDir(volumesDir)
+	for _, pl := range plugins {
+		if !pl.IsDir() {
+			continue
+		}
+		plugin := volume.UnescapePlugin(pl.Name())
+		entries, _ := os.ReadDir(filepath.Join(volumesDir, pl.Name()))
+		for _, e := range entries {
+			out = append(out, podVolumeEntry{plugin: plugin, specName: e.Name(), path: filepath.Join(volumesDir, pl.Name(), e.Name())})
+			seen[plugin+"/"+e.Name()] = true
+		}
+	}
+	stateDir := filepath.Join(paths.PodDir(uid), "volume-state")
+	plugins, _ = os.ReadDir(stateDir)
+	for _, pl := range plugins {
+		plugin := volume.UnescapePlugin(pl.Name())
+		entries, _ := os.ReadDir(filepath.Join(stateDir, pl.Name()))
+		for _, e := range entries {
+			name, ok := strings.CutSuffix(e.Name(), ".json")
+			if !ok || strings.HasPrefix(name, ".") || seen[plugin+"/"+name] {
+				continue
+			}
+			out = append(out, podVolumeEntry{plugin: plugin, specName: name, path: paths.PodVolumeDir(uid, plugin, name)})
+		}
+	}
+	return out
+}
+
+// Adoption confirms reconstructed state that pods want.
+type Adoption struct {
+	Volume volume.UniqueName
+	// Device: the device mount was in place.
+	Device bool
+	// Pods whose mounts were in place (or need none), with their names.
+	Pods map[types.UID]volume.PodRef
+}
+
+// Adoptions matches reconstructed state with what pods want: a device mount
+// that was found mounted, for a volume a pod wants, is adopted as mounted; a
+// pod mount that was found mounted (or, for volumes set up without a mount,
+// found at all), for a pod that wants it, is adopted as mounted. Adopting
+// runs no operation: the volume is neither mounted again (no stacked
+// mounts) nor unmounted. It is a pure function of the snapshots.
+func Adoptions(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, setUpWithoutMount func(plugin string, spec *volume.Spec) bool) []Adoption {
+	var out []Adoption
+	for name, av := range asw.Volumes {
+		dv, wanted := dsw.Volumes[name]
+		if !wanted {
+			continue
+		}
+		a := Adoption{Volume: name, Device: av.DeviceReconstructed && av.DeviceFoundMounted}
+		for uid, m := range av.Pods {
+			dp, ok := dv.Pods[uid]
+			if !ok || !m.Reconstructed {
+				continue
+			}
+			if m.FoundMounted || (setUpWithoutMount != nil && setUpWithoutMount(av.Plugin, dp.Spec)) {
+				if a.Pods == nil {
+					a.Pods = map[types.UID]volume.PodRef{}
+				}
+				a.Pods[uid] = dp.Pod.PodRef
+			}
+		}
+		if a.Device || len(a.Pods) > 0 {
+			out = append(out, a)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Volume < out[j].Volume })
+	return out
+}
+
+// HasReconstructed reports whether the ASW still holds unmatched
+// reconstructed state.
+func HasReconstructed(asw *cache.ActualSnapshot) bool {
+	for _, v := range asw.Volumes {
+		if v.DeviceReconstructed {
+			return true
+		}
+		for _, m := range v.Pods {
+			if m.Reconstructed {
+				return true
+			}
+		}
+	}
+	return false
+}
