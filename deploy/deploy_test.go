@@ -99,18 +99,62 @@ func flagValues(t *testing.T, args []string) map[string]string {
 	return out
 }
 
+// kustomizations lists deploy/ and every directory below it with a
+// kustomization.yaml (the base and the overlays), relative to deploy/.
+func kustomizations(t *testing.T) []string {
+	t.Helper()
+	dirs := []string{"."}
+	matches, err := filepath.Glob(filepath.Join("*", "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range matches {
+		dirs = append(dirs, filepath.Dir(m))
+	}
+	slices.Sort(dirs[1:])
+	if !slices.Contains(dirs, "monitoring") {
+		t.Fatalf("no deploy/monitoring kustomization among %q", dirs)
+	}
+	return dirs
+}
+
+func objectIDs(objs []*unstructured.Unstructured) []string {
+	var ids []string
+	for _, o := range objs {
+		ids = append(ids, o.GetKind()+" "+o.GetNamespace()+"/"+o.GetName())
+	}
+	return ids
+}
+
+// TestRenderedInvariants renders deploy/ and every overlay and checks what
+// the agent needs from its DaemonSet and RBAC in each of them.
 func TestRenderedInvariants(t *testing.T) {
 	base := render(t, ".")
-	monitoring := render(t, "monitoring")
+	for _, dir := range kustomizations(t) {
+		t.Run(dir, func(t *testing.T) {
+			objs := base
+			if dir != "." {
+				objs = render(t, dir)
+				// An overlay adds to the base; it drops nothing.
+				ids := objectIDs(objs)
+				for _, id := range objectIDs(base) {
+					if !slices.Contains(ids, id) {
+						t.Errorf("deploy/%s lacks the base's %s", dir, id)
+					}
+				}
+			}
+			checkRendered(t, dir, objs)
+		})
+	}
+}
 
-	ns := find[corev1.Namespace](t, base, "Namespace")
-	sa := find[corev1.ServiceAccount](t, base, "ServiceAccount")
-	role := find[rbacv1.ClusterRole](t, base, "ClusterRole")
-	binding := find[rbacv1.ClusterRoleBinding](t, base, "ClusterRoleBinding")
-	ds := find[appsv1.DaemonSet](t, base, "DaemonSet")
-	svc := find[corev1.Service](t, base, "Service")
+func checkRendered(t *testing.T, dir string, objs []*unstructured.Unstructured) {
+	ns := find[corev1.Namespace](t, objs, "Namespace")
+	sa := find[corev1.ServiceAccount](t, objs, "ServiceAccount")
+	ds := find[appsv1.DaemonSet](t, objs, "DaemonSet")
+	svc := find[corev1.Service](t, objs, "Service")
 
-	for _, o := range base {
+	for _, o := range objs {
 		if o.GetNamespace() != "" && o.GetNamespace() != ns.Name {
 			t.Errorf("%s %s is in namespace %q, not %q", o.GetKind(), o.GetName(), o.GetNamespace(), ns.Name)
 		}
@@ -120,18 +164,39 @@ func TestRenderedInvariants(t *testing.T) {
 			ns.Name, ns.Labels["pod-security.kubernetes.io/enforce"])
 	}
 
-	// RBAC wiring: the DaemonSet runs as the ServiceAccount that the binding
-	// grants the ClusterRole to.
+	// RBAC wiring: the DaemonSet runs as the ServiceAccount that every
+	// binding grants its (rendered) ClusterRole to.
 	if ds.Spec.Template.Spec.ServiceAccountName != sa.Name {
 		t.Errorf("DaemonSet serviceAccountName %q, ServiceAccount is %q", ds.Spec.Template.Spec.ServiceAccountName, sa.Name)
 	}
-	if binding.RoleRef.Kind != "ClusterRole" || binding.RoleRef.Name != role.Name {
-		t.Errorf("ClusterRoleBinding roleRef %+v, want ClusterRole %s", binding.RoleRef, role.Name)
+	roles := map[string]bool{}
+	bindings := 0
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "ClusterRole":
+			roles[o.GetName()] = true
+		}
 	}
-	if !slices.ContainsFunc(binding.Subjects, func(s rbacv1.Subject) bool {
-		return s.Kind == "ServiceAccount" && s.Name == sa.Name && s.Namespace == sa.Namespace
-	}) {
-		t.Errorf("ClusterRoleBinding subjects %+v do not include ServiceAccount %s/%s", binding.Subjects, sa.Namespace, sa.Name)
+	for _, o := range objs {
+		if o.GetKind() != "ClusterRoleBinding" {
+			continue
+		}
+		bindings++
+		binding := &rbacv1.ClusterRoleBinding{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, binding, true); err != nil {
+			t.Fatalf("ClusterRoleBinding %s: %v", o.GetName(), err)
+		}
+		if binding.RoleRef.Kind != "ClusterRole" || !roles[binding.RoleRef.Name] {
+			t.Errorf("ClusterRoleBinding %s: roleRef %+v is not a rendered ClusterRole", binding.Name, binding.RoleRef)
+		}
+		if !slices.ContainsFunc(binding.Subjects, func(s rbacv1.Subject) bool {
+			return s.Kind == "ServiceAccount" && s.Name == sa.Name && s.Namespace == sa.Namespace
+		}) {
+			t.Errorf("ClusterRoleBinding %s: subjects %+v do not include ServiceAccount %s/%s", binding.Name, binding.Subjects, sa.Namespace, sa.Name)
+		}
+	}
+	if bindings == 0 || len(roles) == 0 {
+		t.Error("no ClusterRole or no ClusterRoleBinding")
 	}
 
 	// The DaemonSet.
@@ -292,19 +357,19 @@ func TestRenderedInvariants(t *testing.T) {
 		}
 	}
 
-	// The monitoring overlay is the base plus a ServiceMonitor that selects
-	// the Service and scrapes one of its ports.
-	if len(monitoring) != len(base)+1 {
-		t.Errorf("deploy/monitoring renders %d objects, want the base's %d plus a ServiceMonitor", len(monitoring), len(base))
-	}
+	// A ServiceMonitor (deploy/monitoring) selects the Service and scrapes
+	// one of its ports.
 	var sm *unstructured.Unstructured
-	for _, o := range monitoring {
+	for _, o := range objs {
 		if o.GetKind() == "ServiceMonitor" {
 			sm = o
 		}
 	}
 	if sm == nil {
-		t.Fatal("deploy/monitoring renders no ServiceMonitor")
+		if dir == "monitoring" {
+			t.Error("deploy/monitoring renders no ServiceMonitor")
+		}
+		return
 	}
 	if sm.GetNamespace() != svc.Namespace {
 		t.Errorf("ServiceMonitor in namespace %q, Service in %q", sm.GetNamespace(), svc.Namespace)
@@ -381,8 +446,15 @@ spec:
 // dryRun=All and strict field validation: schema validation, defaulting and
 // admission (PodSecurity, RBAC escalation checks...) run, nothing is stored.
 func TestServerSideDryRun(t *testing.T) {
-	base := render(t, ".")
-	monitoring := render(t, "monitoring")
+	type rendered struct {
+		dir  string
+		objs []*unstructured.Unstructured
+	}
+	var sets []rendered
+	for _, dir := range kustomizations(t) {
+		sets = append(sets, rendered{"deploy/" + dir, render(t, dir)})
+	}
+	base := sets[0].objs
 
 	c := cluster.StartForTest(t, cluster.Options{})
 	ctx := t.Context()
@@ -446,10 +518,7 @@ func TestServerSideDryRun(t *testing.T) {
 	}
 
 	applied := map[string]bool{}
-	for _, set := range []struct {
-		dir  string
-		objs []*unstructured.Unstructured
-	}{{"deploy", base}, {"deploy/monitoring", monitoring}} {
+	for _, set := range sets {
 		for _, obj := range set.objs {
 			gvk := obj.GroupVersionKind()
 			id := fmt.Sprintf("%s %s %s/%s", set.dir, gvk.Kind, obj.GetNamespace(), obj.GetName())

@@ -90,12 +90,17 @@ type ExecutorOptions struct {
 // Executor runs operations, at most one per (nested) key.
 type Executor struct {
 	opts ExecutorOptions
-	sem  chan struct{}
 
 	mu       sync.Mutex
 	byVolume map[volume.UniqueName][]*entry
 	running  int
 	idle     *sync.Cond
+	// queue holds admitted operations waiting for a worker; workers is the
+	// number of workers serving it. Workers are started on demand up to
+	// MaxConcurrent and exit when the queue is empty, so thousands of
+	// queued operations cost list entries, not goroutine stacks.
+	queue   []*entry
+	workers int
 }
 
 // entry is a key's bookkeeping: a running operation, or the last failed one
@@ -140,7 +145,6 @@ func NewExecutor(opts ExecutorOptions) *Executor {
 	}
 	e := &Executor{
 		opts:     opts,
-		sem:      make(chan struct{}, opts.MaxConcurrent),
 		byVolume: map[volume.UniqueName][]*entry{},
 	}
 	e.idle = sync.NewCond(&e.mu)
@@ -188,18 +192,43 @@ func (e *Executor) Run(key Key, op *Operation) error {
 	en := reuse
 	en.op, en.pending, en.queued, en.timedOut, en.started = op, true, true, false, now
 	e.running++
+	e.queue = append(e.queue, en)
+	startWorker := e.workers < e.opts.MaxConcurrent
+	if startWorker {
+		e.workers++
+	}
 	e.mu.Unlock()
 
-	go e.execute(en)
+	if startWorker {
+		go e.worker()
+	}
 	return nil
 }
 
-func (e *Executor) execute(en *entry) {
-	e.sem <- struct{}{}
-	var releaseOnce sync.Once
-	release := func() { releaseOnce.Do(func() { <-e.sem }) }
-	defer release()
+// worker runs queued operations until the queue is empty.
+func (e *Executor) worker() {
+	for {
+		e.mu.Lock()
+		if len(e.queue) == 0 {
+			e.workers--
+			e.mu.Unlock()
+			return
+		}
+		en := e.queue[0]
+		e.queue[0] = nil
+		e.queue = e.queue[1:]
+		e.mu.Unlock()
+		if detached := e.execute(en); detached {
+			// Another worker took this one's place while the operation
+			// was stuck; this goroutine is done.
+			return
+		}
+	}
+}
 
+// execute runs one operation. It reports whether the worker was detached
+// because the operation outlived its timeout.
+func (e *Executor) execute(en *entry) (detached bool) {
 	e.mu.Lock()
 	en.queued = false
 	start := e.opts.Clock.Now()
@@ -208,19 +237,35 @@ func (e *Executor) execute(en *entry) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), e.opts.Timeout)
 	defer cancel()
-	// An operation stuck in a syscall cannot be cancelled; give its worker
-	// slot back after the timeout (plus a grace period for a clean return)
-	// so one wedged volume cannot starve the others. Its key stays pending.
+	// An operation stuck in a syscall cannot be cancelled; after the
+	// timeout (plus a grace period for a clean return) this worker stops
+	// counting and another one serves the queue, so one wedged volume
+	// cannot starve the others. Its key stays pending until it returns.
+	var once sync.Once
 	grace := e.opts.Clock.AfterFunc(e.opts.Timeout+e.opts.Timeout/10+time.Second, func() {
-		e.mu.Lock()
-		en.timedOut = true
-		e.mu.Unlock()
-		release()
+		once.Do(func() {
+			e.mu.Lock()
+			en.timedOut, detached = true, true
+			start := len(e.queue) > 0
+			if !start {
+				e.workers--
+			}
+			e.mu.Unlock()
+			if start {
+				go e.worker() // takes over this worker's place in the count
+			}
+		})
 	})
-	defer grace.Stop()
-
 	err := runSafely(ctx, en.op.Fn)
+	grace.Stop()
+	// If the timer fired, this waits for it to finish deciding; if not, it
+	// keeps it from ever deciding.
+	once.Do(func() {})
 	e.finish(en, start, err)
+	e.mu.Lock()
+	d := detached
+	e.mu.Unlock()
+	return d
 }
 
 // runSafely turns a panicking operation into an error.

@@ -382,3 +382,45 @@ func waitUntil(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+func TestExecutorStuckOperationDoesNotStarveOthers(t *testing.T) {
+	// One worker, an operation that ignores its context and never returns
+	// on its own: after its timeout and grace period another worker must
+	// serve the queue, while the stuck key stays pending.
+	e, clk, obs := newTestExecutor(t, ExecutorOptions{MaxConcurrent: 1, Timeout: time.Hour})
+	release := make(chan struct{})
+	started := make(chan struct{})
+	stuck := Key{"plugin/stuck", ""}
+	if err := e.Run(stuck, op("mount_device", func(context.Context) error { close(started); <-release; return nil })); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	other := Key{"plugin/other", ""}
+	if err := e.Run(other, op("mount_device", noop)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-obs.ch:
+		t.Fatalf("%v finished while the only worker was busy", r.key)
+	default:
+	}
+	waitUntil(t, func() bool { return clk.HasWaiters() })
+	clk.Step(2 * time.Hour)
+	if r := obs.wait(t); r.key != other {
+		t.Fatalf("finished %v, want %v", r.key, other)
+	}
+	if !e.IsPending(stuck) {
+		t.Fatal("the stuck operation's key was released while it still runs")
+	}
+	st := e.Status()
+	if len(st) != 1 || st[0].State != "timedOut" {
+		t.Fatalf("status = %+v, want the stuck operation timedOut", st)
+	}
+	close(release)
+	if r := obs.wait(t); r.key != stuck {
+		t.Fatalf("finished %v, want %v", r.key, stuck)
+	}
+	if err := e.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -135,6 +136,13 @@ func run() error {
 		return err
 	}
 	time.Sleep(o.idle) // measuring idle cost: the wait is the measurement
+	if os.Getenv("BENCH_DUMP_METRICS") != "" {
+		if resp, err := http.Get("http://" + metricsAddr + "/metrics"); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			_ = os.WriteFile(os.Getenv("BENCH_DUMP_METRICS"), b, 0o644)
+		}
+	}
 	cpu1, err := cpuSeconds(cmd.Process.Pid)
 	if err != nil {
 		return err

@@ -209,7 +209,12 @@ func (e *env) podDir(uid types.UID) string { return filepath.Join(e.root, "pods"
 
 func (e *env) waitMounted(paths ...string) {
 	e.t.Helper()
-	eventually(e.t, 60*time.Second, "mounted", func(context.Context) (bool, string) {
+	e.waitMountedWithin(60*time.Second, paths...)
+}
+
+func (e *env) waitMountedWithin(timeout time.Duration, paths ...string) {
+	e.t.Helper()
+	eventually(e.t, timeout, "mounted", func(context.Context) (bool, string) {
 		for _, p := range paths {
 			if !mounted(e.t, p) {
 				return false, p + " is not a mount point"

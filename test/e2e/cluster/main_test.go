@@ -27,9 +27,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"time"
-
 	"testing"
+	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -48,12 +47,13 @@ import (
 var suite struct {
 	skip string // why every test skips; empty if the suite runs
 
-	cluster    *cluster.Cluster
-	admin      kubernetes.Interface
-	agentBin   string
-	kubeconfig string // the agent's: the deploy/ ServiceAccount's token
-	user       string // system:serviceaccount:<ns>:<name>
-	role       *rbacv1.ClusterRole
+	cluster      *cluster.Cluster
+	admin        kubernetes.Interface
+	agentBin     string
+	csiDriverBin string // test/csidriver/cmd/test-csi-driver
+	kubeconfig   string // the agent's: the deploy/ ServiceAccount's token
+	user         string // system:serviceaccount:<ns>:<name>
+	role         *rbacv1.ClusterRole
 }
 
 func TestMain(m *testing.M) {
@@ -132,6 +132,13 @@ func setup(ctx context.Context, dir string) error {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("go build ./cmd/volume-agent: %v\n%s", err, out)
 		}
+	}
+
+	suite.csiDriverBin = filepath.Join(dir, "test-csi-driver")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", suite.csiDriverBin, "./test/csidriver/cmd/test-csi-driver")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./test/csidriver/cmd/test-csi-driver: %v\n%s", err, out)
 	}
 
 	objs, err := renderDeploy(filepath.Join(root, "deploy"))
