@@ -11,7 +11,9 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/volume-agent/volume-agent/csi/registration"
 	"github.com/volume-agent/volume-agent/csi/registry"
+	"github.com/volume-agent/volume-agent/csi/volumestats"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/nodestatus"
 	"github.com/volume-agent/volume-agent/operations"
@@ -37,9 +39,12 @@ func ParseStaticDriver(s string) (StaticDriver, error) {
 // csiParts are the agent's CSI pieces.
 type csiParts struct {
 	drivers     *registry.Registry
+	watcher     *registration.Watcher
+	stats       *volumestats.Collector
 	plugin      *csiplugin.Plugin
 	attachments *attachments
 	nodeStatus  *nodestatus.Reporter
+	log         *zap.Logger
 }
 
 // setupCSI builds the driver registry and the CSI plugin. In cluster mode it
@@ -47,6 +52,9 @@ type csiParts struct {
 // node's volumesInUse current.
 func (a *Agent) setupCSI(host plugins.Host) *csiParts {
 	p := &csiParts{drivers: registry.New(a.log.Named("csi"))}
+	p.log = a.log
+	p.watcher = registration.New(registration.Options{Dir: a.cfg.PluginRegistryDir, Registry: p.drivers, Log: a.log.Named("csi-registration")})
+	p.stats = volumestats.New(volumestats.Options{Registry: p.drivers, ASW: a.asw.Snapshot, Log: a.log.Named("csi-stats")})
 	cfg := csiplugin.Config{
 		Host: host, Drivers: p.drivers, CSIDriver: a.source.CSIDriver, AttachMode: csiplugin.AttachLocal,
 	}
@@ -103,6 +111,12 @@ func (p *csiParts) run(ctx context.Context, static []StaticDriver, probePeriod t
 		cancel()
 	}
 	go p.drivers.Run(ctx, probePeriod, 3)
+	go func() {
+		if err := p.watcher.Run(ctx); err != nil && ctx.Err() == nil {
+			p.log.Error("CSI registration watcher stopped", zap.Error(err))
+		}
+	}()
+	go p.stats.Run(ctx)
 	for _, d := range static {
 		go p.drivers.Static(ctx, d.Name, d.Endpoint)
 	}
@@ -160,7 +174,8 @@ func (c driversCollector) Collect(ch chan<- prometheus.Metric) {
 
 // DriversDocument is GET /debug/drivers.
 type DriversDocument struct {
-	Drivers []registry.Driver `json:"drivers"`
+	Drivers             []registry.Driver           `json:"drivers"`
+	RegistrationSockets []registration.SocketStatus `json:"registrationSockets"`
 }
 
 func logDriverConfig(log *zap.Logger, static []StaticDriver, dir string) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/csi/registration"
 	"github.com/volume-agent/volume-agent/events"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/reconciler"
@@ -197,7 +198,11 @@ func (a *Agent) debugMux() *http.ServeMux {
 		writeJSON(w, doc)
 	})
 	mux.HandleFunc("GET /debug/drivers", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, DriversDocument{Drivers: a.csi.drivers.List()})
+		doc := DriversDocument{Drivers: a.csi.drivers.List(), RegistrationSockets: a.csi.watcher.Sockets()}
+		if doc.RegistrationSockets == nil {
+			doc.RegistrationSockets = []registration.SocketStatus{}
+		}
+		writeJSON(w, doc)
 	})
 	mux.HandleFunc("GET /debug/orphans", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, OrphansDocument{Orphans: a.orphans.List()})

@@ -338,19 +338,24 @@ func (a *ActualStateOfWorld) AddReconstructed(vols []*ActualVolume) {
 }
 
 // Adopt confirms reconstructed state that a pod wants: device mounts become
-// GloballyMounted, pod mounts Mounted, without any mount operation.
-func (a *ActualStateOfWorld) Adopt(name volume.UniqueName, device bool, pods map[types.UID]volume.PodRef) {
-	a.update(VolumeIdentity{Name: name}, func(v *ActualVolume) {
+// GloballyMounted, pod mounts Mounted, without any mount operation. The
+// desired identity (spec, attributes) replaces what was guessed from disk;
+// pods gives each adopted pod's reference and spec.
+func (a *ActualStateOfWorld) Adopt(id VolumeIdentity, device bool, pods map[types.UID]ActualPodMount) {
+	a.update(VolumeIdentity{Name: id.Name}, func(v *ActualVolume) {
+		if id.Spec != nil {
+			v.Spec, v.Attributes = id.Spec, id.Attributes
+		}
 		if device && v.DeviceReconstructed {
 			v.DeviceState, v.DeviceReconstructed = DeviceGloballyMounted, false
 		}
-		for uid, ref := range pods {
+		for uid, p := range pods {
 			m, ok := v.Pods[uid]
 			if !ok || !m.Reconstructed {
 				continue
 			}
 			mm := *m
-			mm.Pod, mm.State, mm.Reconstructed = ref, Mounted, false
+			mm.Pod, mm.Spec, mm.State, mm.Reconstructed = p.Pod, p.Spec, Mounted, false
 			v.Pods[uid] = &mm
 		}
 	})

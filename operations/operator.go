@@ -305,7 +305,7 @@ func (o *Operator) DetachVolume(ctx context.Context, t *Target) error {
 // device mount (if device is true) and the given pods' mounts were found in
 // place after a restart and are now known to be mounted. No mount
 // operation runs.
-func (o *Operator) AdoptVolume(name volume.UniqueName, device bool, pods map[types.UID]volume.PodRef) {
-	o.ASW.Adopt(name, device, pods)
-	o.Log.Info("adopted volume found after restart", zap.String("volume", string(name)), zap.Bool("device", device), zap.Int("pods", len(pods)))
+func (o *Operator) AdoptVolume(id cache.VolumeIdentity, device bool, pods map[types.UID]cache.ActualPodMount) {
+	o.ASW.Adopt(id, device, pods)
+	o.Log.Info("adopted volume found after restart", zap.String("volume", string(id.Name)), zap.Bool("device", device), zap.Int("pods", len(pods)))
 }

@@ -3,6 +3,9 @@ package reconciler
 import (
 	"context"
 
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/operations"
 )
 
@@ -41,4 +44,10 @@ func (h *OperatorHandler) Operation(a *Action) *operations.Operation {
 }
 
 // Adopt implements Adopter through the Operator.
-func (h *OperatorHandler) Adopt(a Adoption) { h.Operator.AdoptVolume(a.Volume, a.Device, a.Pods) }
+func (h *OperatorHandler) Adopt(a Adoption) {
+	pods := make(map[types.UID]cache.ActualPodMount, len(a.Pods))
+	for uid, p := range a.Pods {
+		pods[uid] = cache.ActualPodMount{Pod: p.Pod, Spec: p.Spec}
+	}
+	h.Operator.AdoptVolume(cache.VolumeIdentity{Name: a.Volume, Plugin: a.Plugin, Attributes: a.Attributes, Spec: a.Spec}, a.Device, pods)
+}

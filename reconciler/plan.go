@@ -88,7 +88,7 @@ func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOption
 	if opts.SourcesReady {
 		out = planUnmounts(dsw, asw, opts.OrphanCleanupAllowed, out)
 	}
-	out = planMounts(dsw, asw, out)
+	out = planMounts(dsw, asw, opts.SourcesReady, out)
 	if opts.SourcesReady {
 		out = planDeviceTeardown(dsw, asw, opts.OrphanCleanupAllowed, out)
 	}
@@ -137,10 +137,15 @@ func protectedPod(dsw *cache.DesiredSnapshot, uid types.UID) bool {
 }
 
 // planMounts: phase 2. For each desired volume: attach, then mount the device
-// once, then set it up for every pod that does not have it mounted.
-func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, out []Action) []Action {
+// once, then set it up for every pod that does not have it mounted. State
+// reconstructed after a restart is left alone until the sources are ready:
+// the first ready pass adopts what is in place, without any operation.
+func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready bool, out []Action) []Action {
 	for _, dv := range dsw.Volumes {
 		av := asw.Volumes[dv.Name]
+		if !ready && av != nil && av.DeviceReconstructed {
+			continue
+		}
 		volumeAction := func(op Op, reason string) Action {
 			return Action{Op: op, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes, Spec: dv.Spec, SpecName: dv.SpecName,
 				Pods: podRefs(dv), DesiredSize: dv.DesiredSize, Reason: reason}
@@ -174,6 +179,9 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, out []Act
 			case m == nil:
 				reason = "not mounted"
 			case m.State == cache.MountUncertain:
+				if m.Reconstructed && !ready {
+					continue
+				}
 				reason = "mount uncertain"
 			case m.RemountRequired:
 				reason = "remount required"

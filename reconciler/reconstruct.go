@@ -175,10 +175,21 @@ func podVolumeEntries(paths volume.Paths, uid types.UID) []podVolumeEntry {
 // Adoption confirms reconstructed state that pods want.
 type Adoption struct {
 	Volume volume.UniqueName
+	// Plugin, Attributes and Spec are what the desired state says of the
+	// volume: they replace what was guessed from disk.
+	Plugin     string
+	Attributes volume.Attributes
+	Spec       *volume.Spec
 	// Device: the device mount was in place.
 	Device bool
-	// Pods whose mounts were in place (or need none), with their names.
-	Pods map[types.UID]volume.PodRef
+	// Pods whose mounts were in place (or need none).
+	Pods map[types.UID]AdoptedPod
+}
+
+// AdoptedPod is one adopted pod mount.
+type AdoptedPod struct {
+	Pod  volume.PodRef
+	Spec *volume.Spec
 }
 
 // Adoptions matches reconstructed state with what pods want: a device mount
@@ -194,7 +205,8 @@ func Adoptions(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, setUpWitho
 		if !wanted {
 			continue
 		}
-		a := Adoption{Volume: name, Device: av.DeviceReconstructed && av.DeviceFoundMounted}
+		a := Adoption{Volume: name, Plugin: dv.Plugin, Attributes: dv.Attributes, Spec: dv.Spec,
+			Device: av.DeviceReconstructed && av.DeviceFoundMounted}
 		for uid, m := range av.Pods {
 			dp, ok := dv.Pods[uid]
 			if !ok || !m.Reconstructed {
@@ -202,9 +214,9 @@ func Adoptions(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, setUpWitho
 			}
 			if m.FoundMounted || (setUpWithoutMount != nil && setUpWithoutMount(av.Plugin, dp.Spec)) {
 				if a.Pods == nil {
-					a.Pods = map[types.UID]volume.PodRef{}
+					a.Pods = map[types.UID]AdoptedPod{}
 				}
-				a.Pods[uid] = dp.Pod.PodRef
+				a.Pods[uid] = AdoptedPod{Pod: dp.Pod.PodRef, Spec: dp.Spec}
 			}
 		}
 		if a.Device || len(a.Pods) > 0 {

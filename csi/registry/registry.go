@@ -92,21 +92,35 @@ type Registration struct {
 // registers it under its own name. A driver already registered at another
 // endpoint is replaced (a new version of a driver took over).
 func (r *Registry) Register(ctx context.Context, reg Registration) (*Driver, error) {
-	client, err := csiclient.New(reg.Endpoint)
-	if err != nil {
-		return nil, err
+	// Keep the connection of a driver re-registering at the same endpoint:
+	// closing it would cancel its calls in flight.
+	var client *csiclient.Client
+	reused := false
+	if old, ok := r.ByEndpoint(reg.Endpoint); ok {
+		client, reused = old.Client, true
+	} else {
+		c, err := csiclient.New(reg.Endpoint)
+		if err != nil {
+			return nil, err
+		}
+		client = c
+	}
+	closeNew := func() {
+		if !reused {
+			client.Close()
+		}
 	}
 	info, err := client.Discover(ctx)
 	if err != nil {
-		client.Close()
+		closeNew()
 		return nil, err
 	}
 	if reg.Name != "" && info.Name != reg.Name {
-		client.Close()
+		closeNew()
 		return nil, fmt.Errorf("driver at %s calls itself %q, not %q", reg.Endpoint, info.Name, reg.Name)
 	}
 	if info.NodeID == "" {
-		client.Close()
+		closeNew()
 		return nil, fmt.Errorf("driver %s returned an empty node ID", info.Name)
 	}
 	now := time.Now()
@@ -123,8 +137,8 @@ func (r *Registry) Register(ctx context.Context, reg Registration) (*Driver, err
 	r.drivers[d.Name] = d
 	listeners := append([]func(string){}, r.listeners...)
 	r.mu.Unlock()
-	if old != nil {
-		old.Client.Close()
+	if old != nil && old.Client != client {
+		closeLater(old.Client)
 	}
 	r.log.Info("CSI driver registered", zap.String("driver", d.Name), zap.String("endpoint", d.Endpoint),
 		zap.String("source", d.Source), zap.String("nodeID", d.NodeID), zap.Strings("capabilities", d.NodeCapabilities))
@@ -149,7 +163,9 @@ func (r *Registry) Deregister(name, endpoint, why string) {
 	if !ok {
 		return
 	}
-	d.Client.Close()
+	if _, still := r.ByEndpoint(d.Endpoint); !still {
+		closeLater(d.Client)
+	}
 	r.log.Warn("CSI driver deregistered", zap.String("driver", name), zap.String("endpoint", d.Endpoint), zap.String("reason", why))
 	r.changed.Notify()
 }
@@ -264,4 +280,11 @@ func (r *Registry) Static(ctx context.Context, name, endpoint string) {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// closeLater closes a replaced or deregistered driver's connection after the
+// longest a call on it may still run, so no call in flight is cancelled by
+// a registration change.
+func closeLater(c *csiclient.Client) {
+	time.AfterFunc(3*time.Minute, func() { c.Close() })
 }

@@ -70,6 +70,11 @@ type Plugin struct{ cfg Config }
 
 // New returns the plugin.
 func New(cfg Config) *Plugin {
+	if cfg.CSIDriver == nil {
+		cfg.CSIDriver = func(name string) (*storagev1.CSIDriver, error) {
+			return nil, apierrors.NewNotFound(storagev1.Resource("csidrivers"), name)
+		}
+	}
 	if cfg.AttachMode == "" {
 		cfg.AttachMode = AttachController
 	}
