@@ -24,6 +24,7 @@ import (
 	"github.com/volume-agent/volume-agent/claimstatus"
 	"github.com/volume-agent/volume-agent/events"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
+	"github.com/volume-agent/volume-agent/localpv"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/operations/mountutil"
 	"github.com/volume-agent/volume-agent/operations/plugins"
@@ -70,6 +71,10 @@ type Config struct {
 	// CSIProbePeriod is how often registered drivers are probed.
 	CSIProbePeriod time.Duration
 
+	// LocalVolumesConfig turns on the local volume provisioner (cluster
+	// mode only).
+	LocalVolumesConfig string
+
 	DebugAddress   string
 	MetricsAddress string
 
@@ -98,6 +103,7 @@ type Agent struct {
 	cluster    *clusterParts
 	podStatus  *podstatus.Reporter
 	csi        *csiParts
+	localPV    *localpv.Provisioner
 	orphans    *reconciler.Orphans
 	paths      volume.Paths
 	plugins    *plugins.Registry
@@ -197,8 +203,11 @@ func New(cfg Config) (*Agent, error) {
 	})
 	a.metrics = NewMetrics(a.dsw, a.asw, a.executor, a.source, a.populator.Ready)
 	rep.metrics = a.metrics
-	a.populator.SetObserver(a.metrics)
-	a.metrics.Registry.MustRegister(driversCollector{a.csi.drivers}, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	// Every populator pass wakes the reconciler: the first one makes the
+	// sources ready (adoption, orphan cleanup) and a later one may make
+	// them complete, without changing the DSW when no pod wants anything.
+	a.populator.SetObserver(populatedTrigger{Metrics: a.metrics, trigger: func() { rec.Trigger() }})
+	a.metrics.Registry.MustRegister(driversCollector{a.csi.drivers}, a.csi.stats, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: namespace, Name: "orphans",
 		Help: "Things left on disk the agent cannot clean or account for (see /debug/orphans).",
 	}, func() float64 { return float64(len(a.orphans.List())) }))
@@ -236,6 +245,19 @@ func New(cfg Config) (*Agent, error) {
 		Log:          log.Named("reconciler"),
 	})
 	a.reconciler = rec
+	if cfg.LocalVolumesConfig != "" {
+		if a.cluster == nil {
+			return nil, errors.New("--local-volumes-config needs cluster mode: the local volume provisioner creates PersistentVolumes")
+		}
+		a.localPV, err = localpv.New(localpv.Options{
+			Client: a.cluster.client, NodeName: cfg.NodeName, ConfigFile: cfg.LocalVolumesConfig, HostRoot: cfg.HostRoot,
+			Recorder: a.events, Log: log.Named("localpv"),
+		})
+		if err != nil {
+			return nil, err
+		}
+		a.metrics.Registry.MustRegister(a.localPV.Collectors()...)
+	}
 	a.csi.start(a.executor, rec.Trigger)
 
 	if a.debugListener, err = listen(cfg.DebugAddress); err != nil {
@@ -318,6 +340,18 @@ func (a *Agent) reconstruct() error {
 	return nil
 }
 
+// populatedTrigger is the populator's observer: the metrics, and a
+// reconciler pass after every populator pass.
+type populatedTrigger struct {
+	*Metrics
+	trigger func()
+}
+
+func (p populatedTrigger) Populated(took time.Duration, pods int) {
+	p.Metrics.Populated(took, pods)
+	p.trigger()
+}
+
 // multiObserver fans a reconciler pass out to several observers.
 type multiObserver []reconciler.Observer
 
@@ -392,6 +426,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); a.populator.Run(runCtx) }()
 	logDriverConfig(a.log, a.cfg.CSIDrivers, a.cfg.PluginRegistryDir)
 	a.csi.run(runCtx, a.cfg.CSIDrivers, a.cfg.CSIProbePeriod)
+	if a.localPV != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.localPV.Run(runCtx); err != nil && runCtx.Err() == nil {
+				errc <- fmt.Errorf("local volume provisioner: %w", err)
+			}
+		}()
+	}
 	go func() { defer wg.Done(); a.reconciler.Run(runCtx) }()
 	if a.cluster != nil {
 		a.cluster.start()

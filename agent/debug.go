@@ -204,6 +204,13 @@ func (a *Agent) debugMux() *http.ServeMux {
 		}
 		writeJSON(w, doc)
 	})
+	mux.HandleFunc("GET /debug/local-volumes", func(w http.ResponseWriter, _ *http.Request) {
+		if a.localPV == nil {
+			http.Error(w, "the local volume provisioner is off (no --local-volumes-config)", http.StatusNotFound)
+			return
+		}
+		writeJSON(w, a.localPV.Status())
+	})
 	mux.HandleFunc("GET /debug/orphans", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, OrphansDocument{Orphans: a.orphans.List()})
 	})

@@ -90,8 +90,11 @@ type ActualVolume struct {
 	DeviceFoundMounted  bool `json:"deviceFoundMounted,omitempty"`
 	// ResizeBlocked holds the reason node expansion must not be retried
 	// (the driver said the volume is in use) until the pods change.
-	ResizeBlocked string                        `json:"resizeBlocked,omitempty"`
-	Pods          map[types.UID]*ActualPodMount `json:"pods"`
+	ResizeBlocked string `json:"resizeBlocked,omitempty"`
+	// ExpandAfterPublish: the plugin can only grow this volume once a pod
+	// has it, so pending expansion does not hold pods back.
+	ExpandAfterPublish bool                          `json:"expandAfterPublish,omitempty"`
+	Pods               map[types.UID]*ActualPodMount `json:"pods"`
 }
 
 // empty reports whether nothing is left to undo for the volume.
@@ -246,6 +249,12 @@ func (a *ActualStateOfWorld) SetSize(name volume.UniqueName, size *resource.Quan
 			v.Size = &s
 		}
 	})
+}
+
+// SetExpandAfterPublish records that the volume can only grow once
+// published.
+func (a *ActualStateOfWorld) SetExpandAfterPublish(name volume.UniqueName) {
+	a.update(VolumeIdentity{Name: name}, func(v *ActualVolume) { v.ExpandAfterPublish = true })
 }
 
 // SetResizeBlocked records (or clears, with "") why expansion must not be

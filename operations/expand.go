@@ -46,8 +46,7 @@ func (o *Operator) ExpandVolume(ctx context.Context, t *Target) error {
 	ex, ok := p.(plugins.Expander)
 	if !ok {
 		log.Info("plugin cannot grow filesystems on the node; expansion counts as done")
-		o.expansionDone(ctx, t, t.DesiredSize)
-		return nil
+		return o.expansionDone(ctx, t, t.DesiredSize)
 	}
 	if av.Attributes.DeviceMountable && !av.DeviceState.MayBeMounted() {
 		return ErrStale
@@ -64,12 +63,14 @@ func (o *Operator) ExpandVolume(ctx context.Context, t *Target) error {
 	_, err = ex.Expand(ctx, req)
 	switch {
 	case err == nil:
-		o.expansionDone(ctx, t, t.DesiredSize)
-		return nil
+		return o.expansionDone(ctx, t, t.DesiredSize)
 	case errors.Is(err, plugins.ErrExpansionNotSupported):
 		log.Info("nothing to grow on the node; expansion counts as done", zap.Error(err))
-		o.expansionDone(ctx, t, t.DesiredSize)
-		return nil
+		return o.expansionDone(ctx, t, t.DesiredSize)
+	case errors.Is(err, plugins.ErrNotPublished):
+		// This volume can only grow once a pod has it: publish first.
+		o.ASW.SetExpandAfterPublish(t.Volume)
+		return ErrStale
 	case errors.Is(err, plugins.ErrVolumeInUse):
 		o.ASW.SetResizeBlocked(t.Volume, err.Error())
 	}
@@ -93,20 +94,18 @@ func firstMountPath(av *cache.ActualVolume) string {
 	return paths[0]
 }
 
-func (o *Operator) expansionDone(ctx context.Context, t *Target, size *resource.Quantity) {
-	o.ASW.SetSize(t.Volume, size)
-	pvc := t.Spec.PVC
-	msg := fmt.Sprintf("filesystem of volume %s grown to %s on node", t.Spec.Name, size)
-	if pvc != nil && o.Claims != nil {
+// expansionDone records the new size on the claim and then in the ASW. The
+// size is recorded only once the claim says so: if the claim update fails,
+// the error makes the (idempotent) expansion and the report run again.
+func (o *Operator) expansionDone(ctx context.Context, t *Target, size *resource.Quantity) error {
+	if pvc := t.Spec.PVC; pvc != nil && o.Claims != nil {
 		if err := o.Claims.ResizeFinished(ctx, pvc, *size); err != nil {
-			o.logger(t, "volume_fs_resize").Warn("could not record the new size on the claim; will retry", zap.Error(err))
-			// The claim still says the node has work to do; forget the
-			// size so the (idempotent) expansion and the report run again.
-			o.ASW.SetSize(t.Volume, nil)
-			return
+			return fmt.Errorf("the filesystem was grown to %s, but recording it on the claim failed: %w", size, err)
 		}
 	}
-	o.event(t, events.Normal, events.FileSystemResizeSuccessful, msg)
+	o.ASW.SetSize(t.Volume, size)
+	o.event(t, events.Normal, events.FileSystemResizeSuccessful, fmt.Sprintf("filesystem of volume %s grown to %s on node", t.Spec.Name, size))
+	return nil
 }
 
 func (o *Operator) expansionFailed(ctx context.Context, t *Target, cause error) {

@@ -93,7 +93,7 @@ func (o *Operator) MountDevice(ctx context.Context, t *Target) error {
 		return ErrStale
 	}
 	req := &plugins.DeviceRequest{
-		VolumeName: t.Volume, Spec: t.Spec, Identity: t.Attributes.Identity,
+		VolumeName: t.Volume, Spec: t.Spec, Identity: t.Attributes.Identity, Attachable: t.Attributes.Attachable,
 		DeviceMountPath: o.Paths.DeviceMountPath(t.Plugin, t.Attributes.Identity),
 		DesiredSize:     t.DesiredSize,
 		Log:             o.logger(t, "mount_device"),
@@ -106,8 +106,12 @@ func (o *Operator) MountDevice(ctx context.Context, t *Target) error {
 	case err == nil:
 		o.ASW.SetDeviceState(t.identity(), cache.DeviceGloballyMounted, req.DevicePath, req.DeviceMountPath)
 		if req.Resized != nil {
-			// Grown offline before mounting.
-			o.expansionDone(ctx, t, req.Resized)
+			// Grown offline before mounting. If the claim cannot be told
+			// now, the expansion (a no-op by then) and the report run
+			// again as an operation of their own.
+			if err := o.expansionDone(ctx, t, req.Resized); err != nil {
+				o.logger(t, "mount_device").Warn("volume grown offline; reporting it will be retried", zap.Error(err))
+			}
 		}
 	case volume.IsUncertain(err):
 		o.ASW.SetDeviceState(t.identity(), cache.DeviceMountUncertain, req.DevicePath, req.DeviceMountPath)
@@ -298,6 +302,11 @@ func (o *Operator) DetachVolume(ctx context.Context, t *Target) error {
 		return err
 	}
 	o.ASW.SetAttachState(t.identity(), cache.NotAttached, "", nil)
+	if av.Attributes.Identity != "" {
+		// The volume's directory outlived its device mount only to keep
+		// the attachment's state.
+		mountutil.RemoveEmptyDirs(o.Paths.VolumeDir(t.Plugin, av.Attributes.Identity), o.Paths.Root)
+	}
 	return nil
 }
 

@@ -163,7 +163,7 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready boo
 			continue
 		}
 		expand := needsExpansion(dv, av)
-		if expand && dv.Attributes.DeviceMountable && !anyPodMounted(av) {
+		if expand && dv.Attributes.DeviceMountable && !av.ExpandAfterPublish && !anyPodMounted(av) {
 			// Offline expansion: grow the staged filesystem before any pod
 			// gets it.
 			out = append(out, volumeAction(OpExpandVolume, expansionReason(dv, av)+" (before publishing)"))
@@ -211,7 +211,7 @@ func needsExpansion(dv *cache.DesiredVolume, av *cache.ActualVolume) bool {
 	if av.Size != nil && dv.DesiredSize.Cmp(*av.Size) <= 0 {
 		return false
 	}
-	if dv.Attributes.DeviceMountable {
+	if dv.Attributes.DeviceMountable && !av.ExpandAfterPublish {
 		return av.DeviceState == cache.DeviceGloballyMounted
 	}
 	return anyPodMounted(av)

@@ -102,8 +102,11 @@ type DeviceMounter interface {
 type DeviceRequest struct {
 	VolumeName volume.UniqueName
 	// Spec is nil for an unmount of a volume found on disk after a restart.
-	Spec            *volume.Spec
-	Identity        string
+	Spec     *volume.Spec
+	Identity string
+	// Attachable: the volume is attached to the node first (recorded so a
+	// restart keeps reporting it in use until it is unmounted).
+	Attachable      bool
 	DevicePath      string
 	PublishContext  map[string]string
 	DeviceMountPath string
@@ -118,6 +121,11 @@ type DeviceRequest struct {
 // ErrExpansionNotSupported is returned (wrapped) by Expand when the volume
 // has nothing the node can grow; the expansion counts as done.
 var ErrExpansionNotSupported = errors.New("node expansion is not supported for this volume")
+
+// ErrNotPublished is returned (wrapped) by Expand when the volume can only be
+// grown once a pod has it (a CSI driver that does not stage): pods are
+// published first and the volume is grown online.
+var ErrNotPublished = errors.New("volume must be published before it can be expanded")
 
 // ErrVolumeInUse is returned (wrapped) by Expand when the driver refuses to
 // grow the volume while it is in use; it is not retried until the volume's

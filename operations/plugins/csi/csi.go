@@ -219,7 +219,7 @@ func (p *Plugin) ReconstructDevice(volumeDir string) (*plugins.ReconstructedDevi
 	}
 	d := &plugins.ReconstructedDevice{
 		Name:            st.VolumeName,
-		Attributes:      volume.Attributes{Identity: st.Driver + "^" + st.VolumeID, DeviceMountable: true, Attachable: st.Attachment != ""},
+		Attributes:      volume.Attributes{Identity: st.Driver + "^" + st.VolumeID, DeviceMountable: true, Attachable: st.Attachable || st.Attachment != ""},
 		DeviceMountPath: st.StagingPath,
 		Attached:        st.Attachment != "",
 	}

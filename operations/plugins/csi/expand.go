@@ -39,7 +39,7 @@ func (p *Plugin) Expand(ctx context.Context, req *plugins.ExpandRequest) (*resou
 		path = staging
 	}
 	if path == "" {
-		return nil, fmt.Errorf("volume %s is not mounted anywhere to expand", src.handle)
+		return nil, fmt.Errorf("driver %s does not stage %s: %w", src.driver, src.handle, plugins.ErrNotPublished)
 	}
 	resp, err := d.Client.Node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{
 		VolumeId: src.handle, VolumePath: path, StagingTargetPath: staging,

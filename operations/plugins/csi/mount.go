@@ -35,6 +35,8 @@ type DeviceState struct {
 	Staged      bool              `json:"staged"`
 	Attachment  string            `json:"attachment,omitempty"`
 	AttachMode  string            `json:"attachMode,omitempty"`
+	// Attachable: attached before staging (by a controller or the agent).
+	Attachable bool `json:"attachable,omitempty"`
 }
 
 // PodState is persisted for each pod's publish.
@@ -150,7 +152,7 @@ func (p *Plugin) MountDevice(ctx context.Context, req *plugins.DeviceRequest) er
 	}
 	state := &DeviceState{
 		VolumeName: req.VolumeName, Driver: src.driver, VolumeID: src.handle, PV: src.pvName,
-		StagingPath: req.DeviceMountPath, Staged: d.StageUnstage, AttachMode: p.cfg.AttachMode,
+		StagingPath: req.DeviceMountPath, Staged: d.StageUnstage, AttachMode: p.cfg.AttachMode, Attachable: req.Attachable,
 	}
 	if prev, err := ReadDeviceState(p.deviceStateFile(req.Identity)); err == nil {
 		state.Attachment = prev.Attachment
