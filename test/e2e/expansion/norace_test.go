@@ -1,0 +1,5 @@
+//go:build !race
+
+package expansion_test
+
+const raceEnabled = false

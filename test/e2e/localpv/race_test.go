@@ -1,0 +1,5 @@
+//go:build race
+
+package localpv_test
+
+const raceEnabled = true
