@@ -824,6 +824,14 @@ func TestAdoptionsApplied(t *testing.T) {
 	if m := s.Volumes[lostName].Pods["p1"]; m.State != cache.MountUncertain || !m.Reconstructed {
 		t.Errorf("mount not in place: %+v", m)
 	}
+	// What was guessed from disk gives way to what the pods want: teardown
+	// later knows the spec as if the agent had mounted the volume itself.
+	if v := s.Volumes[memName]; v.Spec != memSpec || v.Pods["p1"].Spec != memSpec {
+		t.Errorf("adopted volume's spec %p and mount's spec %p, want the desired %p", v.Spec, v.Pods["p1"].Spec, memSpec)
+	}
+	if v := s.Volumes[localName]; v.Spec != dsw.Volumes[localName].Spec || v.Attributes != device {
+		t.Errorf("adopted device volume: spec %+v, attributes %+v", v.Spec, v.Attributes)
+	}
 	if !HasReconstructed(s) {
 		t.Error("HasReconstructed is false with unmatched state left")
 	}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package restart_test
+
+const raceEnabled = false
