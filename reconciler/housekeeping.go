@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/internal/atomicfile"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -82,6 +83,7 @@ func removeEmptyTree(dir string, isMountPoint func(string) (bool, error)) []stri
 	if mounted, err := isMountPoint(dir); err != nil || mounted {
 		return []string{dir}
 	}
+	atomicfile.RemoveTemps(dir)
 	children, err := os.ReadDir(dir)
 	if err != nil {
 		return []string{dir}

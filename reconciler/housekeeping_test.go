@@ -198,7 +198,7 @@ func TestCleanPodDirsNeverDeletesFilesOrMountPoints(t *testing.T) {
 		byPod[p.PodUID] = p
 	}
 	for uid, left := range map[types.UID][]string{
-		"files":   {file, stateLeftover, extra},
+		"files":   {file, extra},
 		"mounted": {mountPoint},
 		"links":   {link},
 		"unknown": {failing},
@@ -220,6 +220,11 @@ func TestCleanPodDirsNeverDeletesFilesOrMountPoints(t *testing.T) {
 				t.Errorf("%s was removed", l)
 			}
 		}
+	}
+	// The debris of an interrupted state write is the agent's own and is
+	// never valid content: it goes.
+	if w.exists(stateLeftover) {
+		t.Errorf("%s (an interrupted atomic write) was left", stateLeftover)
 	}
 	for uid, p := range byPod {
 		t.Errorf("unexpected problem for %s: %+v", uid, p)

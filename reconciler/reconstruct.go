@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/internal/atomicfile"
 	"github.com/volume-agent/volume-agent/operations/plugins"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -103,6 +104,8 @@ func Reconstruct(paths volume.Paths, reg *plugins.Registry, isMountPoint func(st
 		rec, ok := p.(plugins.DeviceReconstructor)
 		for _, e := range entries {
 			dir := filepath.Join(mountsDir, e.Name())
+			// An interrupted state write leaves debris.
+			atomicfile.RemoveTemps(dir)
 			if !ok {
 				r.Problems = append(r.Problems, Problem{Path: dir, Reason: fmt.Sprintf("volume plugin %q cannot reconstruct device mounts", plugin)})
 				continue
@@ -111,6 +114,9 @@ func Reconstruct(paths volume.Paths, reg *plugins.Registry, isMountPoint func(st
 			if err != nil {
 				r.Problems = append(r.Problems, Problem{Path: dir, Reason: err.Error()})
 				continue
+			}
+			if d == nil {
+				continue // nothing left to undo; the plugin cleaned up
 			}
 			v := get(d.Name, plugin, d.Attributes)
 			v.Attributes = d.Attributes
@@ -152,6 +158,11 @@ func podVolumeEntries(paths volume.Paths, uid types.UID) []podVolumeEntry {
 		plugin := volume.UnescapePlugin(pl.Name())
 		entries, _ := os.ReadDir(filepath.Join(volumesDir, pl.Name()))
 		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), ".") {
+				// Not a volume (names never start with a dot): the
+				// debris of a set-up that was interrupted.
+				continue
+			}
 			out = append(out, podVolumeEntry{plugin: plugin, specName: e.Name(), path: filepath.Join(volumesDir, pl.Name(), e.Name())})
 			seen[plugin+"/"+e.Name()] = true
 		}
@@ -160,6 +171,7 @@ func podVolumeEntries(paths volume.Paths, uid types.UID) []podVolumeEntry {
 	plugins, _ = os.ReadDir(stateDir)
 	for _, pl := range plugins {
 		plugin := volume.UnescapePlugin(pl.Name())
+		atomicfile.RemoveTemps(filepath.Join(stateDir, pl.Name()))
 		entries, _ := os.ReadDir(filepath.Join(stateDir, pl.Name()))
 		for _, e := range entries {
 			name, ok := strings.CutSuffix(e.Name(), ".json")

@@ -491,9 +491,14 @@ func TestReconstructProblems(t *testing.T) {
 
 	unknown := w.podVolume("pod-a", "example.com/unknown", "vol", true)
 	csiNoState := w.podVolume("pod-b", csiplugin.Name, "pv-x", true)
-	// A device directory of CSI without (usable) state, and one of a
-	// plugin that has no device mounts.
-	csiDevNoState := w.mkdir(w.paths.VolumeDir(csiplugin.Name, "drv^gone"))
+	// A device directory of CSI without (usable) state, one left empty by a
+	// stage that was interrupted before anything was recorded (nothing to
+	// undo: it is removed), and one of a plugin that has no device mounts.
+	csiDevNoState := w.mkdir(filepath.Join(w.paths.VolumeDir(csiplugin.Name, "drv^gone"), "globalmount"))
+	w.writeFile(filepath.Join(csiDevNoState, "data"), "x")
+	csiDevNoState = filepath.Dir(csiDevNoState)
+	csiDevEmpty := w.mkdir(filepath.Join(w.paths.VolumeDir(csiplugin.Name, "drv^interrupted"), "globalmount"))
+	w.writeFile(filepath.Join(filepath.Dir(csiDevEmpty), ".state.json.tmp-42"), "{")
 	csiDevCorrupt := w.mkdir(w.paths.VolumeDir(csiplugin.Name, "drv^corrupt"))
 	w.writeFile(filepath.Join(csiDevCorrupt, "state.json"), "{not json")
 	noDevices := w.mkdir(w.paths.VolumeDir(emptydir.Name, "what"))
@@ -542,7 +547,10 @@ func TestReconstructProblems(t *testing.T) {
 	name, _, attrs := w.populatorName("pod-a", emptyDirSpec("scratch", ""))
 	checkVolumes(t, r.Volumes, []*cache.ActualVolume{rcVolume(name, emptydir.Name, attrs, rcPod("pod-a", "scratch", good, false))})
 
-	// Reconstruction left everything in place.
+	if _, err := os.Lstat(filepath.Dir(csiDevEmpty)); err == nil {
+		t.Errorf("%s (an interrupted first stage) was not removed", filepath.Dir(csiDevEmpty))
+	}
+	// Reconstruction left everything else in place.
 	for _, p := range []string{unknown, csiNoState, csiDevNoState, csiDevCorrupt, noDevices, unknownDev, failing, good} {
 		if _, err := os.Lstat(p); err != nil {
 			t.Errorf("%s: %v", p, err)

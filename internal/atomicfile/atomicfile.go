@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // WriteJSON stores v as JSON at path, creating the directory if needed.
@@ -28,7 +29,7 @@ func Write(path string, data []byte) error {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+TempMarker+"*")
 	if err != nil {
 		return err
 	}
@@ -53,6 +54,26 @@ func Write(path string, data []byte) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// TempMarker is part of the name of every temporary file Write makes; a
+// file whose name starts with "." and contains it is debris of a write that
+// was interrupted, never valid content, and may be removed.
+const TempMarker = ".tmp-"
+
+// IsTemp reports whether a file name is such debris.
+func IsTemp(name string) bool {
+	return strings.HasPrefix(name, ".") && strings.Contains(name, TempMarker)
+}
+
+// RemoveTemps removes the debris of interrupted writes in dir.
+func RemoveTemps(dir string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if IsTemp(e.Name()) && e.Type().IsRegular() {
+			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }
 
 // ErrNotExist is returned by ReadJSON for a missing file.

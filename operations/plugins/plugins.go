@@ -192,6 +192,8 @@ type Reconstructor interface {
 // mounts: given a directory under <root>/plugins/<plugin>/mounts/, it says
 // which volume it belongs to and what is left of it.
 type DeviceReconstructor interface {
+	// ReconstructDevice returns nil (and no error) when nothing is left to
+	// undo in volumeDir, after removing it.
 	ReconstructDevice(volumeDir string) (*ReconstructedDevice, error)
 }
 

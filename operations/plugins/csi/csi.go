@@ -13,7 +13,10 @@ package csi
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 
 	v1 "k8s.io/api/core/v1"
@@ -22,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/csi/registry"
+	"github.com/volume-agent/volume-agent/operations/mountutil"
 	"github.com/volume-agent/volume-agent/operations/plugins"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -214,6 +218,13 @@ func (p *Plugin) ReconstructPodVolume(pod types.UID, specName, _ string) (volume
 // file written before the volume was staged (or attached).
 func (p *Plugin) ReconstructDevice(volumeDir string) (*plugins.ReconstructedDevice, error) {
 	st, err := ReadDeviceState(filepath.Join(volumeDir, "state.json"))
+	if errors.Is(err, fs.ErrNotExist) && p.emptyLeftover(volumeDir) {
+		// The agent stopped before it recorded anything (and so before it
+		// asked the driver for anything): nothing to undo.
+		mountutil.RemoveEmptyDirs(filepath.Join(volumeDir, "globalmount"), filepath.Dir(volumeDir))
+		mountutil.RemoveEmptyDirs(volumeDir, filepath.Dir(volumeDir))
+		return nil, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("no usable CSI state in %s: %w", volumeDir, err)
 	}
@@ -232,4 +243,26 @@ func (p *Plugin) ReconstructDevice(volumeDir string) (*plugins.ReconstructedDevi
 		d.Mounted = true
 	}
 	return d, nil
+}
+
+// emptyLeftover: the directory holds at most an empty, unmounted
+// globalmount directory.
+func (p *Plugin) emptyLeftover(dir string) bool {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		if e.Name() != "globalmount" || !e.IsDir() {
+			return false
+		}
+		gm := filepath.Join(dir, e.Name())
+		if mounted, err := p.cfg.Host.Mounter.IsMountPoint(gm); err != nil || mounted {
+			return false
+		}
+		if inside, err := os.ReadDir(gm); err != nil || len(inside) > 0 {
+			return false
+		}
+	}
+	return true
 }

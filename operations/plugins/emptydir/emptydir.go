@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -42,6 +43,9 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 
 func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
 	src := req.Spec.Volume.EmptyDir
+	if src.Medium != v1.StorageMediumMemory {
+		return setUpDir(req)
+	}
 	created, err := mountutil.EnsureDir(req.Dir, 0o777)
 	if err != nil {
 		return err
@@ -58,12 +62,35 @@ func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
 				return err
 			}
 		}
-	} else if err := os.Chmod(req.Dir, 0o777); err != nil {
-		// mkdir is subject to the umask; emptyDir is world-writable so any
-		// container user can use it.
-		return err
 	}
 	return plugins.ApplyFSGroup(req.Dir, req.Pod, false)
+}
+
+// setUpDir makes a disk emptyDir. A new one is prepared under a hidden name
+// (mode, fsGroup) and renamed into place, so a directory at the volume's
+// path is always completely set up: after a crash, finding it is proof
+// enough to adopt it without an operation.
+func setUpDir(req *plugins.SetUpRequest) error {
+	if _, err := os.Lstat(req.Dir); err == nil {
+		// Set up before; applying the mode and group again is harmless.
+		if err := os.Chmod(req.Dir, 0o777); err != nil {
+			return err
+		}
+		return plugins.ApplyFSGroup(req.Dir, req.Pod, false)
+	}
+	tmp := filepath.Join(filepath.Dir(req.Dir), "."+filepath.Base(req.Dir)+".setup")
+	if _, err := mountutil.EnsureDir(tmp, 0o777); err != nil {
+		return err
+	}
+	// mkdir is subject to the umask; emptyDir is world-writable so any
+	// container user can use it.
+	if err := os.Chmod(tmp, 0o777); err != nil {
+		return err
+	}
+	if err := plugins.ApplyFSGroup(tmp, req.Pod, false); err != nil {
+		return err
+	}
+	return os.Rename(tmp, req.Dir)
 }
 
 // tmpfsSize is sizeLimit when set, else the pod's memory limit, else 0 (the
