@@ -81,9 +81,8 @@ type ExecutorOptions struct {
 	MaxBackoff     time.Duration
 	Clock          clock.WithDelayedExecution
 	Observer       Observer
-	// OnStateChange is called after an operation finished (successfully,
-	// stale or uncertain) and when a backoff expires: the moments a new
-	// plan may differ.
+	// OnStateChange is called after every operation finishes and when a
+	// backoff expires: the moments a new plan or report may differ.
 	OnStateChange func()
 }
 
@@ -309,10 +308,9 @@ func (e *Executor) finish(en *entry, start time.Time, err error) {
 	if retryIn > 0 {
 		e.opts.Clock.AfterFunc(retryIn, e.opts.OnStateChange)
 	}
-	// An uncertain result changed the ASW too (the mount is now uncertain).
-	if err == nil || stale || volume.IsUncertain(err) {
-		e.opts.OnStateChange()
-	}
+	// Every outcome can change what is reported (a failure is shown in pod
+	// conditions), and a pass costs nothing when the key is in backoff.
+	e.opts.OnStateChange()
 }
 
 func (e *Executor) remove(en *entry) {

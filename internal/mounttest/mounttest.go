@@ -211,7 +211,9 @@ func Real(path string) string {
 // can always remove root afterwards without reaching into a mounted
 // filesystem.
 func UnmountUnder(root string) error {
-	for range 64 {
+	// Each pass unmounts everything it sees, deepest and newest first;
+	// stacked and propagated mounts may need a few passes.
+	for range 16 {
 		ms, err := mountsUnder(root)
 		if err != nil {
 			return err
@@ -226,10 +228,11 @@ func UnmountUnder(root string) error {
 			}
 			return ms[i].ID > ms[j].ID
 		})
-		m := ms[0]
-		if err := unix.Unmount(m.MountPoint, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			if err := unix.Unmount(m.MountPoint, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("unmounting %s: %w", m.MountPoint, err)
+		for _, m := range ms {
+			if err := unix.Unmount(m.MountPoint, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				if err := unix.Unmount(m.MountPoint, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+					return fmt.Errorf("unmounting %s: %w", m.MountPoint, err)
+				}
 			}
 		}
 	}

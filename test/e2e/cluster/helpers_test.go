@@ -46,6 +46,7 @@ func newEnv(t *testing.T, name string) *env {
 	if suite.skip != "" {
 		t.Skip(suite.skip)
 	}
+	recordInputs(t)
 	// data first: cleanups run in reverse, so it is removed only after the
 	// agent has stopped and everything under the root is unmounted.
 	data := t.TempDir()
@@ -57,17 +58,17 @@ func newEnv(t *testing.T, name string) *env {
 	if _, err := suite.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create namespace: %v", err)
 	}
-	eventually(t, 30*time.Second, "the namespace's default ServiceAccount", func(ctx context.Context) (bool, string) {
+	eventually(t, 2*time.Minute, "the namespace's default ServiceAccount", func(ctx context.Context) (bool, string) {
 		_, err := suite.admin.CoreV1().ServiceAccounts(e.ns).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, fmt.Sprint(err)
 	})
 	return e
 }
 
-// start starts the test's agent.
-func (e *env) start() *agent {
+// start starts the test's agent, with extra flags if given.
+func (e *env) start(extraArgs ...string) *agent {
 	e.t.Helper()
-	e.agent = startAgent(e.t, e.node, e.root)
+	e.agent = startAgent(e.t, e.node, e.root, extraArgs...)
 	return e.agent
 }
 

@@ -14,11 +14,16 @@
 // Each test has its own Node, namespace, root directory and agent process.
 // The tests need root (the agent mounts) and skip otherwise, in -short mode,
 // with VOLUME_AGENT_SKIP_CLUSTER=1, or without the control-plane binaries.
-// Set VOLUME_AGENT_BINARY to test an agent built elsewhere.
+// Set VOLUME_AGENT_BINARY to test an agent built elsewhere. For debugging,
+// VOLUME_AGENT_E2E_KEEP=1 keeps the control plane's directory (logs, audit
+// log) even when the tests pass, and VOLUME_AGENT_E2E_LOG_DIR=DIR collects
+// every agent's log.
 package cluster_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -27,6 +32,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -86,7 +92,7 @@ func runMain(m *testing.M) int {
 	}
 	code := 1
 	defer func() {
-		if code == 0 {
+		if code == 0 && os.Getenv("VOLUME_AGENT_E2E_KEEP") == "" {
 			os.RemoveAll(dir)
 		} else {
 			fmt.Fprintf(os.Stderr, "control plane logs and audit log kept in %s\n", dir)
@@ -213,6 +219,50 @@ func setup(ctx context.Context, dir string) error {
 	return nil
 }
 
+var recordOnce sync.Once
+
+// recordInputs makes go test's result cache depend on what the binaries
+// are built from. go test reuses a passing result while no file or
+// environment variable the tests looked at has changed, but the sources are
+// only read by `go build`, so a cached pass could hide a broken agent. This
+// stats them (and opens a VOLUME_AGENT_BINARY) from within a test: only
+// what happens after m.Run starts is recorded.
+func recordInputs(t *testing.T) {
+	recordOnce.Do(func() {
+		if f, err := os.Open(suite.agentBin); err == nil {
+			f.Close()
+		}
+		root, err := cluster.RepoRoot()
+		if err == nil {
+			err = statSources(root)
+		}
+		if err != nil {
+			t.Logf("recording the sources for go test's cache: %v", err)
+		}
+	})
+}
+
+// statSources stats the module's Go sources, go.mod, go.sum and manifests.
+func statSources(root string) error {
+	return filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "bin") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch filepath.Ext(path) {
+		case ".go", ".mod", ".sum", ".yaml":
+			_, err := os.Stat(path)
+			return err
+		}
+		return nil
+	})
+}
+
 // renderDeploy builds deploy/ with kustomize, as `kubectl apply -k` would.
 func renderDeploy(dir string) ([]*unstructured.Unstructured, error) {
 	resMap, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
@@ -253,14 +303,21 @@ func fullRun() bool {
 // suite. No request may have been refused (403), and every (verb, resource)
 // the ClusterRole grants must have been used at least once: a grant the
 // suite never exercises is either superfluous or untested.
+//
+// One kind of 403 is not the ClusterRole's fault: a kube-apiserver that has
+// just started serves requests before its RBAC caches are filled and before
+// it reports ready, and refuses them (the controller manager's too). Those
+// received while TestAPIServerOutage waited for the restarted API server to
+// become ready are listed, not counted as failures.
 func checkRBAC() bool {
-	events, err := suite.cluster.AuditEvents()
+	events, err := readAudit()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "RBAC check: %v\n", err)
 		return false
 	}
 	used := map[string]int{}
 	ok := true
+	forgiven := 0
 	for _, e := range events {
 		if e.User.Username != suite.user || e.Stage != cluster.StageResponseComplete {
 			continue
@@ -270,8 +327,21 @@ func checkRBAC() bool {
 			key = e.Verb + " " + groupResource(e.ObjectRef.APIGroup, e.ObjectRef.Resource, e.ObjectRef.Subresource)
 		}
 		used[key]++
+		// A watch with sendInitialEvents=true is a watch-list: client-go's
+		// informers (WatchListClient, on by default since 1.35) start with
+		// it instead of a LIST, and fall back to LIST (which the grant is
+		// for) on servers without it. On this server it does the list's job.
+		if e.Verb == "watch" && e.ObjectRef != nil && strings.Contains(e.RequestURI, "sendInitialEvents=true") {
+			used["list "+groupResource(e.ObjectRef.APIGroup, e.ObjectRef.Resource, e.ObjectRef.Subresource)+" (as watch-list)"]++
+		}
 		if e.ResponseStatus != nil && e.ResponseStatus.Code == 403 {
-			fmt.Fprintf(os.Stderr, "RBAC check: FAIL: %s %s by %s was forbidden\n", e.Verb, e.RequestURI, e.UserAgent)
+			if apiServerStarting(e.RequestReceivedTimestamp) {
+				fmt.Fprintf(os.Stderr, "RBAC check: ignored: %s %s by %s was forbidden by an API server still starting (%s)\n",
+					e.Verb, e.RequestURI, e.UserAgent, e.RequestReceivedTimestamp.Format(time.RFC3339Nano))
+				forgiven++
+				continue
+			}
+			fmt.Fprintf(os.Stderr, "RBAC check: FAIL: %s %s by %s was forbidden: %s\n", e.Verb, e.RequestURI, e.UserAgent, e.ResponseStatus.Message)
 			ok = false
 		}
 	}
@@ -295,25 +365,81 @@ func checkRBAC() bool {
 	fmt.Fprintf(os.Stderr, "RBAC check: requests of %s by (verb, resource):\n", suite.user)
 	for _, k := range usedKeys {
 		mark := ""
-		if !slices.Contains(granted, k) {
+		if !slices.Contains(granted, strings.TrimSuffix(k, " (as watch-list)")) {
 			mark = "   (not granted)"
 		}
-		fmt.Fprintf(os.Stderr, "  %-45s %6d%s\n", k, used[k], mark)
+		fmt.Fprintf(os.Stderr, "  %-55s %6d%s\n", k, used[k], mark)
 	}
 	if !fullRun() {
 		fmt.Fprintln(os.Stderr, "RBAC check: only some tests ran: not checking that every grant was used")
 		return ok
 	}
 	for _, g := range granted {
-		if used[g] == 0 {
+		if used[g] == 0 && used[g+" (as watch-list)"] == 0 {
 			fmt.Fprintf(os.Stderr, "RBAC check: FAIL: the ClusterRole grants %q, which no agent used\n", g)
 			ok = false
 		}
 	}
 	if ok {
-		fmt.Fprintf(os.Stderr, "RBAC check: ok: all %d grants used, no request refused\n", len(granted))
+		fmt.Fprintf(os.Stderr, "RBAC check: ok: all %d grants used, no request refused (%d by a starting API server ignored)\n", len(granted), forgiven)
 	}
 	return ok
+}
+
+// auditEvent is what checkRBAC reads of an audit.k8s.io/v1 Event: the
+// harness's AuditEvent without its timestamps.
+type auditEvent struct {
+	cluster.AuditEvent
+	RequestReceivedTimestamp time.Time `json:"requestReceivedTimestamp"`
+	ResponseStatus           *struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"responseStatus"`
+}
+
+// readAudit reads the API server's audit log (audit.log in the cluster's
+// directory).
+func readAudit() ([]auditEvent, error) {
+	data, err := os.ReadFile(filepath.Join(suite.cluster.Dir(), "audit.log"))
+	if err != nil {
+		return nil, err
+	}
+	var out []auditEvent
+	for line := range bytes.Lines(data) {
+		if !bytes.HasSuffix(line, []byte("\n")) {
+			break // still being written
+		}
+		var e auditEvent
+		if err := json.Unmarshal(line, &e); err != nil {
+			return nil, fmt.Errorf("audit.log: %w", err)
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// apiServerRestarts are the periods from a StopAPIServer until the
+// restarted API server was ready.
+var apiServerRestarts struct {
+	sync.Mutex
+	periods [][2]time.Time
+}
+
+func recordRestart(stopped, ready time.Time) {
+	apiServerRestarts.Lock()
+	defer apiServerRestarts.Unlock()
+	apiServerRestarts.periods = append(apiServerRestarts.periods, [2]time.Time{stopped, ready})
+}
+
+func apiServerStarting(t time.Time) bool {
+	apiServerRestarts.Lock()
+	defer apiServerRestarts.Unlock()
+	for _, p := range apiServerRestarts.periods {
+		if !t.Before(p[0]) && !t.After(p[1]) {
+			return true
+		}
+	}
+	return false
 }
 
 func groupResource(group, resource, sub string) string {
