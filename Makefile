@@ -26,9 +26,10 @@ test: lint tools
 unit:
 	$(GO) test -race -short ./...
 
-# The cluster-mode end-to-end suite only.
+# The end-to-end suites (standalone, cluster mode, CSI, expansion, restarts,
+# local volumes) only.
 e2e: tools
-	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) $(GO) test -race -timeout 20m -v ./test/e2e/cluster/...
+	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) $(GO) test -race -timeout 20m ./test/e2e/...
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
