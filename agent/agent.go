@@ -184,7 +184,8 @@ func New(cfg Config) (*Agent, error) {
 	a.plugins = registry
 
 	var rec *reconciler.Reconciler
-	rep := &reporter{log: log.Named("operations"), events: a.events}
+	trimmer := &memoryTrimmer{}
+	rep := &reporter{log: log.Named("operations"), events: a.events, trimmer: trimmer}
 	a.executor = operations.NewExecutor(operations.ExecutorOptions{
 		MaxConcurrent: cfg.MaxConcurrentOperations,
 		Timeout:       cfg.OperationTimeout,
@@ -211,7 +212,7 @@ func New(cfg Config) (*Agent, error) {
 		Namespace: namespace, Name: "orphans",
 		Help: "Things left on disk the agent cannot clean or account for (see /debug/orphans).",
 	}, func() float64 { return float64(len(a.orphans.List())) }))
-	observer := multiObserver{a.metrics}
+	observer := multiObserver{a.metrics, trimmer}
 	if a.cluster != nil {
 		kubeclient.RegisterMetrics(a.metrics.Registry)
 		a.podStatus = podstatus.New(a.cluster.client, a.cluster.source.Pod, a.executor, log.Named("podstatus"))

@@ -20,6 +20,8 @@ type reporter struct {
 	events  events.Recorder
 	metrics *Metrics
 
+	trimmer *memoryTrimmer
+
 	// lastErr remembers each key's last failure: a failure that repeats
 	// unchanged is logged at debug level, so a stuck volume does not write
 	// the same error line on every retry.
@@ -39,6 +41,7 @@ var failureReasons = map[string]string{
 
 func (r *reporter) OperationFinished(key operations.Key, op *operations.Operation, took time.Duration, err error, retryIn time.Duration) {
 	r.metrics.OperationFinished(key, op, took, err, retryIn)
+	r.trimmer.operationFinished()
 	fields := []zap.Field{
 		zap.String("operation", op.Name), zap.String("volume", string(key.Volume)), zap.String("plugin", op.Plugin),
 		zap.Duration("took", took),

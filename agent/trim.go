@@ -1,0 +1,45 @@
+package agent
+
+import (
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/reconciler"
+)
+
+// memoryTrimmer returns the heap a burst of work left behind to the kernel
+// once the node is steady again. A burst (reading hundreds of manifests,
+// thousands of operations) grows the heap far beyond what an idle agent
+// keeps; the Go runtime would hand it back only slowly, and an agent runs on
+// every node.
+type memoryTrimmer struct {
+	operations atomic.Int64
+	trimming   atomic.Bool
+	// free returns memory to the kernel (debug.FreeOSMemory; replaced in
+	// tests).
+	free func()
+}
+
+// burst is how many operations make trimming worth its cost (a full GC).
+const burst = 256
+
+func (m *memoryTrimmer) operationFinished() { m.operations.Add(1) }
+
+// Reconciled implements reconciler.Observer: a pass that planned nothing
+// means the node is steady.
+func (m *memoryTrimmer) Reconciled(_ *cache.DesiredSnapshot, _ *cache.ActualSnapshot, actions []reconciler.Action, _ time.Duration) {
+	if len(actions) > 0 || m.operations.Load() < burst || !m.trimming.CompareAndSwap(false, true) {
+		return
+	}
+	m.operations.Store(0)
+	go func() {
+		defer m.trimming.Store(false)
+		if m.free != nil {
+			m.free()
+		} else {
+			debug.FreeOSMemory()
+		}
+	}()
+}
