@@ -253,6 +253,9 @@ func New(cfg Config) (*Agent, error) {
 		a.localPV, err = localpv.New(localpv.Options{
 			Client: a.cluster.client, NodeName: cfg.NodeName, ConfigFile: cfg.LocalVolumesConfig, HostRoot: cfg.HostRoot,
 			Recorder: a.events, Log: log.Named("localpv"),
+			PVInformer:    a.cluster.source.PVInformer(),
+			ClassInformer: a.cluster.source.StorageClassInformer(),
+			NodeInformer:  a.cluster.source.NodeInformer(),
 		})
 		if err != nil {
 			return nil, err

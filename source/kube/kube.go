@@ -236,3 +236,16 @@ func PodTerminated(pod *v1.Pod) bool {
 	}
 	return true
 }
+
+// Informers for other parts of the agent that watch the same objects (the
+// local volume provisioner), so each object is cached once. They run with
+// the source.
+
+// PVInformer returns the PersistentVolume informer.
+func (s *Source) PVInformer() cache.SharedIndexInformer { return s.pvs }
+
+// StorageClassInformer returns the StorageClass informer.
+func (s *Source) StorageClassInformer() cache.SharedIndexInformer { return s.classes }
+
+// NodeInformer returns the informer of this node.
+func (s *Source) NodeInformer() cache.SharedIndexInformer { return s.nodes }
