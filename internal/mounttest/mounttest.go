@@ -209,11 +209,13 @@ func Real(path string) string {
 // UnmountUnder unmounts every mount at root or below it, deepest and newest
 // first. A mount that refuses (busy) is detached lazily, so that the caller
 // can always remove root afterwards without reaching into a mounted
-// filesystem.
+// filesystem. It copes with any number of mounts: it keeps going while
+// each pass leaves fewer.
 func UnmountUnder(root string) error {
 	// Each pass unmounts everything it sees, deepest and newest first;
 	// stacked and propagated mounts may need a few passes.
-	for range 16 {
+	left := -1
+	for pass := 0; ; pass++ {
 		ms, err := mountsUnder(root)
 		if err != nil {
 			return err
@@ -221,6 +223,10 @@ func UnmountUnder(root string) error {
 		if len(ms) == 0 {
 			return nil
 		}
+		if pass >= 16 && len(ms) >= left {
+			return fmt.Errorf("%d mounts left under %s", len(ms), root)
+		}
+		left = len(ms)
 		sort.SliceStable(ms, func(i, j int) bool {
 			di, dj := strings.Count(ms[i].MountPoint, "/"), strings.Count(ms[j].MountPoint, "/")
 			if di != dj {
@@ -236,11 +242,27 @@ func UnmountUnder(root string) error {
 			}
 		}
 	}
-	ms, err := mountsUnder(root)
-	if err == nil && len(ms) > 0 {
-		err = fmt.Errorf("%d mounts left under %s", len(ms), root)
+}
+
+// MountPoints returns the mount points of ms, sorted.
+func MountPoints(ms []Mount) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.MountPoint)
 	}
-	return err
+	sort.Strings(out)
+	return out
+}
+
+// Exists reports whether path exists (without following a last symbolic
+// link), failing the test if that cannot be told.
+func Exists(t testing.TB, path string) bool {
+	t.Helper()
+	_, err := os.Lstat(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	return err == nil
 }
 
 // CleanupMounts registers a cleanup that unmounts everything under dir.
@@ -321,6 +343,50 @@ func DetachLoop(t testing.TB, dev string) {
 	}
 }
 
+// LoopDevicesUnder returns the loop devices whose backing file is below
+// dir, with their backing files.
+func LoopDevicesUnder(t testing.TB, dir string) map[string]string {
+	t.Helper()
+	out, err := exec.Command("losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE").Output()
+	if err != nil {
+		t.Fatalf("losetup --list: %v", err)
+	}
+	devs := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && strings.HasPrefix(f[1], dir+"/") {
+			devs[f[0]] = f[1]
+		}
+	}
+	return devs
+}
+
+// DetachLoopsUnder unmounts and detaches every loop device whose backing
+// file is below dir: what a CSI driver that attaches loop devices left.
+func DetachLoopsUnder(t testing.TB, dir string) {
+	t.Helper()
+	for dev, file := range LoopDevicesUnder(t, dir) {
+		t.Logf("detaching %s (backed by %s)", dev, file)
+		DetachLoop(t, dev)
+	}
+}
+
+// GrowLoop grows the backing file of the loop device dev to size bytes and
+// makes the device see it, as a storage backend grows a disk.
+func GrowLoop(t testing.TB, dev string, size int64) {
+	t.Helper()
+	out, err := exec.Command("losetup", "--noheadings", "--output", "BACK-FILE", dev).Output()
+	if err != nil {
+		t.Fatalf("losetup %s: %v", dev, err)
+	}
+	if err := os.Truncate(strings.TrimSpace(string(out)), size); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("losetup", "--set-capacity", dev).CombinedOutput(); err != nil {
+		t.Fatalf("losetup --set-capacity %s: %v: %s", dev, err, out)
+	}
+}
+
 // DiskFormat returns the filesystem type blkid finds on dev, "" if none.
 func DiskFormat(t testing.TB, dev string) string {
 	t.Helper()
@@ -392,4 +458,14 @@ func ReadFile(t testing.TB, path string) string {
 		t.Fatalf("reading %s: %v", path, err)
 	}
 	return string(b)
+}
+
+// FSSize is the size statfs reports for the filesystem at path.
+func FSSize(t testing.TB, path string) int64 {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		t.Fatalf("statfs %s: %v", path, err)
+	}
+	return int64(st.Blocks) * st.Bsize
 }

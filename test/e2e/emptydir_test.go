@@ -5,6 +5,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -17,15 +19,15 @@ func TestEmptyDir(t *testing.T) {
 	t.Parallel()
 	a := newAgent(t)
 	web := newPod("web",
-		emptyDir("cache", corev1.StorageMediumMemory, "8Mi"),
-		emptyDir("big", corev1.StorageMediumMemory, "64Mi"),
-		emptyDir("scratch", "", ""),
+		e2eutil.EmptyDirVolume("cache", corev1.StorageMediumMemory, "8Mi"),
+		e2eutil.EmptyDirVolume("big", corev1.StorageMediumMemory, "64Mi"),
+		e2eutil.EmptyDirVolume("scratch", "", ""),
 	)
 	web.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("16Mi")}
-	plain := newPod("plain", emptyDir("mem", corev1.StorageMediumMemory, "3Mi"))
-	a.write("web.yaml", web)
-	a.write("plain.yaml", plain)
-	a.start()
+	plain := newPod("plain", e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "3Mi"))
+	a.Write("web.yaml", web)
+	a.Write("plain.yaml", plain)
+	a.Start()
 	uids := a.waitReady("web", "plain")
 
 	for _, tc := range []struct {
@@ -36,8 +38,8 @@ func TestEmptyDir(t *testing.T) {
 		{"web", "big", 16 << 20},  // memory limit < sizeLimit
 		{"plain", "mem", 3 << 20}, // no memory limit
 	} {
-		dir := a.volumeDir(uids[tc.pod], emptyDirPlugin, tc.volume)
-		m, err := mountAt(dir)
+		dir := a.volumeDir(uids[tc.pod], e2eutil.EmptyDirPlugin, tc.volume)
+		m, err := mountAt(t, dir)
 		if err != nil {
 			t.Errorf("%s/%s: %v", tc.pod, tc.volume, err)
 			continue
@@ -60,7 +62,7 @@ func TestEmptyDir(t *testing.T) {
 		}
 	}
 
-	scratch := a.volumeDir(uids["web"], emptyDirPlugin, "scratch")
+	scratch := a.volumeDir(uids["web"], e2eutil.EmptyDirPlugin, "scratch")
 	fi, err := os.Stat(scratch)
 	if err != nil {
 		t.Fatal(err)
@@ -68,15 +70,15 @@ func TestEmptyDir(t *testing.T) {
 	if !fi.IsDir() || fi.Mode().Perm() != 0o777 {
 		t.Errorf("disk emptyDir %s: mode %v, want a 0777 directory", scratch, fi.Mode())
 	}
-	if m, err := mountAt(scratch); err == nil {
+	if m, err := mountAt(t, scratch); err == nil {
 		t.Errorf("disk emptyDir is a mount: %+v", m)
 	}
-	if ms, _ := mountsUnder(a.Root); len(ms) != 3 {
-		t.Errorf("mounts under the root: %v, want the 3 tmpfs", mountPoints(ms))
+	if ms := mounttest.MountsUnder(t, a.Root()); len(ms) != 3 {
+		t.Errorf("mounts under the root: %v, want the 3 tmpfs", mounttest.MountPoints(ms))
 	}
 
 	// The actual state names the same paths.
-	asw, err := a.asw()
+	asw, err := a.ASW()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 // A pod whose claim does not exist gets a PVCNotFound error on /debug/dsw
@@ -20,21 +21,21 @@ func TestMissingPVC(t *testing.T) {
 	t.Parallel()
 	host := mounttest.TempDir(t)
 	a := newAgent(t)
-	a.write("waiting.yaml", newPod("waiting",
+	a.Write("waiting.yaml", newPod("waiting",
 		claim("data", "late-claim", false),
-		emptyDir("scratch", corev1.StorageMediumMemory, "1Mi"),
+		e2eutil.EmptyDirVolume("scratch", corev1.StorageMediumMemory, "1Mi"),
 	))
-	a.write("neighbour.yaml", newPod("neighbour", emptyDir("mem", corev1.StorageMediumMemory, "1Mi")))
-	a.start()
+	a.Write("neighbour.yaml", newPod("neighbour", e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "1Mi")))
+	a.Start()
 	a.waitReady("neighbour")
 
 	var uid string
-	eventually(t, settleTimeout, "the missing claim to be reported", func() error {
-		d, err := a.dsw()
+	e2eutil.PollErr(t, settleTimeout, "the missing claim to be reported", func() error {
+		d, err := a.DSW()
 		if err != nil {
 			return err
 		}
-		p := d.pod("waiting")
+		p := d.Pod("default", "waiting")
 		if p == nil {
 			return fmt.Errorf("pod waiting not in /debug/dsw")
 		}
@@ -43,19 +44,19 @@ func TestMissingPVC(t *testing.T) {
 			return fmt.Errorf("pod waiting is ready without its claim")
 		}
 		if len(p.Errors) != 1 || p.Errors[0].Volume != "data" || p.Errors[0].Reason != "PVCNotFound" ||
-			!containsAll(p.Errors[0].Message, "default/waiting", "late-claim") {
+			!e2eutil.ContainsAll(p.Errors[0].Message, "default/waiting", "late-claim") {
 			return fmt.Errorf("errors %+v, want one PVCNotFound on volume data", p.Errors)
 		}
 		if len(p.UnresolvedVolumes) != 1 || p.UnresolvedVolumes[0] != "data" {
 			return fmt.Errorf("unresolvedVolumes %v, want [data]", p.UnresolvedVolumes)
 		}
 		// Its other volume is mounted all the same.
-		if _, err := mountAt(a.volumeDir(p.UID, emptyDirPlugin, "scratch")); err != nil {
+		if _, err := mountAt(t, a.volumeDir(p.UID, e2eutil.EmptyDirPlugin, "scratch")); err != nil {
 			return err
 		}
 		return nil
 	})
-	evs, err := a.events()
+	evs, err := a.Events()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,32 +69,32 @@ func TestMissingPVC(t *testing.T) {
 	if !found {
 		t.Errorf("no FailedMount event for the missing claim: %+v", evs.Events)
 	}
-	if v, err := a.metric("volume_agent_pods_with_volume_errors"); err != nil || v != 1 {
+	if v, err := a.Metric("volume_agent_pods_with_volume_errors"); err != nil || v != 1 {
 		t.Errorf("volume_agent_pods_with_volume_errors = %v, %v; want 1", v, err)
 	}
 
 	dataDir := filepath.Join(host, "late")
 	mounttest.WriteFile(t, filepath.Join(dataDir, "hello.txt"), "hello")
-	a.write("late.yaml",
-		localPV("late-pv", dataDir, "late-claim", "kubernetes.io/hostname", nodeName),
-		newPVC("late-claim", "late-pv"),
+	a.Write("late.yaml",
+		e2eutil.LocalPV("late-pv", dataDir, "late-claim", "kubernetes.io/hostname", nodeName),
+		e2eutil.PVC("late-claim", "late-pv"),
 	)
 	a.waitReady("waiting", "neighbour")
-	d, err := a.dsw()
+	d, err := a.DSW()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p := d.pod("waiting"); p == nil || len(p.Errors) != 0 || len(p.UnresolvedVolumes) != 0 {
+	if p := d.Pod("default", "waiting"); p == nil || len(p.Errors) != 0 || len(p.UnresolvedVolumes) != 0 {
 		t.Errorf("pod waiting after its claim appeared: %+v", p)
 	}
-	dir := a.volumeDir(uid, localPlugin, "late-pv")
-	if _, err := mountAt(dir); err != nil {
+	dir := a.volumeDir(uid, e2eutil.LocalPlugin, "late-pv")
+	if _, err := mountAt(t, dir); err != nil {
 		t.Fatal(err)
 	}
 	if got := mounttest.ReadFile(t, filepath.Join(dir, "hello.txt")); got != "hello" {
 		t.Errorf("content through the late volume: %q", got)
 	}
-	if v, err := a.metric("volume_agent_pods_with_volume_errors"); err != nil || v != 0 {
+	if v, err := a.Metric("volume_agent_pods_with_volume_errors"); err != nil || v != 0 {
 		t.Errorf("volume_agent_pods_with_volume_errors = %v, %v; want 0", v, err)
 	}
 }
@@ -106,15 +107,15 @@ func TestMalformedManifest(t *testing.T) {
 	t.Parallel()
 	a := newAgent(t)
 	const garbage = "apiVersion: v1\nkind: Pod\nmetadata: [this is not\n  valid: yaml\n"
-	a.writeRaw("broken.yaml", garbage)
-	a.write("alpha.yaml", newPod("alpha", emptyDir("mem", corev1.StorageMediumMemory, "1Mi")))
-	a.write("beta.yaml", newPod("beta", emptyDir("mem", corev1.StorageMediumMemory, "1Mi"), emptyDir("disk", "", "")))
-	a.start()
+	a.WriteRaw("broken.yaml", garbage)
+	a.Write("alpha.yaml", newPod("alpha", e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "1Mi")))
+	a.Write("beta.yaml", newPod("beta", e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "1Mi"), e2eutil.EmptyDirVolume("disk", "", "")))
+	a.Start()
 	uids := a.waitReady("alpha", "beta")
 
 	inputErrors := func(want ...string) func() error {
 		return func() error {
-			s, err := a.sources()
+			s, err := a.Sources()
 			if err != nil {
 				return err
 			}
@@ -127,12 +128,12 @@ func TestMalformedManifest(t *testing.T) {
 			}
 			var wantPaths []string
 			for _, w := range want {
-				wantPaths = append(wantPaths, filepath.Join(a.Manifests, w))
+				wantPaths = append(wantPaths, filepath.Join(a.Manifests.Dir, w))
 			}
 			if strings.Join(got, ",") != strings.Join(wantPaths, ",") {
 				return fmt.Errorf("inputErrors %+v, want %v", s.InputErrors, wantPaths)
 			}
-			n, err := a.metric("volume_agent_source_input_errors")
+			n, err := a.Metric("volume_agent_source_input_errors")
 			if err != nil {
 				return err
 			}
@@ -142,8 +143,8 @@ func TestMalformedManifest(t *testing.T) {
 			return nil
 		}
 	}
-	eventually(t, settleTimeout, "broken.yaml to be reported", inputErrors("broken.yaml"))
-	s, err := a.sources()
+	e2eutil.PollErr(t, settleTimeout, "broken.yaml to be reported", inputErrors("broken.yaml"))
+	s, err := a.Sources()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,30 +152,30 @@ func TestMalformedManifest(t *testing.T) {
 		t.Errorf("sources %+v", s)
 	}
 
-	betaMounts, err := mountsUnder(filepath.Join(a.Root, "pods", uids["beta"]))
-	if err != nil || len(betaMounts) != 1 {
-		t.Fatalf("beta's mounts: %v, %v", mountPoints(betaMounts), err)
+	betaMounts := mounttest.MountsUnder(t, filepath.Join(a.Root(), "pods", uids["beta"]))
+	if len(betaMounts) != 1 {
+		t.Fatalf("beta's mounts: %v", mounttest.MountPoints(betaMounts))
 	}
 
 	// beta's file becomes malformed (a half-written edit): beta keeps its
 	// volumes.
-	a.writeRaw("beta.yaml", garbage)
-	eventually(t, settleTimeout, "beta.yaml to be reported", inputErrors("beta.yaml", "broken.yaml"))
+	a.WriteRaw("beta.yaml", garbage)
+	e2eutil.PollErr(t, settleTimeout, "beta.yaml to be reported", inputErrors("beta.yaml", "broken.yaml"))
 	// A new pod mounts meanwhile; once it has, the agent has acted on the
 	// state that includes the malformed beta.yaml.
-	a.write("gamma.yaml", newPod("gamma", emptyDir("mem", corev1.StorageMediumMemory, "1Mi")))
+	a.Write("gamma.yaml", newPod("gamma", e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "1Mi")))
 	a.waitReady("gamma", "alpha", "beta")
-	now, err := mountsUnder(filepath.Join(a.Root, "pods", uids["beta"]))
-	if err != nil || len(now) != 1 || now[0].ID != betaMounts[0].ID {
-		t.Errorf("beta's mounts changed after its file became malformed: before %+v, now %+v (%v)", betaMounts, now, err)
+	now := mounttest.MountsUnder(t, filepath.Join(a.Root(), "pods", uids["beta"]))
+	if len(now) != 1 || now[0].ID != betaMounts[0].ID {
+		t.Errorf("beta's mounts changed after its file became malformed: before %+v, now %+v", betaMounts, now)
 	}
-	if _, err := os.Stat(a.volumeDir(uids["beta"], emptyDirPlugin, "disk")); err != nil {
+	if _, err := os.Stat(a.volumeDir(uids["beta"], e2eutil.EmptyDirPlugin, "disk")); err != nil {
 		t.Errorf("beta's disk emptyDir after its file became malformed: %v", err)
 	}
 
 	// Fixed files clear their errors.
-	a.write("beta.yaml", newPod("beta", emptyDir("mem", corev1.StorageMediumMemory, "1Mi"), emptyDir("disk", "", "")))
-	a.remove("broken.yaml")
-	eventually(t, settleTimeout, "the input errors to clear", inputErrors())
+	a.Write("beta.yaml", newPod("beta", e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "1Mi"), e2eutil.EmptyDirVolume("disk", "", "")))
+	a.Remove("broken.yaml")
+	e2eutil.PollErr(t, settleTimeout, "the input errors to clear", inputErrors())
 	a.waitReady("alpha", "beta", "gamma")
 }

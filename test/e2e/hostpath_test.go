@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 // hostPath volumes of every type: the matching ones are bind-mounted into
@@ -56,9 +57,9 @@ func TestHostPathTypes(t *testing.T) {
 	}
 	var vols []corev1.Volume
 	for _, g := range good {
-		vols = append(vols, hostPath(g.name, g.path, g.typ))
+		vols = append(vols, e2eutil.HostPathVolume(g.name, g.path, g.typ))
 	}
-	a.write("good.yaml", newPod("hp-good", vols...))
+	a.Write("good.yaml", newPod("hp-good", vols...))
 
 	bad := []struct {
 		pod  string
@@ -77,14 +78,14 @@ func TestHostPathTypes(t *testing.T) {
 		{"hp-bad-missing", filepath.Join(host, "missing"), nil, "no such file or directory"},
 	}
 	for _, b := range bad {
-		a.write(b.pod+".yaml", newPod(b.pod, hostPath("bad", b.path, b.typ), emptyDir("ok", corev1.StorageMediumMemory, "1Mi")))
+		a.Write(b.pod+".yaml", newPod(b.pod, e2eutil.HostPathVolume("bad", b.path, b.typ), e2eutil.EmptyDirVolume("ok", corev1.StorageMediumMemory, "1Mi")))
 	}
-	a.start()
+	a.Start()
 
 	uid := a.waitReady("hp-good")["hp-good"]
 	for _, g := range good {
-		target := a.volumeDir(uid, hostPathPlugin, g.name)
-		if _, err := mountAt(target); err != nil {
+		target := a.volumeDir(uid, e2eutil.HostPathPlugin, g.name)
+		if _, err := mountAt(t, target); err != nil {
 			t.Errorf("%s: %v", g.name, err)
 			continue
 		}
@@ -100,10 +101,10 @@ func TestHostPathTypes(t *testing.T) {
 			t.Errorf("%s: pod volume is not the host path %s (%v)", g.name, g.path, err)
 		}
 	}
-	if got := mounttest.ReadFile(t, filepath.Join(a.volumeDir(uid, hostPathPlugin, "directory"), "host.txt")); got != "dir content" {
+	if got := mounttest.ReadFile(t, filepath.Join(a.volumeDir(uid, e2eutil.HostPathPlugin, "directory"), "host.txt")); got != "dir content" {
 		t.Errorf("directory content through the mount: %q", got)
 	}
-	if got := mounttest.ReadFile(t, a.volumeDir(uid, hostPathPlugin, "file")); got != "file content" {
+	if got := mounttest.ReadFile(t, a.volumeDir(uid, e2eutil.HostPathPlugin, "file")); got != "file content" {
 		t.Errorf("file content through the mount: %q", got)
 	}
 	if fi, err := os.Stat(createdFile); err != nil || !fi.Mode().IsRegular() {
@@ -112,34 +113,34 @@ func TestHostPathTypes(t *testing.T) {
 
 	// Every bad pod: its good volume mounted, its bad one not, and the
 	// error on /debug/operations and /debug/events.
-	eventually(t, settleTimeout, "the mismatching hostPath volumes to be reported", func() error {
-		d, err := a.dsw()
+	e2eutil.PollErr(t, settleTimeout, "the mismatching hostPath volumes to be reported", func() error {
+		d, err := a.DSW()
 		if err != nil {
 			return err
 		}
-		ops, err := a.operations()
+		ops, err := a.Operations()
 		if err != nil {
 			return err
 		}
-		evs, err := a.events()
+		evs, err := a.Events()
 		if err != nil {
 			return err
 		}
 		for _, b := range bad {
-			p := d.pod(b.pod)
+			p := d.Pod("default", b.pod)
 			if p == nil {
 				return fmt.Errorf("pod %s not in /debug/dsw", b.pod)
 			}
 			if p.VolumesReady {
 				return fmt.Errorf("pod %s reported ready with a bad hostPath", b.pod)
 			}
-			if _, err := mountAt(a.volumeDir(p.UID, emptyDirPlugin, "ok")); err != nil {
+			if _, err := mountAt(t, a.volumeDir(p.UID, e2eutil.EmptyDirPlugin, "ok")); err != nil {
 				return fmt.Errorf("pod %s: the good volume: %v", b.pod, err)
 			}
 			found := false
 			for _, op := range ops.Operations {
 				if op.Pod != nil && op.Pod.Name == b.pod && op.Operation == "mount_volume" &&
-					op.Volume == hostPathPlugin+"/"+p.UID+"-bad" && containsAll(op.LastError, b.path, b.want) {
+					op.Volume == e2eutil.HostPathPlugin+"/"+p.UID+"-bad" && e2eutil.ContainsAll(op.LastError, b.path, b.want) {
 					found = true
 				}
 			}
@@ -149,7 +150,7 @@ func TestHostPathTypes(t *testing.T) {
 			found = false
 			for _, e := range evs.Events {
 				if e.Object.Kind == "Pod" && e.Object.Namespace == "default" && e.Object.Name == b.pod && e.Object.UID == p.UID &&
-					e.Type == "Warning" && e.Reason == "FailedMount" && containsAll(e.Message, `"bad"`, b.path, b.want) {
+					e.Type == "Warning" && e.Reason == "FailedMount" && e2eutil.ContainsAll(e.Message, `"bad"`, b.path, b.want) {
 					found = true
 				}
 			}
@@ -161,9 +162,9 @@ func TestHostPathTypes(t *testing.T) {
 	})
 	for _, b := range bad {
 		uid := a.podUID(b.pod)
-		target := a.volumeDir(uid, hostPathPlugin, "bad")
-		if ms, _ := mountsUnder(target); len(ms) != 0 {
-			t.Errorf("%s: the bad volume is mounted: %v", b.pod, mountPoints(ms))
+		target := a.volumeDir(uid, e2eutil.HostPathPlugin, "bad")
+		if ms := mounttest.MountsUnder(t, target); len(ms) != 0 {
+			t.Errorf("%s: the bad volume is mounted: %v", b.pod, mounttest.MountPoints(ms))
 		}
 		if _, err := os.Lstat(target); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s: a mount point was created for the bad volume: %v", b.pod, err)
@@ -176,8 +177,8 @@ func TestHostPathTypes(t *testing.T) {
 		t.Errorf("a missing hostPath of type unset was created: %v", err)
 	}
 	// The good pod is still fine.
-	if ms, _ := mountsUnder(filepath.Join(a.Root, "pods", uid)); len(ms) != len(good) {
-		t.Errorf("good pod mounts: %v, want %d", mountPoints(ms), len(good))
+	if ms := mounttest.MountsUnder(t, filepath.Join(a.Root(), "pods", uid)); len(ms) != len(good) {
+		t.Errorf("good pod mounts: %v, want %d", mounttest.MountPoints(ms), len(good))
 	}
 	if fi, err := os.Stat(createdDir); err != nil || !fi.IsDir() {
 		t.Errorf("DirectoryOrCreate did not create %s: %v", createdDir, err)

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 // Removing a pod's manifest unmounts all of its volumes, removes its
@@ -34,57 +35,57 @@ func TestPodDeletion(t *testing.T) {
 	}
 	mounttest.MountTmpfs(t, hostSub)
 	mounttest.WriteFile(t, filepath.Join(hostSub, "sub.txt"), "host submount data")
-	a.write("storage.yaml",
-		localPV("local-block", loop, "claim-block", "kubernetes.io/hostname", nodeName),
-		newPVC("claim-block", "local-block"),
+	a.Write("storage.yaml",
+		e2eutil.LocalPV("local-block", loop, "claim-block", "kubernetes.io/hostname", nodeName),
+		e2eutil.PVC("claim-block", "local-block"),
 	)
-	a.write("gone.yaml", newPod("gone",
-		emptyDir("mem", corev1.StorageMediumMemory, "2Mi"),
-		emptyDir("disk", "", ""),
-		hostPath("host", hostDir, hostPathType(corev1.HostPathDirectory)),
+	a.Write("gone.yaml", newPod("gone",
+		e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "2Mi"),
+		e2eutil.EmptyDirVolume("disk", "", ""),
+		e2eutil.HostPathVolume("host", hostDir, hostPathType(corev1.HostPathDirectory)),
 		claim("block", "claim-block", false),
 	))
-	a.write("stays.yaml", newPod("stays", emptyDir("mem", corev1.StorageMediumMemory, "2Mi")))
-	a.start()
+	a.Write("stays.yaml", newPod("stays", e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "2Mi")))
+	a.Start()
 	uids := a.waitReady("gone", "stays")
 	gone, stays := uids["gone"], uids["stays"]
 
 	// Data the pod leaves behind in each kind of volume.
-	mounttest.WriteFile(t, filepath.Join(a.volumeDir(gone, emptyDirPlugin, "disk"), "sub", "f.txt"), "x")
-	mounttest.WriteFile(t, filepath.Join(a.volumeDir(gone, emptyDirPlugin, "mem"), "f.txt"), "x")
-	mounttest.WriteFile(t, filepath.Join(a.volumeDir(gone, hostPathPlugin, "host"), "from-pod.txt"), "pod data")
-	mounttest.WriteFile(t, filepath.Join(a.volumeDir(gone, localPlugin, "local-block"), "from-pod.txt"), "block data")
-	global := a.globalMount(localPlugin, "local-block")
-	if _, err := mountAt(global); err != nil {
+	mounttest.WriteFile(t, filepath.Join(a.volumeDir(gone, e2eutil.EmptyDirPlugin, "disk"), "sub", "f.txt"), "x")
+	mounttest.WriteFile(t, filepath.Join(a.volumeDir(gone, e2eutil.EmptyDirPlugin, "mem"), "f.txt"), "x")
+	mounttest.WriteFile(t, filepath.Join(a.volumeDir(gone, e2eutil.HostPathPlugin, "host"), "from-pod.txt"), "pod data")
+	mounttest.WriteFile(t, filepath.Join(a.volumeDir(gone, e2eutil.LocalPlugin, "local-block"), "from-pod.txt"), "block data")
+	global := a.globalMount(e2eutil.LocalPlugin, "local-block")
+	if _, err := mountAt(t, global); err != nil {
 		t.Fatal(err)
 	}
 
-	a.remove("gone.yaml")
-	eventually(t, settleTimeout, "pod gone to be torn down", func() error {
-		if err := noMountsUnder(filepath.Join(a.Root, "pods", gone)); err != nil {
+	a.Remove("gone.yaml")
+	e2eutil.PollErr(t, settleTimeout, "pod gone to be torn down", func() error {
+		if err := noMountsUnder(t, filepath.Join(a.Root(), "pods", gone)); err != nil {
 			return err
 		}
-		if err := noMountsUnder(global); err != nil {
+		if err := noMountsUnder(t, global); err != nil {
 			return fmt.Errorf("global mount: %v", err)
 		}
 		if _, err := os.Lstat(global); !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("global mount point still there (%v)", err)
 		}
-		if _, err := os.Lstat(filepath.Join(a.Root, "pods", gone)); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Lstat(filepath.Join(a.Root(), "pods", gone)); !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("pod directory still there (%v)", err)
 		}
 		return nil
 	})
-	if _, err := mountAt(a.volumeDir(stays, emptyDirPlugin, "mem")); err != nil {
+	if _, err := mountAt(t, a.volumeDir(stays, e2eutil.EmptyDirPlugin, "mem")); err != nil {
 		t.Errorf("the other pod lost its volume: %v", err)
 	}
-	if d, err := a.dsw(); err != nil || d.pod("gone") != nil {
+	if d, err := a.DSW(); err != nil || d.Pod("default", "gone") != nil {
 		t.Errorf("pod gone still desired (%v)", err)
 	}
 
-	a.remove("stays.yaml")
-	eventually(t, settleTimeout, "every pod to be torn down", func() error {
-		if err := noMountsUnder(a.Root); err != nil {
+	a.Remove("stays.yaml")
+	e2eutil.PollErr(t, settleTimeout, "every pod to be torn down", func() error {
+		if err := noMountsUnder(t, a.Root()); err != nil {
 			return err
 		}
 		dirs, err := a.podDirs()
@@ -98,7 +99,7 @@ func TestPodDeletion(t *testing.T) {
 	})
 
 	// Nothing of the host's or the PV's data was deleted.
-	if _, err := mountAt(hostSub); err != nil {
+	if _, err := mountAt(t, hostSub); err != nil {
 		t.Errorf("the host's own mount: %v", err)
 	}
 	for _, f := range []string{"host.txt", "from-pod.txt", "sub/sub.txt"} {
@@ -122,13 +123,13 @@ func TestPodDeletion(t *testing.T) {
 func TestTerminatedPod(t *testing.T) {
 	t.Parallel()
 	a := newAgent(t)
-	done := newPod("done-already", emptyDir("mem", corev1.StorageMediumMemory, "1Mi"))
+	done := newPod("done-already", e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "1Mi"))
 	done.Status.Phase = corev1.PodSucceeded
-	a.write("done.yaml", done)
+	a.Write("done.yaml", done)
 	for _, name := range []string{"job-succeeds", "job-fails"} {
-		a.write(name+".yaml", newPod(name, emptyDir("mem", corev1.StorageMediumMemory, "1Mi"), emptyDir("disk", "", "")))
+		a.Write(name+".yaml", newPod(name, e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "1Mi"), e2eutil.EmptyDirVolume("disk", "", "")))
 	}
-	a.start()
+	a.Start()
 	uids := a.waitReady("job-succeeds", "job-fails")
 
 	dirs, err := a.podDirs()
@@ -141,17 +142,17 @@ func TestTerminatedPod(t *testing.T) {
 	if !slices.Equal(dirs, want) {
 		t.Errorf("pod directories %v, want only the running pods' %v", dirs, want)
 	}
-	if d, err := a.dsw(); err != nil || d.pod("done-already") != nil {
+	if d, err := a.DSW(); err != nil || d.Pod("default", "done-already") != nil {
 		t.Errorf("a Succeeded pod is desired (%v)", err)
 	}
 
 	for name, phase := range map[string]corev1.PodPhase{"job-succeeds": corev1.PodSucceeded, "job-fails": corev1.PodFailed} {
-		p := newPod(name, emptyDir("mem", corev1.StorageMediumMemory, "1Mi"), emptyDir("disk", "", ""))
+		p := newPod(name, e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "1Mi"), e2eutil.EmptyDirVolume("disk", "", ""))
 		p.Status.Phase = phase
-		a.write(name+".yaml", p)
+		a.Write(name+".yaml", p)
 	}
-	eventually(t, settleTimeout, "the terminated pods' volumes to be torn down", func() error {
-		if err := noMountsUnder(a.Root); err != nil {
+	e2eutil.PollErr(t, settleTimeout, "the terminated pods' volumes to be torn down", func() error {
+		if err := noMountsUnder(t, a.Root()); err != nil {
 			return err
 		}
 		dirs, err := a.podDirs()
@@ -177,63 +178,54 @@ func TestSIGTERMLeavesMounts(t *testing.T) {
 	if err := os.Mkdir(hostDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	a.write("storage.yaml",
-		localPV("local-block", loop, "claim-block", "kubernetes.io/hostname", nodeName),
-		newPVC("claim-block", "local-block"),
+	a.Write("storage.yaml",
+		e2eutil.LocalPV("local-block", loop, "claim-block", "kubernetes.io/hostname", nodeName),
+		e2eutil.PVC("claim-block", "local-block"),
 	)
-	a.write("app.yaml", newPod("app",
-		emptyDir("mem", corev1.StorageMediumMemory, "1Mi"),
-		emptyDir("disk", "", ""),
-		hostPath("host", hostDir, nil),
+	a.Write("app.yaml", newPod("app",
+		e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "1Mi"),
+		e2eutil.EmptyDirVolume("disk", "", ""),
+		e2eutil.HostPathVolume("host", hostDir, nil),
 		claim("block", "claim-block", false),
 	))
-	a.start()
+	a.Start()
 	uid := a.waitReady("app")["app"]
-	mounttest.WriteFile(t, filepath.Join(a.volumeDir(uid, emptyDirPlugin, "mem"), "f.txt"), "in memory")
-	before, err := mountsUnder(a.Root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	mounttest.WriteFile(t, filepath.Join(a.volumeDir(uid, e2eutil.EmptyDirPlugin, "mem"), "f.txt"), "in memory")
+	before := mounttest.MountsUnder(t, a.Root())
 	if len(before) != 4 {
-		t.Fatalf("mounts before SIGTERM: %v, want 4", mountPoints(before))
+		t.Fatalf("mounts before SIGTERM: %v, want 4", mounttest.MountPoints(before))
 	}
 
-	if err := a.stop(); err != nil {
+	if err := a.Stop(); err != nil {
 		t.Fatalf("volume-agent did not exit cleanly on SIGTERM: %v", err)
 	}
-	after, err := mountsUnder(a.Root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	after := mounttest.MountsUnder(t, a.Root())
 	if !slices.EqualFunc(before, after, func(x, y mounttest.Mount) bool { return x.ID == y.ID && x.MountPoint == y.MountPoint }) {
-		t.Errorf("mounts changed by SIGTERM:\nbefore %v\nafter  %v", mountPoints(before), mountPoints(after))
+		t.Errorf("mounts changed by SIGTERM:\nbefore %v\nafter  %v", mounttest.MountPoints(before), mounttest.MountPoints(after))
 	}
-	if got := mounttest.ReadFile(t, filepath.Join(a.volumeDir(uid, emptyDirPlugin, "mem"), "f.txt")); got != "in memory" {
+	if got := mounttest.ReadFile(t, filepath.Join(a.volumeDir(uid, e2eutil.EmptyDirPlugin, "mem"), "f.txt")); got != "in memory" {
 		t.Errorf("tmpfs content after SIGTERM: %q", got)
 	}
-	if _, err := os.Stat(a.volumeDir(uid, emptyDirPlugin, "disk")); err != nil {
+	if _, err := os.Stat(a.volumeDir(uid, e2eutil.EmptyDirPlugin, "disk")); err != nil {
 		t.Errorf("disk emptyDir after SIGTERM: %v", err)
 	}
 
 	// A restart finds the mounts and adds none.
-	a.start()
+	a.Start()
 	a.waitReady("app")
-	restarted, err := mountsUnder(a.Root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	restarted := mounttest.MountsUnder(t, a.Root())
 	if !slices.EqualFunc(before, restarted, func(x, y mounttest.Mount) bool { return x.ID == y.ID && x.MountPoint == y.MountPoint }) {
-		t.Errorf("mounts changed by a restart:\nbefore %v\nafter  %v", mountPoints(before), mountPoints(restarted))
+		t.Errorf("mounts changed by a restart:\nbefore %v\nafter  %v", mounttest.MountPoints(before), mounttest.MountPoints(restarted))
 	}
-	if err := a.stop(); err != nil {
+	if err := a.Stop(); err != nil {
 		t.Fatal(err)
 	}
 
 	// The test cleans up itself: the agent was told nothing.
-	if err := mounttest.UnmountUnder(a.Root); err != nil {
+	if err := mounttest.UnmountUnder(a.Root()); err != nil {
 		t.Fatal(err)
 	}
-	if err := noMountsUnder(a.Root); err != nil {
+	if err := noMountsUnder(t, a.Root()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -244,16 +236,16 @@ func TestOtherNodePod(t *testing.T) {
 	t.Parallel()
 	a := newAgent(t)
 	pinned := func(name, node string) *corev1.Pod {
-		p := newPod(name, emptyDir("mem", corev1.StorageMediumMemory, "1Mi"))
+		p := newPod(name, e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "1Mi"))
 		p.Spec.NodeName = node
 		return p
 	}
-	a.write("pods.yaml", pinned("mine", nodeName), pinned("unpinned", ""), pinned("theirs", "other-node"))
-	a.write("theirs-too.yaml", pinned("theirs-too", "other-node"))
-	a.start()
+	a.Write("pods.yaml", pinned("mine", nodeName), pinned("unpinned", ""), pinned("theirs", "other-node"))
+	a.Write("theirs-too.yaml", pinned("theirs-too", "other-node"))
+	a.Start()
 	uids := a.waitReady("mine", "unpinned")
 
-	d, err := a.dsw()
+	d, err := a.DSW()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,21 +263,21 @@ func TestOtherNodePod(t *testing.T) {
 	if len(dirs) != 2 {
 		t.Errorf("pod directories %v, want 2", dirs)
 	}
-	if ms, _ := mountsUnder(a.Root); len(ms) != 2 {
-		t.Errorf("mounts %v, want 2", mountPoints(ms))
+	if ms := mounttest.MountsUnder(t, a.Root()); len(ms) != 2 {
+		t.Errorf("mounts %v, want 2", mounttest.MountPoints(ms))
 	}
 
-	a.write("pods.yaml", pinned("mine", "other-node"), pinned("unpinned", ""), pinned("theirs", "other-node"))
-	eventually(t, settleTimeout, "the pod moved away to be torn down", func() error {
-		if err := noMountsUnder(filepath.Join(a.Root, "pods", uids["mine"])); err != nil {
+	a.Write("pods.yaml", pinned("mine", "other-node"), pinned("unpinned", ""), pinned("theirs", "other-node"))
+	e2eutil.PollErr(t, settleTimeout, "the pod moved away to be torn down", func() error {
+		if err := noMountsUnder(t, filepath.Join(a.Root(), "pods", uids["mine"])); err != nil {
 			return err
 		}
-		if _, err := os.Lstat(filepath.Join(a.Root, "pods", uids["mine"])); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Lstat(filepath.Join(a.Root(), "pods", uids["mine"])); !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("pod directory still there (%v)", err)
 		}
 		return nil
 	})
-	if _, err := mountAt(a.volumeDir(uids["unpinned"], emptyDirPlugin, "mem")); err != nil {
+	if _, err := mountAt(t, a.volumeDir(uids["unpinned"], e2eutil.EmptyDirPlugin, "mem")); err != nil {
 		t.Error(err)
 	}
 }

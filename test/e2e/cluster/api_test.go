@@ -14,6 +14,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/test/cluster"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 // outage is how long TestAPIServerOutage keeps kube-apiserver down.
@@ -36,9 +37,9 @@ func TestAPIServerOutage(t *testing.T) {
 	var paths []string
 	uids := map[string]string{}
 	for _, name := range []string{"db", "cache"} {
-		pod := e.createPod(e.pod(name, claimVolume("data", "data"), memoryVolume("scratch")))
+		pod := e.createPod(e.pod(name, e2eutil.ClaimVolume("data", "data"), e2eutil.MemoryVolume("scratch")))
 		uids[string(pod.UID)] = name
-		paths = append(paths, e.volumePath(pod.UID, localPlugin, pv.Name), e.volumePath(pod.UID, emptyDirPlug, "scratch"))
+		paths = append(paths, e.volumePath(pod.UID, e2eutil.LocalPlugin, pv.Name), e.volumePath(pod.UID, e2eutil.EmptyDirPlugin, "scratch"))
 	}
 	e.waitMounted(paths...)
 	for _, name := range uids {
@@ -48,7 +49,7 @@ func TestAPIServerOutage(t *testing.T) {
 
 	t.Logf("stopping kube-apiserver for %v", outage)
 	stopped := time.Now()
-	suite.cluster.StopAPIServer()
+	suite.Cluster.StopAPIServer()
 	up := false
 	// Whatever happens, the other tests need the API server back, and the
 	// controller manager working again: its informers back off like the
@@ -56,7 +57,7 @@ func TestAPIServerOutage(t *testing.T) {
 	// controller and PV binder.
 	t.Cleanup(func() {
 		if !up {
-			err := suite.cluster.StartAPIServer(context.Background())
+			err := suite.Cluster.StartAPIServer(context.Background())
 			recordRestart(stopped, time.Now())
 			if err != nil {
 				t.Errorf("restarting kube-apiserver: %v", err)
@@ -78,13 +79,13 @@ func TestAPIServerOutage(t *testing.T) {
 		if missing := missingMounts(t, e.root, before); len(missing) > 0 {
 			t.Fatalf("%v into the outage: unmounted %q", time.Since(start).Round(time.Second), missing)
 		}
-		if resp, err := http.Get(a.debugURL + "/healthz"); err != nil {
+		if resp, err := http.Get(a.DebugURL() + "/healthz"); err != nil {
 			t.Fatalf("agent /healthz during the outage: %v", err)
 		} else {
 			resp.Body.Close()
 		}
 		desired := 0
-		for _, p := range a.dsw(t).Pods {
+		for _, p := range e2eutil.Must(t, a.DSW).Pods {
 			if _, ok := uids[p.UID]; ok {
 				desired++
 			}
@@ -97,7 +98,7 @@ func TestAPIServerOutage(t *testing.T) {
 	tick.Stop()
 	t.Logf("kube-apiserver was down for %v; %d checks of the mount table and the agent found nothing torn down", time.Since(start).Round(time.Millisecond), checks)
 	restart := time.Now()
-	err := suite.cluster.StartAPIServer(t.Context())
+	err := suite.Cluster.StartAPIServer(t.Context())
 	up = true // tried: the cleanup must not start it twice
 	// Until ready, a restarted API server refuses what its RBAC caches do
 	// not know yet: checkRBAC forgives 403s from this period.
@@ -117,8 +118,8 @@ func TestAPIServerOutage(t *testing.T) {
 	// watch refused by the API server while it starts costs another round:
 	// up to about 100 s was seen.
 	resumed := time.Now()
-	pod := e.createPod(e.pod("late", claimVolume("data", "data"), memoryVolume("scratch")))
-	e.waitMountedWithin(3*time.Minute, e.volumePath(pod.UID, localPlugin, pv.Name), e.volumePath(pod.UID, emptyDirPlug, "scratch"))
+	pod := e.createPod(e.pod("late", e2eutil.ClaimVolume("data", "data"), e2eutil.MemoryVolume("scratch")))
+	e.waitMountedWithin(3*time.Minute, e.volumePath(pod.UID, e2eutil.LocalPlugin, pv.Name), e.volumePath(pod.UID, e2eutil.EmptyDirPlugin, "scratch"))
 	e.waitCondition("late", corev1.ConditionTrue, "VolumesMounted")
 	t.Logf("a pod created after the outage was mounted and reported in %v", time.Since(resumed).Round(time.Millisecond))
 	// By now the agent has listed again and reconciled: still nothing lost.
@@ -136,11 +137,11 @@ func controllerManagerWorks() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	name := "outage-probe"
-	if _, err := suite.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+	if _, err := suite.Admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
 	for {
-		if _, err := suite.admin.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{}); err == nil {
+		if _, err := suite.Admin.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{}); err == nil {
 			return nil
 		}
 		select {
@@ -196,13 +197,13 @@ func TestManyPodsAtStartup(t *testing.T) {
 	}
 	var paths []string
 	for i := range pods {
-		pod := e.createPod(e.pod(fmt.Sprintf("pod-%03d", i), memoryVolume("cache"), claimVolume("data", fmt.Sprintf("data-%d", i%claims))))
-		paths = append(paths, e.volumePath(pod.UID, emptyDirPlug, "cache"), e.volumePath(pod.UID, localPlugin, pvNames[i%claims]))
+		pod := e.createPod(e.pod(fmt.Sprintf("pod-%03d", i), e2eutil.MemoryVolume("cache"), e2eutil.ClaimVolume("data", fmt.Sprintf("data-%d", i%claims))))
+		paths = append(paths, e.volumePath(pod.UID, e2eutil.EmptyDirPlugin, "cache"), e.volumePath(pod.UID, e2eutil.LocalPlugin, pvNames[i%claims]))
 	}
 
 	start := time.Now()
 	e.start()
-	eventually(t, 3*time.Minute, fmt.Sprintf("%d volumes mounted", len(paths)), func(context.Context) (bool, string) {
+	e2eutil.Poll(t, 3*time.Minute, fmt.Sprintf("%d volumes mounted", len(paths)), func(context.Context) (bool, string) {
 		have := mountPoints(t, e.root)
 		n := 0
 		for _, p := range paths {
@@ -213,8 +214,8 @@ func TestManyPodsAtStartup(t *testing.T) {
 		return n == len(paths), fmt.Sprintf("%d of %d mounted", n, len(paths))
 	})
 	mountedIn := time.Since(start)
-	eventually(t, 3*time.Minute, "every pod's condition True", func(ctx context.Context) (bool, string) {
-		list, err := suite.admin.CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{})
+	e2eutil.Poll(t, 3*time.Minute, "every pod's condition True", func(ctx context.Context) (bool, string) {
+		list, err := suite.Admin.CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -235,7 +236,7 @@ func TestManyPodsAtStartup(t *testing.T) {
 	// patches that made the conditions visible are logged.
 	userAgent := "volume-agent/" + e.node
 	var counts map[string]int
-	eventually(t, 30*time.Second, "the agent's status patches in the audit log", func(context.Context) (bool, string) {
+	e2eutil.Poll(t, 30*time.Second, "the agent's status patches in the audit log", func(context.Context) (bool, string) {
 		var err error
 		if counts, err = countRequests(userAgent); err != nil {
 			return false, err.Error()
@@ -308,7 +309,7 @@ func TestManyPodsAtStartup(t *testing.T) {
 // countRequests counts the requests of one user agent (exactly: another
 // agent's node name may have this one's as a prefix) by "verb resource".
 func countRequests(userAgent string) (map[string]int, error) {
-	events, err := suite.cluster.AuditEvents()
+	events, err := suite.Cluster.AuditEvents()
 	if err != nil {
 		return nil, err
 	}
@@ -322,11 +323,7 @@ func countRequests(userAgent string) (map[string]int, error) {
 			continue
 		}
 		seen[e.AuditID] = true // a watch has two events
-		key := e.Verb + " " + e.RequestURI
-		if e.ObjectRef != nil {
-			key = e.Verb + " " + groupResource(e.ObjectRef.APIGroup, e.ObjectRef.Resource, e.ObjectRef.Subresource)
-		}
-		counts[key]++
+		counts[e2eutil.RequestKey(e)]++
 	}
 	return counts, nil
 }

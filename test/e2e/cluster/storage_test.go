@@ -3,11 +3,9 @@ package cluster_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -15,10 +13,10 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 // An inline CSI volume with a nodePublishSecretRef, served by the real test
@@ -35,38 +33,25 @@ func TestCSIInlineVolumeWithSecret(t *testing.T) {
 		t.Skip("the test CSI driver needs mkfs.ext4")
 	}
 	ctx := t.Context()
-	// Registered before the driver and the agent start, so it runs after
-	// they stopped: no loop device of the driver outlives the test.
-	t.Cleanup(func() { detachLoopsUnder(t, e.data) })
-
-	driver := "e2e.csi.volume-agent.io"
-	endpoint := "unix://" + filepath.Join(e.data, "csi.sock")
-	startProcess(t, "test-csi-driver", suite.csiDriverBin,
-		"--endpoint="+endpoint,
-		"--name="+driver,
-		"--node-id="+e.node,
-		"--state-dir="+filepath.Join(e.data, "csi-state"),
-	)
-	if _, err := suite.admin.StorageV1().CSIDrivers().Create(ctx, &storagev1.CSIDriver{
-		ObjectMeta: metav1.ObjectMeta{Name: driver},
-		Spec: storagev1.CSIDriverSpec{
-			AttachRequired:       ptr.To(false),
-			VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecycleEphemeral},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	driver := e2eutil.StartCSIDriver(t, e2eutil.CSIDriverOptions{
+		Binary: suite.CSIDriverBin, Name: "e2e.csi.volume-agent.io", NodeID: e.node,
+		StateDir: filepath.Join(e.data, "csi-state"),
+	})
+	suite.CreateCSIDriver(t, driver.Name(), storagev1.CSIDriverSpec{
+		AttachRequired:       ptr.To(false),
+		VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecycleEphemeral},
+	})
 	secret := "csi-credentials"
-	if _, err := suite.admin.CoreV1().Secrets(e.ns).Create(ctx, &corev1.Secret{
+	if _, err := suite.Admin.CoreV1().Secrets(e.ns).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: secret},
 		StringData: map[string]string{"token": "e2e"},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.start("--csi-driver=" + driver + "=" + endpoint)
+	e.start("--csi-driver=" + driver.Name() + "=" + driver.Endpoint())
 
 	pod := e.createPod(e.pod("csi", corev1.Volume{Name: "inline", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
-		Driver:               driver,
+		Driver:               driver.Name(),
 		VolumeAttributes:     map[string]string{"size": "16Mi"},
 		NodePublishSecretRef: &corev1.LocalObjectReference{Name: secret},
 	}}}))
@@ -83,8 +68,8 @@ func TestCSIInlineVolumeWithSecret(t *testing.T) {
 	mounttest.WriteFile(t, filepath.Join(ext4[0].MountPoint, "hello"), "world")
 	t.Logf("published at %s (%s from %s)", ext4[0].MountPoint, ext4[0].FSType, ext4[0].Source)
 
-	eventually(t, 30*time.Second, "the agent's GET of the secret in the audit log", func(context.Context) (bool, string) {
-		events, err := suite.cluster.AuditEvents()
+	e2eutil.Poll(t, 30*time.Second, "the agent's GET of the secret in the audit log", func(context.Context) (bool, string) {
+		events, err := suite.Cluster.AuditEvents()
 		if err != nil {
 			return false, err.Error()
 		}
@@ -101,29 +86,12 @@ func TestCSIInlineVolumeWithSecret(t *testing.T) {
 	e.waitTornDown(pod.UID)
 }
 
-// detachLoopsUnder detaches every loop device whose backing file is below
-// dir, after unmounting what is mounted from it.
-func detachLoopsUnder(t *testing.T, dir string) {
-	t.Helper()
-	out, err := exec.Command("losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE").Output()
-	if err != nil {
-		t.Errorf("losetup --list: %v", err)
-		return
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 2 && strings.HasPrefix(f[1], dir+"/") {
-			t.Logf("detaching %s (backed by %s), left over by the CSI driver", f[0], f[1])
-			mounttest.DetachLoop(t, f[0])
-		}
-	}
-}
-
 // A local PV on a block device (a loop device the agent formats with ext4)
-// grows: the test grows the device and plays the external resizer (claim
-// request, PV capacity, claim status allocatedResources and
-// NodeResizePending, as since Kubernetes 1.34); the agent grows the
-// filesystem and reports the new capacity on the claim's status.
+// grows: the test grows the device and plays the external resizer
+// (e2eutil's ControlPlane.PlayResizer: claim request, claim status
+// allocatedResources, PV capacity, NodeResizePending, as since Kubernetes
+// 1.34); the agent grows the filesystem and reports the new capacity on the
+// claim's status.
 //
 // Online growth of a mounted ext4 needs CAP_SYS_RESOURCE. Where the kernel
 // refuses it (as on the VM this suite was written on), the agent must say so
@@ -140,17 +108,12 @@ func TestLocalBlockVolumeExpansion(t *testing.T) {
 	ctx := t.Context()
 	small, large := resource.MustParse("64Mi"), resource.MustParse("128Mi")
 	dev := mounttest.LoopDevice(t, small.Value()) // detached after the agent stops (registered first)
-	out, err := exec.Command("losetup", "--noheadings", "--output", "BACK-FILE", dev).Output()
-	if err != nil {
-		t.Fatalf("losetup %s: %v", dev, err)
-	}
-	backing := strings.TrimSpace(string(out))
 
 	// Claims of class "manual" (no StorageClass object) cannot be resized:
 	// the PersistentVolumeClaimResize admission plugin wants a class that
 	// allows expansion. This one provisions nothing.
 	class := "e2e-expandable"
-	if _, err := suite.admin.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{
+	if _, err := suite.Admin.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{
 		ObjectMeta:           metav1.ObjectMeta{Name: class},
 		Provisioner:          "kubernetes.io/no-provisioner",
 		AllowVolumeExpansion: ptr.To(true),
@@ -159,27 +122,16 @@ func TestLocalBlockVolumeExpansion(t *testing.T) {
 		t.Fatal(err)
 	}
 	pvName := e.pvName("disk")
-	pv := &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: pvName},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: small},
-			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			StorageClassName:              class,
-			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-			PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: dev, FSType: ptr.To("ext4")}},
-			ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: e.ns, Name: "disk"},
-			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{e.node}}},
-			}}}},
-		},
-	}
-	if _, err := suite.admin.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+	pv := e2eutil.PreBoundPV(pvName, small.String(), class, e.ns, "disk",
+		corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: dev, FSType: ptr.To("ext4")}})
+	pv.Spec.NodeAffinity = e2eutil.NodeAffinity(corev1.LabelHostname, e.node)
+	if _, err := suite.Admin.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	spec := claimSpec()
 	spec.StorageClassName = ptr.To(class)
 	spec.Resources.Requests[corev1.ResourceStorage] = small
-	if _, err := suite.admin.CoreV1().PersistentVolumeClaims(e.ns).Create(ctx, &corev1.PersistentVolumeClaim{
+	if _, err := suite.Admin.CoreV1().PersistentVolumeClaims(e.ns).Create(ctx, &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "disk"}, Spec: spec,
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -187,38 +139,21 @@ func TestLocalBlockVolumeExpansion(t *testing.T) {
 	e.waitBound("disk", pvName)
 	e.start()
 
-	pod := e.createPod(e.pod("db", claimVolume("disk", "disk")))
-	path := e.volumePath(pod.UID, localPlugin, pvName)
+	pod := e.createPod(e.pod("db", e2eutil.ClaimVolume("disk", "disk")))
+	path := e.volumePath(pod.UID, e2eutil.LocalPlugin, pvName)
 	e.waitMounted(path)
 	e.waitCondition("db", corev1.ConditionTrue, "VolumesMounted")
-	before := fsSize(t, path)
+	before := mounttest.FSSize(t, path)
 	if m := mounttest.MountAt(t, path); m.FSType != "ext4" {
 		t.Fatalf("%s is %s, want the ext4 the agent made", path, m.FSType)
 	}
 	mounttest.WriteFile(t, filepath.Join(path, "data"), "kept across the resize")
 
-	// The device grows (as a cloud disk would after ControllerExpandVolume).
-	if err := os.Truncate(backing, large.Value()); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("losetup", "--set-capacity", dev).CombinedOutput(); err != nil {
-		t.Fatalf("losetup --set-capacity %s: %v: %s", dev, err, out)
-	}
-	// The user asks for more; the resizer records it.
-	claims := suite.admin.CoreV1().PersistentVolumeClaims(e.ns)
-	if _, err := claims.Patch(ctx, "disk", k8stypes.StrategicMergePatchType,
-		[]byte(fmt.Sprintf(`{"spec":{"resources":{"requests":{"storage":%q}}}}`, large.String())), metav1.PatchOptions{}); err != nil {
-		t.Fatalf("resize the claim: %v", err)
-	}
-	if _, err := suite.admin.CoreV1().PersistentVolumes().Patch(ctx, pvName, k8stypes.StrategicMergePatchType,
-		[]byte(fmt.Sprintf(`{"spec":{"capacity":{"storage":%q}}}`, large.String())), metav1.PatchOptions{}); err != nil {
-		t.Fatalf("grow the PV: %v", err)
-	}
-	if _, err := claims.Patch(ctx, "disk", k8stypes.MergePatchType, []byte(fmt.Sprintf(
-		`{"status":{"allocatedResources":{"storage":%q},"allocatedResourceStatuses":{"storage":"NodeResizePending"}}}`, large.String())),
-		metav1.PatchOptions{}, "status"); err != nil {
-		t.Fatalf("mark the claim NodeResizePending: %v", err)
-	}
+	// The device grows (as a cloud disk would after ControllerExpandVolume);
+	// the user asks for more; the resizer records it.
+	mounttest.GrowLoop(t, dev, large.Value())
+	suite.PlayResizer(t, e.ns, "disk", pvName, large.String())
+	claims := suite.Admin.CoreV1().PersistentVolumeClaims(e.ns)
 
 	// Grown, or refused with the reason on the claim.
 	var resizeErr *corev1.PersistentVolumeClaimCondition
@@ -240,7 +175,7 @@ func TestLocalBlockVolumeExpansion(t *testing.T) {
 		}
 		return done, fmt.Sprintf("capacity %s, allocatedResourceStatuses %v, conditions %+v", got.String(), pvc.Status.AllocatedResourceStatuses, pvc.Status.Conditions)
 	}
-	eventually(t, 60*time.Second, "the agent grows the volume or reports why not on the claim", func(ctx context.Context) (bool, string) {
+	e2eutil.Poll(t, 60*time.Second, "the agent grows the volume or reports why not on the claim", func(ctx context.Context) (bool, string) {
 		done, why := grown(ctx)
 		return done || resizeErr != nil, why
 	})
@@ -253,17 +188,17 @@ func TestLocalBlockVolumeExpansion(t *testing.T) {
 		// before it is mounted for the next.
 		e.deletePod("db", 0)
 		e.waitTornDown(pod.UID)
-		globalMount := filepath.Join(e.root, "plugins", localPlugin, "mounts", pvName, "globalmount")
-		eventually(t, 60*time.Second, "the device unmounted", func(context.Context) (bool, string) {
+		globalMount := e2eutil.GlobalMount(e.root, e2eutil.LocalPlugin, pvName)
+		e2eutil.Poll(t, 60*time.Second, "the device unmounted", func(context.Context) (bool, string) {
 			return !mounted(t, globalMount), globalMount + " still mounted"
 		})
-		pod = e.createPod(e.pod("db-2", claimVolume("disk", "disk")))
-		path = e.volumePath(pod.UID, localPlugin, pvName)
+		pod = e.createPod(e.pod("db-2", e2eutil.ClaimVolume("disk", "disk")))
+		path = e.volumePath(pod.UID, e2eutil.LocalPlugin, pvName)
 		e.waitMounted(path)
 		e.waitCondition("db-2", corev1.ConditionTrue, "VolumesMounted")
 	}
-	eventually(t, 60*time.Second, "the agent reports the new capacity on the claim", grown)
-	after := fsSize(t, path)
+	e2eutil.Poll(t, 60*time.Second, "the agent reports the new capacity on the claim", grown)
+	after := mounttest.FSSize(t, path)
 	t.Logf("filesystem at %s: %d MiB before, %d MiB after", path, before>>20, after>>20)
 	if after <= before || after < small.Value() {
 		t.Errorf("the filesystem did not grow: %d bytes before, %d after", before, after)
@@ -271,49 +206,4 @@ func TestLocalBlockVolumeExpansion(t *testing.T) {
 	if got := mounttest.ReadFile(t, filepath.Join(path, "data")); got != "kept across the resize" {
 		t.Errorf("data after the resize: %q", got)
 	}
-}
-
-// fsSize is the size of the filesystem mounted at path.
-func fsSize(t *testing.T, path string) int64 {
-	t.Helper()
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(path, &st); err != nil {
-		t.Fatal(err)
-	}
-	return int64(st.Blocks) * st.Bsize
-}
-
-// startProcess runs a helper binary for the test, with its output in a log
-// file that is shown if the test fails, and stops it with SIGTERM (SIGKILL
-// after 15 s) when the test ends.
-func startProcess(t *testing.T, name, bin string, args ...string) {
-	t.Helper()
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logFile.Close()
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	spawn(func() { err = cmd.Start() })
-	if err != nil {
-		t.Fatalf("starting %s: %v", name, err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-			t.Errorf("%s did not stop within 15s of SIGTERM", name)
-		}
-		if t.Failed() {
-			t.Logf("--- last lines of %s ---\n%s", logPath, tail(logPath, 40))
-		}
-	})
 }

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 // A pod using a claim that the real binder bound to a local PV: the agent
@@ -29,8 +30,8 @@ func TestBoundLocalPV(t *testing.T) {
 	e.waitBound("data", pv.Name)
 	e.start()
 
-	pod := e.createPod(e.pod("web", claimVolume("data", "data")))
-	path := e.volumePath(pod.UID, localPlugin, pv.Name)
+	pod := e.createPod(e.pod("web", e2eutil.ClaimVolume("data", "data")))
+	path := e.volumePath(pod.UID, e2eutil.LocalPlugin, pv.Name)
 	e.waitMounted(path)
 	if got := readMarker(t, path); got != pv.Name {
 		t.Errorf("the mount shows PV %q's directory, want %q's", got, pv.Name)
@@ -40,13 +41,15 @@ func TestBoundLocalPV(t *testing.T) {
 
 	// SIGTERM unmounts nothing; the next agent adopts the mount instead of
 	// mounting again.
-	e.agent.stop()
+	if err := e.agent.Stop(); err != nil {
+		t.Error(err)
+	}
 	if !mounted(t, path) {
 		t.Fatalf("%s was unmounted when the agent stopped", path)
 	}
 	a := e.start()
-	eventually(t, 30*time.Second, "the restarted agent reports the pod's volumes ready", func(context.Context) (bool, string) {
-		for _, p := range a.dsw(t).Pods {
+	e2eutil.Poll(t, 30*time.Second, "the restarted agent reports the pod's volumes ready", func(context.Context) (bool, string) {
+		for _, p := range e2eutil.Must(t, a.DSW).Pods {
 			if p.UID == string(pod.UID) {
 				return p.VolumesReady, fmt.Sprintf("%+v", p)
 			}
@@ -67,7 +70,7 @@ func TestUnboundClaimThenBound(t *testing.T) {
 	e := newEnv(t, "unbound-pvc")
 	e.start()
 	e.createClaim("data")
-	pod := e.createPod(e.pod("app", claimVolume("data", "data")))
+	pod := e.createPod(e.pod("app", e2eutil.ClaimVolume("data", "data")))
 
 	ev := e.waitEvent("app", "FailedMount", nil, `volume "data"`, "not bound")
 	t.Logf("event: %s %s: %s (from %s on %s)", ev.Type, ev.Reason, ev.Message, ev.Source.Component, ev.Source.Host)
@@ -84,7 +87,7 @@ func TestUnboundClaimThenBound(t *testing.T) {
 
 	pv, _ := e.createLocalPV("data", "data")
 	e.waitBound("data", pv.Name)
-	path := e.volumePath(pod.UID, localPlugin, pv.Name)
+	path := e.volumePath(pod.UID, e2eutil.LocalPlugin, pv.Name)
 	e.waitMounted(path)
 	if got := readMarker(t, path); got != pv.Name {
 		t.Errorf("the mount shows %q, want PV %q", got, pv.Name)
@@ -102,8 +105,8 @@ func TestPodDeleted(t *testing.T) {
 	e.waitBound("data", pv.Name)
 	e.start()
 
-	pod := e.createPod(e.pod("job", claimVolume("data", "data"), memoryVolume("cache")))
-	e.waitMounted(e.volumePath(pod.UID, localPlugin, pv.Name), e.volumePath(pod.UID, emptyDirPlug, "cache"))
+	pod := e.createPod(e.pod("job", e2eutil.ClaimVolume("data", "data"), e2eutil.MemoryVolume("cache")))
+	e.waitMounted(e.volumePath(pod.UID, e2eutil.LocalPlugin, pv.Name), e.volumePath(pod.UID, e2eutil.EmptyDirPlugin, "cache"))
 	e.waitCondition("job", corev1.ConditionTrue, "VolumesMounted")
 
 	e.deletePod("job", 0)
@@ -111,7 +114,7 @@ func TestPodDeleted(t *testing.T) {
 	if data, err := os.ReadFile(filepath.Join(dir, "marker")); err != nil || string(data) != pv.Name {
 		t.Errorf("the local PV's data is gone after the pod: %q, %v", data, err)
 	}
-	if e.agent.desiredPod(t, string(pod.UID)) {
+	if desiredPod(t, e.agent, string(pod.UID)) {
 		t.Error("the deleted pod is still in the agent's desired state")
 	}
 }
@@ -126,14 +129,14 @@ func TestTerminatingPodKeepsVolumesWhileRunning(t *testing.T) {
 	running := `{"status":{"phase":"Running","containerStatuses":[{"name":"main","image":"registry.k8s.io/pause:3.10","imageID":"","ready":true,"restartCount":0,"state":{"running":{"startedAt":"2026-01-01T00:00:00Z"}}}]}}`
 	uids := map[string]string{}
 	for _, name := range []string{"stops", "removed"} {
-		pod := e.createPod(e.pod(name, memoryVolume("scratch")))
+		pod := e.createPod(e.pod(name, e2eutil.MemoryVolume("scratch")))
 		uids[name] = string(pod.UID)
-		e.waitMounted(e.volumePath(pod.UID, emptyDirPlug, "scratch"))
+		e.waitMounted(e.volumePath(pod.UID, e2eutil.EmptyDirPlugin, "scratch"))
 		e.patchStatus(name, running)
 		e.deletePod(name, 300) // graceful: the object stays, with a deletion timestamp
 	}
 	for name := range uids {
-		got, err := suite.admin.CoreV1().Pods(e.ns).Get(t.Context(), name, metav1.GetOptions{})
+		got, err := suite.Admin.CoreV1().Pods(e.ns).Get(t.Context(), name, metav1.GetOptions{})
 		if err != nil || got.DeletionTimestamp == nil {
 			t.Fatalf("pod %s after a graceful delete: %v, deletionTimestamp %v", name, err, got.GetDeletionTimestamp())
 		}
@@ -141,11 +144,11 @@ func TestTerminatingPodKeepsVolumesWhileRunning(t *testing.T) {
 
 	e.barrier("barrier-1")
 	for name, uid := range uids {
-		path := e.volumePath(k8stypes.UID(uid), emptyDirPlug, "scratch")
+		path := e.volumePath(k8stypes.UID(uid), e2eutil.EmptyDirPlugin, "scratch")
 		if !mounted(t, path) {
 			t.Errorf("pod %s: terminating with a running container, but its volume was unmounted", name)
 		}
-		if !e.agent.desiredPod(t, uid) {
+		if !desiredPod(t, e.agent, uid) {
 			t.Errorf("pod %s: terminating with a running container, but no longer desired", name)
 		}
 	}
@@ -153,7 +156,7 @@ func TestTerminatingPodKeepsVolumesWhileRunning(t *testing.T) {
 	// The container has stopped: the kubelet would now tear the volumes down.
 	e.patchStatus("stops", `{"status":{"containerStatuses":[{"name":"main","image":"registry.k8s.io/pause:3.10","imageID":"","ready":false,"restartCount":0,"state":{"terminated":{"exitCode":0,"reason":"Completed","startedAt":"2026-01-01T00:00:00Z","finishedAt":"2026-01-01T00:01:00Z"}}}]}}`)
 	e.waitTornDown(k8stypes.UID(uids["stops"]))
-	if path := e.volumePath(k8stypes.UID(uids["removed"]), emptyDirPlug, "scratch"); !mounted(t, path) {
+	if path := e.volumePath(k8stypes.UID(uids["removed"]), e2eutil.EmptyDirPlugin, "scratch"); !mounted(t, path) {
 		t.Errorf("pod removed: unmounted with pod stops, though its container still runs")
 	}
 
@@ -169,25 +172,25 @@ func TestPodOnOtherNodeIgnored(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "other-node")
 	other := e.node + "-other"
-	if _, err := suite.cluster.CreateNode(t.Context(), other, nil); err != nil {
+	if _, err := suite.Cluster.CreateNode(t.Context(), other, nil); err != nil {
 		t.Fatal(err)
 	}
 	e.start()
-	p := e.pod("elsewhere", memoryVolume("scratch"))
+	p := e.pod("elsewhere", e2eutil.MemoryVolume("scratch"))
 	p.Spec.NodeName = other
 	pod := e.createPod(p)
 	barrier := e.barrier("barrier")
 
-	if e.agent.desiredPod(t, string(pod.UID)) {
+	if desiredPod(t, e.agent, string(pod.UID)) {
 		t.Error("a pod of another node is in the agent's desired state")
 	}
-	if exists(t, e.podDir(pod.UID)) {
+	if mounttest.Exists(t, e.podDir(pod.UID)) {
 		t.Errorf("%s exists for a pod of another node", e.podDir(pod.UID))
 	}
 	if n, want := mountsUnder(t, e.root), mountsUnder(t, e.podDir(barrier)); n != want {
 		t.Errorf("%d mounts under the root, but only the barrier pod's %d are the agent's", n, want)
 	}
-	got, err := suite.admin.CoreV1().Pods(e.ns).Get(t.Context(), "elsewhere", metav1.GetOptions{})
+	got, err := suite.Admin.CoreV1().Pods(e.ns).Get(t.Context(), "elsewhere", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,13 +209,13 @@ func TestSucceededPodTornDown(t *testing.T) {
 	e.waitBound("data", pv.Name)
 	e.start()
 
-	pod := e.createPod(e.pod("batch", claimVolume("data", "data"), memoryVolume("scratch")))
-	e.waitMounted(e.volumePath(pod.UID, localPlugin, pv.Name), e.volumePath(pod.UID, emptyDirPlug, "scratch"))
+	pod := e.createPod(e.pod("batch", e2eutil.ClaimVolume("data", "data"), e2eutil.MemoryVolume("scratch")))
+	e.waitMounted(e.volumePath(pod.UID, e2eutil.LocalPlugin, pv.Name), e.volumePath(pod.UID, e2eutil.EmptyDirPlugin, "scratch"))
 	e.waitCondition("batch", corev1.ConditionTrue, "VolumesMounted")
 
 	e.patchStatus("batch", `{"status":{"phase":"Succeeded","containerStatuses":[{"name":"main","image":"registry.k8s.io/pause:3.10","imageID":"","ready":false,"restartCount":0,"state":{"terminated":{"exitCode":0,"reason":"Completed"}}}]}}`)
 	e.waitTornDown(pod.UID)
-	if _, err := suite.admin.CoreV1().Pods(e.ns).Get(t.Context(), "batch", metav1.GetOptions{}); err != nil {
+	if _, err := suite.Admin.CoreV1().Pods(e.ns).Get(t.Context(), "batch", metav1.GetOptions{}); err != nil {
 		t.Errorf("the pod object: %v (it should still exist)", err)
 	}
 }
@@ -233,14 +236,14 @@ func TestGenericEphemeralVolume(t *testing.T) {
 	}})
 	pod := e.createPod(p)
 	e.waitBound(claimName, pv.Name)
-	pvc, err := suite.admin.CoreV1().PersistentVolumeClaims(e.ns).Get(t.Context(), claimName, metav1.GetOptions{})
+	pvc, err := suite.Admin.CoreV1().PersistentVolumeClaims(e.ns).Get(t.Context(), claimName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ref := metav1.GetControllerOf(pvc); ref == nil || ref.UID != pod.UID {
 		t.Errorf("claim %s is controlled by %+v, want the pod %s", claimName, ref, pod.UID)
 	}
-	path := e.volumePath(pod.UID, localPlugin, pv.Name)
+	path := e.volumePath(pod.UID, e2eutil.LocalPlugin, pv.Name)
 	e.waitMounted(path)
 	if got := readMarker(t, path); got != pv.Name {
 		t.Errorf("the mount shows %q, want PV %q", got, pv.Name)
@@ -249,8 +252,8 @@ func TestGenericEphemeralVolume(t *testing.T) {
 
 	e.deletePod("worker", 0)
 	e.waitTornDown(pod.UID)
-	eventually(t, 60*time.Second, "the garbage collector deletes the ephemeral claim", func(ctx context.Context) (bool, string) {
-		_, err := suite.admin.CoreV1().PersistentVolumeClaims(e.ns).Get(ctx, claimName, metav1.GetOptions{})
+	e2eutil.Poll(t, 60*time.Second, "the garbage collector deletes the ephemeral claim", func(ctx context.Context) (bool, string) {
+		_, err := suite.Admin.CoreV1().PersistentVolumeClaims(e.ns).Get(ctx, claimName, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
 }
@@ -280,8 +283,8 @@ func TestFailingMountEventsAggregate(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The retry comes after the backoff, which is at most about 2 minutes.
-	path := e.volumePath(pod.UID, hostPathPlug, "host")
-	eventually(t, 150*time.Second, "mounted after the directory appeared", func(context.Context) (bool, string) {
+	path := e.volumePath(pod.UID, e2eutil.HostPathPlugin, "host")
+	e2eutil.Poll(t, 150*time.Second, "mounted after the directory appeared", func(context.Context) (bool, string) {
 		return mounted(t, path), path + " not mounted"
 	})
 	e.waitCondition("host", corev1.ConditionTrue, "VolumesMounted")

@@ -16,11 +16,12 @@ import (
 	"k8s.io/utils/ptr"
 
 	csiplugin "github.com/volume-agent/volume-agent/operations/plugins/csi"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 // nodeVolumesInUse returns the node's status.volumesInUse.
 func (e *env) nodeVolumesInUse(ctx context.Context) ([]corev1.UniqueVolumeName, error) {
-	n, err := suite.admin.CoreV1().Nodes().Get(ctx, e.node, metav1.GetOptions{})
+	n, err := suite.Admin.CoreV1().Nodes().Get(ctx, e.node, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -31,7 +32,7 @@ func (e *env) nodeVolumesInUse(ctx context.Context) ([]corev1.UniqueVolumeName, 
 // use.
 func (e *env) waitInUse(v csiVolume, want bool) {
 	e.t.Helper()
-	eventually(e.t, 60*time.Second, fmt.Sprintf("volume %s in the node's volumesInUse: %v", v.uniqueName(), want), func(ctx context.Context) (bool, string) {
+	e2eutil.Poll(e.t, 60*time.Second, fmt.Sprintf("volume %s in the node's volumesInUse: %v", v.uniqueName(), want), func(ctx context.Context) (bool, string) {
 		inUse, err := e.nodeVolumesInUse(ctx)
 		if err != nil {
 			return false, err.Error()
@@ -52,25 +53,25 @@ func TestAttachByController(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "attach-ctrl")
 	d := e.newDriver("drv", driverOptions{attachRequired: true, proxy: true})
-	e.csiDriverObject(d, storagev1.CSIDriverSpec{AttachRequired: ptr.To(true)})
+	suite.CreateCSIDriver(t, d.name, storagev1.CSIDriverSpec{AttachRequired: ptr.To(true)})
 	v := e.claimPV(d, "data")
 	a := e.startAgent(agentOptions{args: []string{d.flag(), "--attach-mode=controller"}})
 
-	pod := e.createPod(e.pod("app", claimVolume("data", v.claim)))
+	pod := e.createPod(e.pod("app", e2eutil.ClaimVolume("data", v.claim)))
 	e.waitInUse(v, true)
 	vaName := attachmentName(v.handle, d.name, e.node)
 	if got := csiplugin.AttachmentName(v.handle, d.name, e.node); got != vaName {
 		t.Errorf("AttachmentName = %s, want the kubelet's %s", got, vaName)
 	}
-	eventually(t, 30*time.Second, "the agent waiting for the VolumeAttachment", func(context.Context) (bool, string) {
-		op, ok := a.operation(t, v.uniqueName(), "verify_attached")
-		return ok && op.State == "backoff" && containsAll(op.LastError, "waiting for VolumeAttachment "+vaName), fmt.Sprintf("%+v", op)
+	e2eutil.Poll(t, 30*time.Second, "the agent waiting for the VolumeAttachment", func(context.Context) (bool, string) {
+		op, ok := e2eutil.Must(t, a.Operations).Find(v.uniqueName(), "verify_attached")
+		return ok && op.State == "backoff" && e2eutil.ContainsAll(op.LastError, "waiting for VolumeAttachment "+vaName), fmt.Sprintf("%+v", op)
 	})
 	d.checkCalls(t, map[string]int{"NodeStageVolume": 0, "ControllerPublishVolume": 0})
 
 	// The controller's part: attach, then record it.
 	ctx := t.Context()
-	pub, err := csi.NewControllerClient(d.conn).ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{
+	pub, err := csi.NewControllerClient(d.Conn).ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{
 		VolumeId: v.handle, NodeId: e.node,
 		VolumeCapability: &csi.VolumeCapability{
 			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
@@ -82,7 +83,7 @@ func TestAttachByController(t *testing.T) {
 	}
 	metadata := map[string]string{"e2e-token": e.ns}
 	maps.Copy(metadata, pub.GetPublishContext())
-	va, err := suite.admin.StorageV1().VolumeAttachments().Create(ctx, &storagev1.VolumeAttachment{
+	va, err := suite.Admin.StorageV1().VolumeAttachments().Create(ctx, &storagev1.VolumeAttachment{
 		ObjectMeta: metav1.ObjectMeta{Name: vaName},
 		Spec: storagev1.VolumeAttachmentSpec{
 			Attacher: d.name, NodeName: e.node,
@@ -93,10 +94,10 @@ func TestAttachByController(t *testing.T) {
 		t.Fatalf("create VolumeAttachment: %v", err)
 	}
 	t.Cleanup(func() {
-		_ = suite.admin.StorageV1().VolumeAttachments().Delete(context.Background(), vaName, metav1.DeleteOptions{})
+		_ = suite.Admin.StorageV1().VolumeAttachments().Delete(context.Background(), vaName, metav1.DeleteOptions{})
 	})
 	va.Status = storagev1.VolumeAttachmentStatus{Attached: true, AttachmentMetadata: metadata}
-	if _, err := suite.admin.StorageV1().VolumeAttachments().UpdateStatus(ctx, va, metav1.UpdateOptions{}); err != nil {
+	if _, err := suite.Admin.StorageV1().VolumeAttachments().UpdateStatus(ctx, va, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("mark VolumeAttachment attached: %v", err)
 	}
 
@@ -114,7 +115,7 @@ func TestAttachByController(t *testing.T) {
 	d.waitCalls("NodeUnstageVolume", 1)
 	e.waitInUse(v, false)
 	// Detaching is the controller's business: the agent leaves it alone.
-	got, err := suite.admin.StorageV1().VolumeAttachments().Get(ctx, vaName, metav1.GetOptions{})
+	got, err := suite.Admin.StorageV1().VolumeAttachments().Get(ctx, vaName, metav1.GetOptions{})
 	if err != nil || !got.Status.Attached {
 		t.Errorf("VolumeAttachment after the pod was deleted: %+v, %v; want it untouched", got, err)
 	}
@@ -131,18 +132,18 @@ func TestSelfAttach(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "attach-self")
 	d := e.newDriver("drv", driverOptions{attachRequired: true})
-	e.csiDriverObject(d, storagev1.CSIDriverSpec{AttachRequired: ptr.To(true)})
+	suite.CreateCSIDriver(t, d.name, storagev1.CSIDriverSpec{AttachRequired: ptr.To(true)})
 	v := e.claimPV(d, "data")
 	e.startAgent(agentOptions{kubeconfig: suite.selfAttachKubeconfig, args: []string{d.flag(), "--attach-mode=self"}})
 
-	pod := e.createPod(e.pod("app", claimVolume("data", v.claim)))
+	pod := e.createPod(e.pod("app", e2eutil.ClaimVolume("data", v.claim)))
 	staging, target := e.stagingPath(v), e.publishPath(pod.UID, v.pv)
 	e.waitMounted(staging, target)
 	checkExt4FromLoop(t, target)
 
 	ctx := t.Context()
 	vaName := attachmentName(v.handle, d.name, e.node)
-	va, err := suite.admin.StorageV1().VolumeAttachments().Get(ctx, vaName, metav1.GetOptions{})
+	va, err := suite.Admin.StorageV1().VolumeAttachments().Get(ctx, vaName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the agent's VolumeAttachment %s: %v", vaName, err)
 	}
@@ -150,7 +151,7 @@ func TestSelfAttach(t *testing.T) {
 		!va.Status.Attached || va.Status.AttachmentMetadata["attachedTo"] != e.node {
 		t.Errorf("VolumeAttachment %s: spec %+v, status %+v", vaName, va.Spec, va.Status)
 	}
-	info, _ := d.volume(t, v.handle)
+	info, _ := d.Volume(t, v.handle)
 	if !slices.Equal(info.AttachedNodes, []string{e.node}) {
 		t.Errorf("driver's attachments of %s: %v, want [%s]", v.handle, info.AttachedNodes, e.node)
 	}
@@ -158,12 +159,12 @@ func TestSelfAttach(t *testing.T) {
 
 	e.deletePod("app")
 	e.waitGone(target, e.podDir(pod.UID), staging)
-	eventually(t, 60*time.Second, "VolumeAttachment "+vaName+" deleted", func(ctx context.Context) (bool, string) {
-		_, err := suite.admin.StorageV1().VolumeAttachments().Get(ctx, vaName, metav1.GetOptions{})
+	e2eutil.Poll(t, 60*time.Second, "VolumeAttachment "+vaName+" deleted", func(ctx context.Context) (bool, string) {
+		_, err := suite.Admin.StorageV1().VolumeAttachments().Get(ctx, vaName, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
 	d.checkCalls(t, map[string]int{"NodeUnpublishVolume": 1, "NodeUnstageVolume": 1, "ControllerUnpublishVolume": 1})
-	info, _ = d.volume(t, v.handle)
+	info, _ = d.Volume(t, v.handle)
 	if len(info.AttachedNodes) != 0 {
 		t.Errorf("driver's attachments after detach: %v", info.AttachedNodes)
 	}

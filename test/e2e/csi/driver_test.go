@@ -5,34 +5,27 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/volume-agent/volume-agent/test/csidriver"
+	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
-// csiDriver is one test CSI driver of a test: a process of
-// cmd/test-csi-driver with its own state directory, CSI socket and control
-// socket, which the test can kill and start again on the same state.
+// csiDriver is one test CSI driver of a test (its own state directory, CSI
+// socket and control socket), named <suffix>.<namespace>.e2e.volume-agent.io,
+// which the test can kill and start again on the same state.
 type csiDriver struct {
+	*e2eutil.CSIDriver
 	e      *env
 	name   string
-	suffix string
-	state  string // --state-dir
-	sock   string // the CSI socket
-	ctl    string // the control socket
-	regDir string // --registration-dir, if any
-	args   []string
-	p      *proc
-	conn   *grpc.ClientConn // to the driver itself (not the proxy)
-	proxy  *recorder        // between the agent and the driver, if any
+	regDir string    // --registration-dir, if any
+	proxy  *recorder // between the agent and the driver, if any
 }
 
 type driverOptions struct {
@@ -45,38 +38,30 @@ type driverOptions struct {
 	deferStart bool
 }
 
-// newDriver starts a driver named <suffix>.<namespace>.e2e.volume-agent.io
-// whose node ID is the test's node name. args (faults, hangs) are passed to
-// the first start only. It is stopped with SIGTERM when the test ends.
+// newDriver starts a driver whose node ID is the test's node name. args
+// (faults, hangs) are passed to the first start only. It is stopped with
+// SIGTERM when the test ends.
 func (e *env) newDriver(suffix string, o driverOptions, args ...string) *csiDriver {
 	e.t.Helper()
-	d := &csiDriver{
-		e: e, suffix: suffix, name: fmt.Sprintf("%s.%s.e2e.volume-agent.io", suffix, e.ns),
-		state:  filepath.Join(e.data, "driver-"+suffix),
-		sock:   filepath.Join(e.sock, suffix+".sock"),
-		ctl:    filepath.Join(e.sock, suffix+"-ctl.sock"),
-		regDir: o.registrationDir,
-	}
-	d.args = []string{
-		"--endpoint=unix://" + d.sock, "--name=" + d.name, "--node-id=" + e.node,
-		"--state-dir=" + d.state, "--control-socket=" + d.ctl,
-		"--default-volume-size=32Mi", "--ephemeral-volume-size=16Mi",
-	}
+	d := &csiDriver{e: e, name: fmt.Sprintf("%s.%s.e2e.volume-agent.io", suffix, e.ns), regDir: o.registrationDir}
+	driverArgs := []string{"--default-volume-size=32Mi", "--ephemeral-volume-size=16Mi"}
 	if o.attachRequired {
-		d.args = append(d.args, "--attach-required")
+		driverArgs = append(driverArgs, "--attach-required")
 	}
 	if o.registrationDir != "" {
-		d.args = append(d.args, "--registration-dir="+o.registrationDir)
+		driverArgs = append(driverArgs, "--registration-dir="+o.registrationDir)
 	}
-	var err error
-	if d.conn, err = grpc.NewClient("unix://"+d.sock, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { d.conn.Close() })
+	d.CSIDriver = e2eutil.NewCSIDriver(e.t, e2eutil.CSIDriverOptions{
+		Binary: suite.CSIDriverBin, Name: d.name, NodeID: e.node, Args: driverArgs,
+		Socket:        filepath.Join(e.sock, suffix+".sock"),
+		ControlSocket: filepath.Join(e.sock, suffix+"-ctl.sock"),
+		StateDir:      filepath.Join(e.data, "driver-"+suffix),
+		StrictLoops:   true,
+		LogPath:       filepath.Join(e.logs, "driver-"+suffix+".log"),
+	})
 	if o.proxy {
-		d.proxy = startRecorder(e.t, d.conn, filepath.Join(e.sock, suffix+"-proxy.sock"))
+		d.proxy = startRecorder(e.t, d.Conn, filepath.Join(e.sock, suffix+"-proxy.sock"))
 	}
-	e.t.Cleanup(d.stop)
 	if !o.deferStart {
 		d.start(args...)
 	}
@@ -88,7 +73,7 @@ func (d *csiDriver) endpoint() string {
 	if d.proxy != nil {
 		return "unix://" + d.proxy.sock
 	}
-	return "unix://" + d.sock
+	return d.Endpoint()
 }
 
 // flag is the agent's --csi-driver flag for the driver.
@@ -96,33 +81,11 @@ func (d *csiDriver) flag() string { return "--csi-driver=" + d.name + "=" + d.en
 
 // start starts the driver process (again) and waits until it answers.
 func (d *csiDriver) start(extra ...string) {
-	t := d.e.t
-	t.Helper()
-	if d.p != nil && !d.p.exited() {
-		t.Fatalf("driver %s is already running", d.name)
+	d.e.t.Helper()
+	if s := d.regSock(); s != "" {
+		os.Remove(s) // left behind by a killed process, it must not look like a live one
 	}
-	// Sockets a killed process left behind must not look like a live one.
-	for _, s := range []string{d.sock, d.ctl, d.regSock()} {
-		if s != "" {
-			os.Remove(s)
-		}
-	}
-	p, err := startProc("driver "+d.suffix, suite.driverBin, filepath.Join(d.e.logs, "driver-"+d.suffix+".log"),
-		append(slices.Clone(d.args), extra...)...)
-	if err != nil {
-		t.Fatalf("starting driver %s: %v", d.name, err)
-	}
-	d.p = p
-	eventually(t, 30*time.Second, "driver "+d.name+" answers", func(ctx context.Context) (bool, string) {
-		if p.exited() {
-			t.Fatalf("driver %s exited during start-up (%v):\n%s", d.name, p.waitErr, tail(p.logPath, 20))
-		}
-		if !exists(t, d.ctl) { // the last socket the driver opens
-			return false, "no control socket yet"
-		}
-		_, err := csi.NewIdentityClient(d.conn).Probe(ctx, &csi.ProbeRequest{})
-		return err == nil, fmt.Sprint(err)
-	})
+	d.Start(extra...)
 }
 
 func (d *csiDriver) regSock() string {
@@ -132,43 +95,11 @@ func (d *csiDriver) regSock() string {
 	return filepath.Join(d.regDir, d.name+"-reg.sock")
 }
 
-// kill9 kills the driver with SIGKILL, as a crash would.
-func (d *csiDriver) kill9() {
-	d.e.t.Logf("kill -9 driver %s (pid %d)", d.name, d.p.cmd.Process.Pid)
-	d.p.kill()
-}
-
-// stop stops the driver with SIGTERM; its mounts stay.
-func (d *csiDriver) stop() {
-	t := d.e.t
-	if d.p == nil {
-		return
-	}
-	if !d.p.terminate(20 * time.Second) {
-		t.Errorf("driver %s did not stop within 20s of SIGTERM", d.name)
-	}
-	if t.Failed() {
-		t.Logf("--- last lines of driver %s's log ---\n%s", d.name, tail(d.p.logPath, 40))
-	}
-}
-
-func (d *csiDriver) control() *csidriver.ControlClient { return csidriver.NewControlClient(d.ctl) }
-
-// calls returns the running process's call counts by method.
-func (d *csiDriver) calls(t *testing.T) map[string]int {
-	t.Helper()
-	c, err := d.control().CallCounts()
-	if err != nil {
-		t.Fatalf("driver %s call counts: %v", d.name, err)
-	}
-	return c
-}
-
 // waitCalls waits until the driver's count of method reaches at least n.
 func (d *csiDriver) waitCalls(method string, n int) {
 	d.e.t.Helper()
-	eventually(d.e.t, 60*time.Second, fmt.Sprintf("%d %s calls to %s", n, method, d.name), func(context.Context) (bool, string) {
-		c, err := d.control().CallCounts()
+	e2eutil.Poll(d.e.t, 60*time.Second, fmt.Sprintf("%d %s calls to %s", n, method, d.name), func(context.Context) (bool, string) {
+		c, err := d.Control.CallCounts()
 		if err != nil {
 			return false, err.Error()
 		}
@@ -179,7 +110,7 @@ func (d *csiDriver) waitCalls(method string, n int) {
 // checkCalls checks exact call counts of the running process.
 func (d *csiDriver) checkCalls(t *testing.T, want map[string]int) {
 	t.Helper()
-	got := d.calls(t)
+	got := d.CallCounts(t)
 	for m, n := range want {
 		if got[m] != n {
 			t.Errorf("driver %s: %d %s calls, want %d (all counts: %v)", d.name, got[m], m, n, got)
@@ -187,40 +118,15 @@ func (d *csiDriver) checkCalls(t *testing.T, want map[string]int) {
 	}
 }
 
-// createVolume creates a volume through the driver's controller service,
-// as an external-provisioner would, and returns its ID.
-func (d *csiDriver) createVolume(name string) string {
+// waitNoLoopDevices waits until no loop device is backed by a file under
+// the driver's state directory.
+func (d *csiDriver) waitNoLoopDevices() {
 	t := d.e.t
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	resp, err := csi.NewControllerClient(d.conn).CreateVolume(ctx, &csi.CreateVolumeRequest{
-		Name: d.e.ns + "-" + name,
-		VolumeCapabilities: []*csi.VolumeCapability{{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-		}},
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20},
+	e2eutil.Poll(t, 30*time.Second, "no loop devices of driver "+d.name, func(context.Context) (bool, string) {
+		devs := mounttest.LoopDevicesUnder(t, d.StateDir())
+		return len(devs) == 0, fmt.Sprintf("losetup: %v", devs)
 	})
-	if err != nil {
-		t.Fatalf("CreateVolume %s on %s: %v", name, d.name, err)
-	}
-	return resp.GetVolume().GetVolumeId()
-}
-
-// volume returns what the driver knows of a volume.
-func (d *csiDriver) volume(t *testing.T, id string) (csidriver.VolumeInfo, bool) {
-	t.Helper()
-	vols, err := d.control().Volumes()
-	if err != nil {
-		t.Fatalf("driver %s volumes: %v", d.name, err)
-	}
-	for _, v := range vols {
-		if v.ID == id {
-			return v, true
-		}
-	}
-	return csidriver.VolumeInfo{}, false
 }
 
 // --- the recording proxy ---

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/utils/ptr"
 )
@@ -19,33 +21,33 @@ func TestFinalPublishErrorRetriedWithBackoff(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "final-error")
 	d := e.newDriver("drv", driverOptions{}, "--fault=NodePublishVolume=InvalidArgument")
-	e.csiDriverObject(d, storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)})
+	suite.CreateCSIDriver(t, d.name, storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)})
 	v := e.claimPV(d, "data")
 	a := e.startAgent(agentOptions{args: []string{d.flag()}})
 
-	pod := e.createPod(e.pod("app", claimVolume("data", v.claim)))
+	pod := e.createPod(e.pod("app", e2eutil.ClaimVolume("data", v.claim)))
 	staging, target := e.stagingPath(v), e.publishPath(pod.UID, v.pv)
 	e.waitMounted(staging)
 	ev := e.waitEvent("app", "FailedMount", `volume "`+v.pv+` (PVC `+e.ns+`/data)"`, "NodePublishVolume", "InvalidArgument", "injected fault")
 	t.Logf("event: %s", ev.Message)
 	found := false
-	for _, ev := range a.events(t).Events {
+	for _, ev := range e2eutil.Must(t, a.Events).Events {
 		if ev.Object.Kind == "Pod" && ev.Object.Namespace == e.ns && ev.Object.Name == "app" && ev.Type == "Warning" &&
-			ev.Reason == "FailedMount" && containsAll(ev.Message, v.pv, "NodePublishVolume", "InvalidArgument") {
+			ev.Reason == "FailedMount" && e2eutil.ContainsAll(ev.Message, v.pv, "NodePublishVolume", "InvalidArgument") {
 			found = true
 		}
 	}
 	if !found {
-		t.Errorf("/debug/events has no FailedMount event of pod app naming %s and the error: %+v", v.pv, a.events(t).Events)
+		t.Errorf("/debug/events has no FailedMount event of pod app naming %s and the error: %+v", v.pv, e2eutil.Must(t, a.Events).Events)
 	}
 
 	// Retried with a delay that grows: watch the operation's backoff.
 	var delays []time.Duration
 	lastSince := time.Time{}
-	eventually(t, 60*time.Second, "three publish attempts with growing delays", func(context.Context) (bool, string) {
-		op, ok := a.operation(t, v.uniqueName(), "mount_volume")
+	e2eutil.Poll(t, 60*time.Second, "three publish attempts with growing delays", func(context.Context) (bool, string) {
+		op, ok := e2eutil.Must(t, a.Operations).Find(v.uniqueName(), "mount_volume")
 		if ok && op.State == "backoff" && op.RetryAt != nil && !op.Since.Equal(lastSince) {
-			if !containsAll(op.LastError, "NodePublishVolume", "InvalidArgument") {
+			if !e2eutil.ContainsAll(op.LastError, "NodePublishVolume", "InvalidArgument") {
 				t.Fatalf("mount_volume failed with %q", op.LastError)
 			}
 			lastSince = op.Since
@@ -62,21 +64,21 @@ func TestFinalPublishErrorRetriedWithBackoff(t *testing.T) {
 	if delays[len(delays)-1] < 2*delays[0] {
 		t.Errorf("backoff delays %v never doubled", delays)
 	}
-	if _, ok := mountAt(t, target); ok || exists(t, target) {
+	if _, ok := mountAt(t, target); ok || mounttest.Exists(t, target) {
 		t.Errorf("%s exists or is mounted after a final publish error", target)
 	}
-	for _, vol := range a.asw(t).Volumes {
+	for _, vol := range e2eutil.Must(t, a.ASW).Volumes {
 		for _, p := range vol.Pods {
 			if p.UID == string(pod.UID) {
 				t.Errorf("/debug/asw records a mount for the pod after a final error: %+v", p)
 			}
 		}
 	}
-	if n := d.calls(t)["NodePublishVolume"]; n < 3 {
+	if n := d.CallCounts(t)["NodePublishVolume"]; n < 3 {
 		t.Errorf("%d NodePublishVolume calls, want 3 or more", n)
 	}
 
-	if err := d.control().ClearFault("NodePublishVolume"); err != nil {
+	if err := d.Control.ClearFault("NodePublishVolume"); err != nil {
 		t.Fatal(err)
 	}
 	e.waitMounted(target)
@@ -97,14 +99,14 @@ func TestUncertainPublishIsUnpublished(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "uncertain")
 	d := e.newDriver("drv", driverOptions{}, "--hang=NodePublishVolume")
-	e.csiDriverObject(d, storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)})
+	suite.CreateCSIDriver(t, d.name, storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)})
 	v := e.claimPV(d, "data")
 	a := e.startAgent(agentOptions{args: []string{d.flag(), "--operation-timeout=2s"}})
 
-	pod := e.createPod(e.pod("app", claimVolume("data", v.claim)))
+	pod := e.createPod(e.pod("app", e2eutil.ClaimVolume("data", v.claim)))
 	staging, target := e.stagingPath(v), e.publishPath(pod.UID, v.pv)
 	e.waitMounted(staging)
-	a.waitPodMountState(t, v.uniqueName(), string(pod.UID), "Uncertain")
+	waitPodMountState(t, a, v.uniqueName(), string(pod.UID), "Uncertain")
 	e.waitEvent("app", "FailedMount", "NodePublishVolume", "DeadlineExceeded")
 	if _, ok := mountAt(t, target); ok {
 		t.Errorf("%s is mounted although NodePublishVolume never returned", target)
@@ -128,19 +130,19 @@ func TestHungStageDoesNotBlockOtherVolumes(t *testing.T) {
 	d1 := e.newDriver("one", driverOptions{proxy: true})
 	d2 := e.newDriver("two", driverOptions{})
 	for _, d := range []*csiDriver{d1, d2} {
-		e.csiDriverObject(d, storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)})
+		suite.CreateCSIDriver(t, d.name, storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)})
 	}
 	hung, sameDriver, otherDriver := e.claimPV(d1, "hung"), e.claimPV(d1, "same"), e.claimPV(d2, "other")
 	a := e.startAgent(agentOptions{args: []string{d1.flag(), d2.flag()}})
 
 	d1.proxy.hold(hung.handle)
-	podHung := e.createPod(e.pod("hung", claimVolume("data", hung.claim)))
-	eventually(t, 60*time.Second, "NodeStageVolume of "+hung.handle+" in progress", func(context.Context) (bool, string) {
+	podHung := e.createPod(e.pod("hung", e2eutil.ClaimVolume("data", hung.claim)))
+	e2eutil.Poll(t, 60*time.Second, "NodeStageVolume of "+hung.handle+" in progress", func(context.Context) (bool, string) {
 		return d1.proxy.holding(hung.handle) == 1, fmt.Sprintf("%d calls held", d1.proxy.holding(hung.handle))
 	})
 
-	podSame := e.createPod(e.pod("same", claimVolume("data", sameDriver.claim)))
-	podOther := e.createPod(e.pod("other", claimVolume("data", otherDriver.claim)))
+	podSame := e.createPod(e.pod("same", e2eutil.ClaimVolume("data", sameDriver.claim)))
+	podOther := e.createPod(e.pod("other", e2eutil.ClaimVolume("data", otherDriver.claim)))
 	e.waitMounted(e.stagingPath(sameDriver), e.publishPath(podSame.UID, sameDriver.pv),
 		e.stagingPath(otherDriver), e.publishPath(podOther.UID, otherDriver.pv))
 
@@ -150,7 +152,7 @@ func TestHungStageDoesNotBlockOtherVolumes(t *testing.T) {
 	if _, ok := mountAt(t, e.stagingPath(hung)); ok {
 		t.Fatalf("%s is staged although its NodeStageVolume has not returned", hung.handle)
 	}
-	if op, ok := a.operation(t, hung.uniqueName(), "mount_device"); !ok || op.State != "running" {
+	if op, ok := e2eutil.Must(t, a.Operations).Find(hung.uniqueName(), "mount_device"); !ok || op.State != "running" {
 		t.Errorf("/debug/operations: mount_device of the hung volume %+v (found %v), want running", op, ok)
 	}
 

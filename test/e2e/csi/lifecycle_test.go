@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 // A PV with spec.csi of a staging driver (attachRequired false), created
@@ -26,17 +27,17 @@ func TestStagePublishUnpublishUnstage(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "lifecycle")
 	d := e.newDriver("drv", driverOptions{})
-	e.csiDriverObject(d, storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)})
+	suite.CreateCSIDriver(t, d.name, storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)})
 	v := e.claimPV(d, "data")
 	a := e.startAgent(agentOptions{args: []string{d.flag()}})
 
-	eventually(t, 30*time.Second, "the driver on /debug/drivers", func(context.Context) (bool, string) {
-		drivers := a.drivers(t).Drivers
+	e2eutil.Poll(t, 30*time.Second, "the driver on /debug/drivers", func(context.Context) (bool, string) {
+		drivers := e2eutil.Must(t, a.Drivers).Drivers
 		return len(drivers) == 1 && drivers[0].Name == d.name && drivers[0].Source == "static" && drivers[0].StageUnstage &&
 			drivers[0].NodeID == e.node && drivers[0].Endpoint == d.endpoint(), fmt.Sprintf("%+v", drivers)
 	})
 
-	pod := e.createPod(e.pod("app", claimVolume("data", v.claim)))
+	pod := e.createPod(e.pod("app", e2eutil.ClaimVolume("data", v.claim)))
 	staging, target := e.stagingPath(v), e.publishPath(pod.UID, v.pv)
 	e.waitMounted(staging, target)
 	sm, tm := checkExt4FromLoop(t, staging), checkExt4FromLoop(t, target)
@@ -48,7 +49,7 @@ func TestStagePublishUnpublishUnstage(t *testing.T) {
 	if got := mounttest.ReadFile(t, filepath.Join(staging, "hello")); got != "from the pod" {
 		t.Errorf("read %q through the staging mount", got)
 	}
-	info, ok := d.volume(t, v.handle)
+	info, ok := d.Volume(t, v.handle)
 	if !ok || info.LoopDevice != sm.Source || info.StagingPath != staging || !slices.Equal(info.TargetPaths, []string{target}) {
 		t.Errorf("driver's view of the volume: %+v; want staged at %s and published at %s from %s", info, staging, target, sm.Source)
 	}
@@ -58,7 +59,7 @@ func TestStagePublishUnpublishUnstage(t *testing.T) {
 	e.waitGone(target, e.podDir(pod.UID), filepath.Dir(staging))
 	d.waitCalls("NodeUnstageVolume", 1)
 	d.checkCalls(t, map[string]int{"NodeStageVolume": 1, "NodePublishVolume": 1, "NodeUnpublishVolume": 1, "NodeUnstageVolume": 1})
-	info, _ = d.volume(t, v.handle)
+	info, _ = d.Volume(t, v.handle)
 	if info.LoopDevice != "" || info.StagingPath != "" || len(info.TargetPaths) != 0 {
 		t.Errorf("driver's view after the pod was deleted: %+v", info)
 	}
@@ -76,7 +77,7 @@ func TestInlineEphemeralVolume(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "inline")
 	d := e.newDriver("drv", driverOptions{})
-	e.csiDriverObject(d, storagev1.CSIDriverSpec{
+	suite.CreateCSIDriver(t, d.name, storagev1.CSIDriverSpec{
 		AttachRequired:       ptr.To(false),
 		PodInfoOnMount:       ptr.To(true),
 		VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecycleEphemeral},
@@ -92,7 +93,7 @@ func TestInlineEphemeralVolume(t *testing.T) {
 	mounttest.WriteFile(t, filepath.Join(target, "hello"), "ephemeral")
 
 	id := inlineHandle(pod.UID, "scratch")
-	info, ok := d.volume(t, id)
+	info, ok := d.Volume(t, id)
 	if !ok || !info.Ephemeral || info.LoopDevice != m.Source || !slices.Equal(info.TargetPaths, []string{target}) || info.CapacityBytes != 8<<20 {
 		t.Errorf("driver's view of the inline volume %s: %+v (found %v)", id, info, ok)
 	}
@@ -102,7 +103,7 @@ func TestInlineEphemeralVolume(t *testing.T) {
 	e.waitGone(target, e.podDir(pod.UID))
 	d.waitCalls("NodeUnpublishVolume", 1)
 	d.checkCalls(t, map[string]int{"NodeStageVolume": 0, "NodePublishVolume": 1, "NodeUnpublishVolume": 1, "NodeUnstageVolume": 0})
-	if _, ok := d.volume(t, id); ok {
+	if _, ok := d.Volume(t, id); ok {
 		t.Errorf("the driver still has the inline volume %s after the pod was deleted", id)
 	}
 	d.waitNoLoopDevices()
@@ -110,10 +111,10 @@ func TestInlineEphemeralVolume(t *testing.T) {
 
 // waitPodMountState waits until /debug/asw shows the pod's mount of the
 // volume in the state.
-func (a *agent) waitPodMountState(t *testing.T, volume, podUID, state string) {
+func waitPodMountState(t *testing.T, a *e2eutil.Agent, volume, podUID, state string) {
 	t.Helper()
-	eventually(t, 60*time.Second, fmt.Sprintf("mount of %s for pod %s %s on /debug/asw", volume, podUID, state), func(context.Context) (bool, string) {
-		for _, v := range a.asw(t).Volumes {
+	e2eutil.Poll(t, 60*time.Second, fmt.Sprintf("mount of %s for pod %s %s on /debug/asw", volume, podUID, state), func(context.Context) (bool, string) {
+		for _, v := range e2eutil.Must(t, a.ASW).Volumes {
 			if v.Name != volume {
 				continue
 			}

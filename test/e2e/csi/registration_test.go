@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/volume-agent/volume-agent/test/cluster"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/utils/ptr"
@@ -20,8 +22,12 @@ import (
 // drives. Until it does, the flag has no effect.
 func registrationWired(t *testing.T) bool {
 	t.Helper()
+	root, err := cluster.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command("go", "list", "-deps", "./cmd/volume-agent")
-	cmd.Dir = suite.repoRoot
+	cmd.Dir = root
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("go list -deps ./cmd/volume-agent: %v", err)
@@ -50,20 +56,20 @@ func TestDriverRegistrationSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := e.newDriver("drv", driverOptions{registrationDir: regDir, deferStart: true})
-	e.csiDriverObject(d, storagev1.CSIDriverSpec{
+	suite.CreateCSIDriver(t, d.name, storagev1.CSIDriverSpec{
 		AttachRequired:       ptr.To(false),
 		VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecycleEphemeral},
 	})
 	a := e.startAgent(agentOptions{args: []string{"--plugin-registry-dir=" + regDir}})
 
 	pod := e.createPod(e.pod("app", corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: d.name}}}))
-	volName := csiPlugin + "/" + string(pod.UID) + "-scratch"
+	volName := e2eutil.CSIPlugin + "/" + string(pod.UID) + "-scratch"
 	e.waitEvent("app", "FailedMount", `CSI driver "`+d.name+`" is not registered`)
 	// Let the backoff grow, so that "mounts at once" can be told apart from
 	// "mounts when the backoff expires".
 	var retryAt time.Time
-	eventually(t, 30*time.Second, "the mount in backoff for 4s or more", func(context.Context) (bool, string) {
-		op, ok := a.operation(t, volName, "mount_volume")
+	e2eutil.Poll(t, 30*time.Second, "the mount in backoff for 4s or more", func(context.Context) (bool, string) {
+		op, ok := e2eutil.Must(t, a.Operations).Find(volName, "mount_volume")
 		if !ok || op.State != "backoff" || op.RetryAt == nil {
 			return false, fmt.Sprintf("%+v", op)
 		}
@@ -85,18 +91,18 @@ func TestDriverRegistrationSocket(t *testing.T) {
 	t.Logf("mounted %v after the driver started (backoff was until %v from now)", took.Round(time.Millisecond), time.Until(retryAt).Round(time.Millisecond))
 
 	var listed bool
-	for _, drv := range a.drivers(t).Drivers {
+	for _, drv := range e2eutil.Must(t, a.Drivers).Drivers {
 		if drv.Name == d.name {
 			listed = true
-			if drv.Source != "registration" || drv.RegistrationSocket != d.regSock() || drv.Endpoint != d.endpoint() && drv.Endpoint != d.sock {
-				t.Errorf("/debug/drivers: %+v; want source registration, socket %s, endpoint %s", drv, d.regSock(), d.sock)
+			if drv.Source != "registration" || drv.RegistrationSocket != d.regSock() || drv.Endpoint != d.endpoint() && drv.Endpoint != d.Socket() {
+				t.Errorf("/debug/drivers: %+v; want source registration, socket %s, endpoint %s", drv, d.regSock(), d.Socket())
 			}
 		}
 	}
 	if !listed {
 		t.Errorf("/debug/drivers does not list %s", d.name)
 	}
-	c := d.calls(t)
+	c := d.CallCounts(t)
 	if c["GetInfo"] < 1 || c["NotifyRegistrationStatus"] < 1 {
 		t.Errorf("the registration socket was not used as the kubelet uses it: calls %v", c)
 	}

@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 // The driver dies twice: killed with SIGKILL while NodeStageVolume hangs in
@@ -22,19 +23,19 @@ func TestDriverKilledAndRestarted(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "restart")
 	d := e.newDriver("drv", driverOptions{}, "--hang=NodeStageVolume")
-	e.csiDriverObject(d, storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)})
+	suite.CreateCSIDriver(t, d.name, storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)})
 	v := e.claimPV(d, "data")
 	a := e.startAgent(agentOptions{args: []string{d.flag()}})
 
-	pod := e.createPod(e.pod("app", claimVolume("data", v.claim)))
+	pod := e.createPod(e.pod("app", e2eutil.ClaimVolume("data", v.claim)))
 	d.waitCalls("NodeStageVolume", 1)
-	if op, ok := a.operation(t, v.uniqueName(), "mount_device"); !ok || op.State != "running" {
+	if op, ok := e2eutil.Must(t, a.Operations).Find(v.uniqueName(), "mount_device"); !ok || op.State != "running" {
 		t.Errorf("/debug/operations while NodeStageVolume hangs: %+v (found %v), want mount_device running", op, ok)
 	}
-	d.kill9()
+	d.Kill()
 	// The agent sees the call fail; the volume is uncertain, not mounted.
-	eventually(t, 30*time.Second, "mount_device failed after the driver died", func(context.Context) (bool, string) {
-		op, ok := a.operation(t, v.uniqueName(), "mount_device")
+	e2eutil.Poll(t, 30*time.Second, "mount_device failed after the driver died", func(context.Context) (bool, string) {
+		op, ok := e2eutil.Must(t, a.Operations).Find(v.uniqueName(), "mount_device")
 		return ok && op.State == "backoff", fmt.Sprintf("%+v", op)
 	})
 	staging, target := e.stagingPath(v), e.publishPath(pod.UID, v.pv)
@@ -54,25 +55,25 @@ func TestDriverKilledAndRestarted(t *testing.T) {
 
 	// Second death: the driver exits right after answering the next call
 	// (NodeUnpublishVolume), so NodeUnstageVolume finds it gone.
-	if err := d.control().SetCrashAfter(1); err != nil {
+	if err := d.Control.SetCrashAfter(1); err != nil {
 		t.Fatal(err)
 	}
 	e.deletePod("app")
 	select {
-	case <-d.p.done:
+	case <-d.Process().Done():
 	case <-time.After(60 * time.Second):
 		t.Fatalf("the driver did not crash after its next call")
 	}
-	if code := d.p.exitCode(); code != 2 {
+	if code := d.Process().ExitCode(); code != 2 {
 		t.Errorf("driver exit code %d, want 2 (crash-after)", code)
 	}
 	// Wait until the agent has tried (and failed) to tear down without it:
 	// normally NodeUnstageVolume; NodeUnpublishVolume if another call (a
 	// probe) happened to be the driver's last.
-	eventually(t, 30*time.Second, "teardown failing while the driver is down", func(context.Context) (bool, string) {
-		var ops []operationStatus
+	e2eutil.Poll(t, 30*time.Second, "teardown failing while the driver is down", func(context.Context) (bool, string) {
+		var ops []e2eutil.Operation
 		for _, name := range []string{"unmount_device", "unmount_volume"} {
-			if op, ok := a.operation(t, v.uniqueName(), name); ok {
+			if op, ok := e2eutil.Must(t, a.Operations).Find(v.uniqueName(), name); ok {
 				if op.State == "backoff" {
 					return true, ""
 				}
@@ -88,7 +89,7 @@ func TestDriverKilledAndRestarted(t *testing.T) {
 	e.waitGone(target, e.podDir(pod.UID), staging)
 	d.waitCalls("NodeUnstageVolume", 1)
 	d.waitNoLoopDevices()
-	info, _ := d.volume(t, v.handle)
+	info, _ := d.Volume(t, v.handle)
 	if info.StagingPath != "" || len(info.TargetPaths) != 0 {
 		t.Errorf("driver's view after the pod was deleted: %+v", info)
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/volume-agent/volume-agent/test/cluster"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 // A PV with a nodeStageSecretRef: while the Secret does not exist the
@@ -24,19 +25,19 @@ func TestNodeStageSecret(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "stage-secret")
 	d := e.newDriver("drv", driverOptions{proxy: true})
-	e.csiDriverObject(d, storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)})
+	suite.CreateCSIDriver(t, d.name, storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)})
 	const secret = "stage-creds"
 	v := e.claimPV(d, "data", func(pv *corev1.PersistentVolume) {
 		pv.Spec.CSI.NodeStageSecretRef = &corev1.SecretReference{Namespace: e.ns, Name: secret}
 	})
 	e.startAgent(agentOptions{args: []string{d.flag()}})
 
-	pod := e.createPod(e.pod("app", claimVolume("data", v.claim)))
+	pod := e.createPod(e.pod("app", e2eutil.ClaimVolume("data", v.claim)))
 	e.waitEvent("app", "FailedMount", "reading secret "+e.ns+"/"+secret)
 	d.checkCalls(t, map[string]int{"NodeStageVolume": 0})
 
 	data := map[string]string{"username": "alice", "password": "correct horse"}
-	if _, err := suite.admin.CoreV1().Secrets(e.ns).Create(t.Context(), &corev1.Secret{
+	if _, err := suite.Admin.CoreV1().Secrets(e.ns).Create(t.Context(), &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: secret}, StringData: data,
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -52,14 +53,14 @@ func TestNodeStageSecret(t *testing.T) {
 		}
 		t.Errorf("NodeStageVolume secrets %v; want one call with %v", got, data)
 	}
-	eventually(t, 30*time.Second, "the agent's GET of the secret in the audit log", func(context.Context) (bool, string) {
-		events, err := suite.cluster.AuditEvents()
+	e2eutil.Poll(t, 30*time.Second, "the agent's GET of the secret in the audit log", func(context.Context) (bool, string) {
+		events, err := suite.Cluster.AuditEvents()
 		if err != nil {
 			return false, err.Error()
 		}
 		codes := []int{}
 		for _, ev := range events {
-			if ev.User.Username == suite.user && ev.Stage == cluster.StageResponseComplete && ev.Verb == "get" &&
+			if ev.User.Username == suite.User && ev.Stage == cluster.StageResponseComplete && ev.Verb == "get" &&
 				ev.ObjectRef != nil && ev.ObjectRef.Resource == "secrets" && ev.ObjectRef.Namespace == e.ns && ev.ObjectRef.Name == secret &&
 				ev.ResponseStatus != nil {
 				codes = append(codes, ev.ResponseStatus.Code)
@@ -68,7 +69,7 @@ func TestNodeStageSecret(t *testing.T) {
 				}
 			}
 		}
-		return false, fmt.Sprintf("GETs of the secret by %s answered %v", suite.user, codes)
+		return false, fmt.Sprintf("GETs of the secret by %s answered %v", suite.User, codes)
 	})
 
 	e.deletePod("app")

@@ -3,36 +3,27 @@ package expansion_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
-	"github.com/volume-agent/volume-agent/test/csidriver"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
-// driver is one test's CSI driver process (test/csidriver) with its
-// control socket and a gRPC connection for the controller calls the test
-// makes itself (there is no external-provisioner or -resizer).
+// driver is one test's CSI driver process (test/csidriver) with a
+// controller client for the calls the test makes itself (there is no
+// external-provisioner or -resizer).
 type driver struct {
-	*proc
-	name     string
-	endpoint string
-	control  *csidriver.ControlClient
-	ctrl     csi.ControllerClient
+	*e2eutil.CSIDriver
+	ctrl csi.ControllerClient
 }
 
 // startDriver starts the test CSI driver for the test's node, formatting
@@ -42,101 +33,34 @@ type driver struct {
 // and detached.
 func (e *env) startDriver(extraArgs ...string) *driver {
 	e.t.Helper()
-	t := e.t
-	requireTools(t, "mkfs.xfs", "xfs_growfs")
-	// Unix socket paths are short: not under t.TempDir().
-	dir, err := os.MkdirTemp("", "exp-csi-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	stateDir := filepath.Join(dir, "state")
-	t.Cleanup(func() { detachDriverLoops(t, stateDir) })
-	sock, controlSock := filepath.Join(dir, "csi.sock"), filepath.Join(dir, "control.sock")
-	d := &driver{name: e.ns + ".csi.test", endpoint: "unix://" + sock}
-	args := append([]string{
-		"--endpoint=" + d.endpoint, "--state-dir=" + stateDir, "--node-id=" + e.node, "--name=" + d.name,
-		"--control-socket=" + controlSock, "--default-fstype=xfs",
-	}, extraArgs...)
-	d.proc, err = startProc("driver "+d.name, filepath.Join(t.TempDir(), "driver.log"), suite.driverBin, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.stop(t) })
-	eventually(t, 20*time.Second, "the driver's sockets", func(context.Context) (bool, string) {
-		if d.exited() {
-			t.Fatalf("driver exited: %v\n%s", d.waitErr, tail(d.logPath, 20))
-		}
-		for _, s := range []string{sock, controlSock} {
-			if _, err := os.Stat(s); err != nil {
-				return false, err.Error()
-			}
-		}
-		return true, ""
+	requireTools(e.t, "mkfs.xfs", "xfs_growfs")
+	d := &driver{CSIDriver: e2eutil.StartCSIDriver(e.t, e2eutil.CSIDriverOptions{
+		Binary: suite.CSIDriverBin, Name: e.ns + ".csi.test", NodeID: e.node,
+		Args: append([]string{"--default-fstype=xfs"}, extraArgs...),
+	})}
+	d.ctrl = csi.NewControllerClient(d.Conn)
+	suite.CreateCSIDriver(e.t, d.Name(), storagev1.CSIDriverSpec{
+		AttachRequired:       ptr.To(false),
+		VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecyclePersistent},
 	})
-	d.control = csidriver.NewControlClient(controlSock)
-	conn, err := grpc.NewClient(d.endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	d.ctrl = csi.NewControllerClient(conn)
-
-	if _, err := suite.admin.StorageV1().CSIDrivers().Create(t.Context(), &storagev1.CSIDriver{
-		ObjectMeta: metav1.ObjectMeta{Name: d.name},
-		Spec: storagev1.CSIDriverSpec{
-			AttachRequired:       ptr.To(false),
-			VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecyclePersistent},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create CSIDriver %s: %v", d.name, err)
-	}
-	t.Logf("driver %s running (pid %d, log %s)", d.name, d.cmd.Process.Pid, d.logPath)
 	return d
-}
-
-// detachDriverLoops unmounts and detaches every loop device backed by a
-// file of the driver's state directory.
-func detachDriverLoops(t *testing.T, stateDir string) {
-	files, _ := filepath.Glob(filepath.Join(stateDir, "volumes", "*"))
-	for _, f := range files {
-		out, err := exec.Command("losetup", "-j", f, "-O", "NAME", "-n").CombinedOutput()
-		if err != nil {
-			t.Errorf("losetup -j %s: %v: %s", f, err, out)
-			continue
-		}
-		for _, dev := range strings.Fields(string(out)) {
-			mounttest.DetachLoop(t, dev)
-		}
-	}
-}
-
-func mount() *csi.VolumeCapability {
-	return &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "xfs"}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
 }
 
 func (d *driver) calls(t *testing.T, method string) int {
 	t.Helper()
-	counts, err := d.control.CallCounts()
-	if err != nil {
-		t.Fatalf("driver call counts: %v", err)
-	}
-	return counts[method]
+	return d.CallCounts(t)[method]
 }
 
 func (d *driver) setFault(t *testing.T, method string, code codes.Code) {
 	t.Helper()
-	if err := d.control.SetFault(method, code, 0); err != nil {
+	if err := d.Control.SetFault(method, code, 0); err != nil {
 		t.Fatalf("set fault %s=%s: %v", method, code, err)
 	}
 }
 
 func (d *driver) clearFault(t *testing.T, method string) {
 	t.Helper()
-	if err := d.control.ClearFault(method); err != nil {
+	if err := d.Control.ClearFault(method); err != nil {
 		t.Fatalf("clear fault %s: %v", method, err)
 	}
 }
@@ -155,27 +79,13 @@ func newCSIFixture(t *testing.T, name string, driverArgs ...string) *csiFixture 
 	t.Helper()
 	e := newEnv(t, name)
 	f := &csiFixture{env: e, drv: e.startDriver(driverArgs...)}
-	resp, err := f.drv.ctrl.CreateVolume(t.Context(), &csi.CreateVolumeRequest{
-		Name: "data", CapacityRange: &csi.CapacityRange{RequiredBytes: 320 * mib},
-		VolumeCapabilities: []*csi.VolumeCapability{mount()},
-	})
-	if err != nil {
-		t.Fatalf("CreateVolume: %v", err)
-	}
-	f.handle = resp.GetVolume().GetVolumeId()
-	pv := e.createPV(&corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: e.pvName("data")},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("320Mi")},
-			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
-				Driver: f.drv.name, VolumeHandle: f.handle, FSType: "xfs",
-			}},
-		},
-	}, "data")
+	f.handle = f.drv.CreateVolume("data", 320*mib, "xfs")
+	pv := e.createPV(e2eutil.PreBoundPV(e.pvName("data"), "320Mi", storageClass, e.ns, "data",
+		corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: f.drv.Name(), VolumeHandle: f.handle, FSType: "xfs"}}))
 	f.pv = pv.Name
-	f.vol = "kubernetes.io/csi/" + f.drv.name + "^" + f.handle
+	f.vol = e2eutil.CSIPlugin + "/" + f.drv.Name() + "^" + f.handle
 	e.createClaim("data", "320Mi", pv.Name)
-	e.start("--csi-driver=" + f.drv.name + "=" + f.drv.endpoint)
+	e.start("--csi-driver=" + f.drv.Name() + "=" + f.drv.Endpoint())
 	return f
 }
 
@@ -185,7 +95,7 @@ func newCSIFixture(t *testing.T, name string, driverArgs ...string) *csiFixture 
 func (f *csiFixture) grow(size int64, q string) {
 	f.t.Helper()
 	resp, err := f.drv.ctrl.ControllerExpandVolume(f.t.Context(), &csi.ControllerExpandVolumeRequest{
-		VolumeId: f.handle, CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapability: mount(),
+		VolumeId: f.handle, CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapability: e2eutil.MountCapability("xfs"),
 	})
 	if err != nil {
 		f.t.Fatalf("ControllerExpandVolume: %v", err)
@@ -193,18 +103,18 @@ func (f *csiFixture) grow(size int64, q string) {
 	if resp.GetCapacityBytes() != size || !resp.GetNodeExpansionRequired() {
 		f.t.Fatalf("ControllerExpandVolume: %d bytes, node expansion required %v; want %d, true", resp.GetCapacityBytes(), resp.GetNodeExpansionRequired(), size)
 	}
-	f.playResizer("data", f.pv, q)
+	suite.PlayResizer(f.t, f.ns, "data", f.pv, q)
 }
 
 // waitFSGrown waits until the filesystem at path has grown with the volume
 // from 320 to 400 MiB.
 func (f *csiFixture) waitFSGrown(path string, before int64) {
 	f.t.Helper()
-	eventually(f.t, 60*time.Second, "the filesystem at "+path+" grown", func(context.Context) (bool, string) {
-		now := fsBytes(f.t, path)
+	e2eutil.Poll(f.t, 60*time.Second, "the filesystem at "+path+" grown", func(context.Context) (bool, string) {
+		now := mounttest.FSSize(f.t, path)
 		return grownTo(now, before, 320*mib, 400*mib), fmt.Sprintf("%d bytes (was %d)", now, before)
 	})
-	f.t.Logf("filesystem at %s: %d bytes before, %d after", path, before, fsBytes(f.t, path))
+	f.t.Logf("filesystem at %s: %d bytes before, %d after", path, before, mounttest.FSSize(f.t, path))
 }
 
 // (c) The CSI path: a volume in use grows on the controller; the node
@@ -215,7 +125,7 @@ func TestCSIOnlineExpansion(t *testing.T) {
 	f := newCSIFixture(t, "csi-online")
 	pod := f.createPod("app", "data", false)
 	path := f.podMountPath(f.vol, pod.UID)
-	before := fsBytes(t, path)
+	before := mounttest.FSSize(t, path)
 	if n := f.drv.calls(t, "NodeExpandVolume"); n != 0 {
 		t.Fatalf("NodeExpandVolume called %d times before any expansion", n)
 	}
@@ -238,15 +148,15 @@ func TestCSIExpandInUseBlockedUntilPodsChange(t *testing.T) {
 	f := newCSIFixture(t, "csi-in-use")
 	first := f.createPod("first", "data", false)
 	path := f.podMountPath(f.vol, first.UID)
-	before := fsBytes(t, path)
+	before := mounttest.FSSize(t, path)
 	f.drv.setFault(t, "NodeExpandVolume", codes.FailedPrecondition)
 
 	f.grow(400*mib, "400Mi")
-	eventually(t, 60*time.Second, "/debug/asw resizeBlocked", func(context.Context) (bool, string) {
-		v := f.agent.volume(t, f.vol)
+	e2eutil.Poll(t, 60*time.Second, "/debug/asw resizeBlocked", func(context.Context) (bool, string) {
+		v := volume(t, f.agent, f.vol)
 		return v != nil && v.ResizeBlocked != "", fmt.Sprintf("%+v", v)
 	})
-	v := f.agent.volume(t, f.vol)
+	v := volume(t, f.agent, f.vol)
 	t.Logf("resizeBlocked: %s", v.ResizeBlocked)
 	if !strings.Contains(v.ResizeBlocked, "FailedPrecondition") || v.Size != "" {
 		t.Errorf("resizeBlocked %q, size %q: want the driver's FailedPrecondition and no size", v.ResizeBlocked, v.Size)
@@ -263,10 +173,10 @@ func TestCSIExpandInUseBlockedUntilPodsChange(t *testing.T) {
 		n := f.drv.calls(t, "NodeExpandVolume")
 		return n == 1, fmt.Sprintf("NodeExpandVolume called %d times", n)
 	})
-	if v := f.agent.volume(t, f.vol); v.ResizeBlocked == "" {
+	if v := volume(t, f.agent, f.vol); v.ResizeBlocked == "" {
 		t.Error("resizeBlocked cleared although the pods did not change")
 	}
-	if now := fsBytes(t, path); now != before {
+	if now := mounttest.FSSize(t, path); now != before {
 		t.Errorf("filesystem changed from %d to %d bytes while blocked", before, now)
 	}
 
@@ -277,10 +187,10 @@ func TestCSIExpandInUseBlockedUntilPodsChange(t *testing.T) {
 	if n := f.drv.calls(t, "NodeExpandVolume"); n != 2 {
 		t.Errorf("NodeExpandVolume called %d times, want 2 (the refusal, then the retry after the second pod)", n)
 	}
-	if v := f.agent.volume(t, f.vol); v.ResizeBlocked != "" {
+	if v := volume(t, f.agent, f.vol); v.ResizeBlocked != "" {
 		t.Errorf("resizeBlocked %q after the expansion succeeded", v.ResizeBlocked)
 	}
-	if now := fsBytes(t, path); !grownTo(now, before, 320*mib, 400*mib) {
+	if now := mounttest.FSSize(t, path); !grownTo(now, before, 320*mib, 400*mib) {
 		t.Errorf("the first pod sees %d bytes, not the grown filesystem", now)
 	}
 }
@@ -294,14 +204,14 @@ func TestCSIExpandFailureRetriedWithBackoff(t *testing.T) {
 	f := newCSIFixture(t, "csi-internal")
 	pod := f.createPod("app", "data", false)
 	path := f.podMountPath(f.vol, pod.UID)
-	before := fsBytes(t, path)
+	before := mounttest.FSSize(t, path)
 	f.drv.setFault(t, "NodeExpandVolume", codes.Internal)
 
 	f.grow(400*mib, "400Mi")
 	// Backoff: 0.5 s after the first failure, 1 s after the second, so the
 	// third call comes at least 1.5 s after the first.
 	var first, third time.Time
-	eventually(t, 60*time.Second, "three NodeExpandVolume calls", func(context.Context) (bool, string) {
+	e2eutil.Poll(t, 60*time.Second, "three NodeExpandVolume calls", func(context.Context) (bool, string) {
 		n := f.drv.calls(t, "NodeExpandVolume")
 		if n == 1 && first.IsZero() {
 			first = time.Now() // at most one poll after the first call
@@ -321,7 +231,7 @@ func TestCSIExpandFailureRetriedWithBackoff(t *testing.T) {
 		t.Logf("first to third NodeExpandVolume call: about %v", d.Round(10*time.Millisecond))
 	}
 	f.waitEvent("PersistentVolumeClaim", "data", corev1.EventTypeWarning, "VolumeResizeFailed", "injected fault")
-	eventually(t, 30*time.Second, "PVC data: NodeResizeError, still in progress", func(context.Context) (bool, string) {
+	e2eutil.Poll(t, 30*time.Second, "PVC data: NodeResizeError, still in progress", func(context.Context) (bool, string) {
 		pvc := f.claim("data")
 		c := pvcCondition(pvc, corev1.PersistentVolumeClaimNodeResizeError)
 		capacity := pvc.Status.Capacity[corev1.ResourceStorage]
@@ -329,7 +239,7 @@ func TestCSIExpandFailureRetriedWithBackoff(t *testing.T) {
 			pvc.Status.AllocatedResourceStatuses[corev1.ResourceStorage] == corev1.PersistentVolumeClaimNodeResizeInProgress &&
 			capacity.Cmp(resource.MustParse("320Mi")) == 0, describeClaimStatus(pvc)
 	})
-	if v := f.agent.volume(t, f.vol); v.ResizeBlocked != "" || v.Size != "" {
+	if v := volume(t, f.agent, f.vol); v.ResizeBlocked != "" || v.Size != "" {
 		t.Errorf("/debug/asw resizeBlocked %q, size %q: want neither for an ordinary failure", v.ResizeBlocked, v.Size)
 	}
 
@@ -345,7 +255,7 @@ func TestCSIExpandUnimplementedIsDone(t *testing.T) {
 	f := newCSIFixture(t, "csi-unimpl", "--fault=NodeExpandVolume=Unimplemented")
 	pod := f.createPod("app", "data", false)
 	path := f.podMountPath(f.vol, pod.UID)
-	before := fsBytes(t, path)
+	before := mounttest.FSSize(t, path)
 
 	f.grow(400*mib, "400Mi")
 	f.checkExpansionReported("data", "app", f.vol, "400Mi")
@@ -354,7 +264,7 @@ func TestCSIExpandUnimplementedIsDone(t *testing.T) {
 	}
 	// Taken at its word: the driver did nothing, so the filesystem did not
 	// grow, yet the expansion is done.
-	if now := fsBytes(t, path); now != before {
+	if now := mounttest.FSSize(t, path); now != before {
 		t.Errorf("filesystem changed from %d to %d bytes; the driver's NodeExpandVolume did nothing", before, now)
 	}
 	f.noEvent("PersistentVolumeClaim", "data", "VolumeResizeFailed")
@@ -380,7 +290,7 @@ func TestCSIReadOnlyClaimNotExpanded(t *testing.T) {
 			pvcCondition(pvc, corev1.PersistentVolumeClaimNodeResizeError) == nil
 		return ok, fmt.Sprintf("NodeExpandVolume called %d times; PVC %s", n, describeClaimStatus(pvc))
 	})
-	if s := f.agent.desiredSize(t, f.vol); s != "" {
+	if s := desiredSize(t, f.agent, f.vol); s != "" {
 		t.Errorf("/debug/dsw desiredSize %q for a read-only claim", s)
 	}
 }
@@ -392,13 +302,13 @@ func TestCSIShrinkIgnored(t *testing.T) {
 	f := newCSIFixture(t, "csi-shrink")
 	pod := f.createPod("app", "data", false)
 	path := f.podMountPath(f.vol, pod.UID)
-	before := fsBytes(t, path)
+	before := mounttest.FSSize(t, path)
 	pvc := f.claim("data")
 	if pvc.Status.AllocatedResources != nil || pvc.Status.AllocatedResourceStatuses != nil {
 		t.Fatalf("the bound claim already has allocated fields: %+v", pvc.Status)
 	}
 
-	f.patchPVCapacity(f.pv, "256Mi")
+	suite.PatchPVCapacity(f.t, f.pv, "256Mi")
 	f.waitEvent("Pod", "app", corev1.EventTypeWarning, "VolumeShrinkIgnored", "256Mi", "320Mi")
 	f.waitEvent("PersistentVolumeClaim", "data", corev1.EventTypeWarning, "VolumeShrinkIgnored", "never shrink")
 	consistently(t, 2*time.Second, "nothing done for a shrink", func(context.Context) (bool, string) {
@@ -408,10 +318,10 @@ func TestCSIShrinkIgnored(t *testing.T) {
 		ok := n == 0 && capacity.Cmp(resource.MustParse("320Mi")) == 0 && pvc.Status.AllocatedResourceStatuses == nil
 		return ok, fmt.Sprintf("NodeExpandVolume called %d times; PVC %s", n, describeClaimStatus(pvc))
 	})
-	if v := f.agent.volume(t, f.vol); v.Size != "" || v.ResizeBlocked != "" {
+	if v := volume(t, f.agent, f.vol); v.Size != "" || v.ResizeBlocked != "" {
 		t.Errorf("/debug/asw size %q, resizeBlocked %q: want neither", v.Size, v.ResizeBlocked)
 	}
-	if now := fsBytes(t, path); now != before {
+	if now := mounttest.FSSize(t, path); now != before {
 		t.Errorf("filesystem changed from %d to %d bytes", before, now)
 	}
 }
@@ -427,14 +337,14 @@ func TestCSILegacyResizer(t *testing.T) {
 	f := newCSIFixture(t, "csi-legacy")
 	pod := f.createPod("app", "data", false)
 	path := f.podMountPath(f.vol, pod.UID)
-	before := fsBytes(t, path)
+	before := mounttest.FSSize(t, path)
 
 	if _, err := f.drv.ctrl.ControllerExpandVolume(t.Context(), &csi.ControllerExpandVolumeRequest{
-		VolumeId: f.handle, CapacityRange: &csi.CapacityRange{RequiredBytes: 400 * mib}, VolumeCapability: mount(),
+		VolumeId: f.handle, CapacityRange: &csi.CapacityRange{RequiredBytes: 400 * mib}, VolumeCapability: e2eutil.MountCapability("xfs"),
 	}); err != nil {
 		t.Fatalf("ControllerExpandVolume: %v", err)
 	}
-	f.patchPVCapacity(f.pv, "400Mi")
+	suite.PatchPVCapacity(f.t, f.pv, "400Mi")
 	f.waitFSGrown(path, before)
 	pvc := f.waitClaimExpanded("data", "400Mi")
 	if pvc.Status.AllocatedResources != nil || pvc.Status.AllocatedResourceStatuses != nil {
@@ -455,17 +365,17 @@ func TestCSIExpandBeforePublish(t *testing.T) {
 	t.Parallel()
 	f := newCSIFixture(t, "csi-offline")
 	first := f.createPod("first", "data", false)
-	before := fsBytes(t, f.podMountPath(f.vol, first.UID))
+	before := mounttest.FSSize(t, f.podMountPath(f.vol, first.UID))
 	f.deletePod(first)
-	eventually(t, 60*time.Second, "the volume unstaged", func(context.Context) (bool, string) {
-		v := f.agent.volume(t, f.vol)
+	e2eutil.Poll(t, 60*time.Second, "the volume unstaged", func(context.Context) (bool, string) {
+		v := volume(t, f.agent, f.vol)
 		return v == nil, fmt.Sprintf("%+v", v)
 	})
 
 	f.grow(400*mib, "400Mi")
 	second := f.createPod("second", "data", false)
 	path := f.podMountPath(f.vol, second.UID)
-	now := fsBytes(t, path)
+	now := mounttest.FSSize(t, path)
 	t.Logf("filesystem: %d bytes before, %d at the new pod's first look", before, now)
 	if !grownTo(now, before, 320*mib, 400*mib) {
 		t.Errorf("the pod got a filesystem of %d bytes (was %d): not grown before publishing", now, before)
@@ -483,10 +393,10 @@ func TestCSIExpandWithoutStaging(t *testing.T) {
 	t.Parallel()
 	f := newCSIFixture(t, "csi-nostage", "--disable-staging")
 	first := f.createPod("first", "data", false)
-	before := fsBytes(t, f.podMountPath(f.vol, first.UID))
+	before := mounttest.FSSize(t, f.podMountPath(f.vol, first.UID))
 	f.deletePod(first)
-	eventually(t, 60*time.Second, "the volume released", func(context.Context) (bool, string) {
-		v := f.agent.volume(t, f.vol)
+	e2eutil.Poll(t, 60*time.Second, "the volume released", func(context.Context) (bool, string) {
+		v := volume(t, f.agent, f.vol)
 		return v == nil, fmt.Sprintf("%+v", v)
 	})
 
@@ -499,8 +409,8 @@ func TestCSIExpandWithoutStaging(t *testing.T) {
 	// expand") again and again and the pod never gets its volume. Skip,
 	// saying so, while that is what happens; check the expected behaviour
 	// once it no longer does.
-	eventually(t, 60*time.Second, "the pod's mount, or the known failure", func(ctx context.Context) (bool, string) {
-		if v := f.agent.volume(t, f.vol); v != nil {
+	e2eutil.Poll(t, 60*time.Second, "the pod's mount, or the known failure", func(ctx context.Context) (bool, string) {
+		if v := volume(t, f.agent, f.vol); v != nil {
 			for _, p := range v.Pods {
 				if p.UID == string(second.UID) && p.MountState == "Mounted" {
 					return true, ""

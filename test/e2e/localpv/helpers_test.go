@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,6 +26,7 @@ import (
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/localpv"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 // env is one test's world: a Node (whose hostname label differs from its
@@ -45,43 +45,24 @@ type env struct {
 
 func newEnv(t *testing.T, name string) *env {
 	t.Helper()
-	if suite.skip != "" {
-		t.Skip(suite.skip)
-	}
+	suite.Require(t)
 	e := &env{t: t, name: name, node: name + "-node", hostname: name + "-host", ns: name, data: mounttest.TempDir(t), cfgDir: t.TempDir()}
-	ctx := t.Context()
-	if _, err := suite.cluster.CreateNode(ctx, e.node, map[string]string{corev1.LabelHostname: e.hostname}); err != nil {
-		t.Fatalf("create node: %v", err)
-	}
-	if _, err := suite.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace: %v", err)
-	}
-	eventually(t, 30*time.Second, "the namespace's default ServiceAccount", func(ctx context.Context) (bool, string) {
-		_, err := suite.admin.CoreV1().ServiceAccounts(e.ns).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, fmt.Sprint(err)
-	})
+	suite.CreateNodeAndNamespace(t, e.node, e.ns, map[string]string{corev1.LabelHostname: e.hostname})
 	return e
 }
 
-// eventually polls cond every 50 ms until it is done, failing the test
-// after timeout with cond's last explanation.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func(ctx context.Context) (bool, string)) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), timeout)
-	defer cancel()
-	last := ""
-	for {
-		done, why := cond(ctx)
-		if done {
-			return
-		}
-		last = why
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not after %v: %s", what, timeout, last)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+// startAgent runs the volume-agent binary for the test's node (cluster
+// mode, as the deploy/ ServiceAccount) on a new root directory and waits
+// until it is ready. It is stopped with SIGTERM when the test ends, before
+// its root directory is unmounted.
+func (e *env) startAgent() *e2eutil.Agent {
+	e.t.Helper()
+	return suite.StartAgent(e.t, e.node, mounttest.TempDir(e.t))
+}
+
+// volumePath is where the agent mounts a pod's local volume.
+func volumePath(a *e2eutil.Agent, podUID, pv string) string {
+	return e2eutil.VolumeDir(a.Root(), podUID, e2eutil.LocalPlugin, pv)
 }
 
 // class returns a cluster-wide unique StorageClass name for the test.
@@ -97,7 +78,7 @@ func (e *env) storageClass(name string, policy corev1.PersistentVolumeReclaimPol
 		ReclaimPolicy:     &policy,
 		VolumeBindingMode: ptr.To(storagev1.VolumeBindingImmediate),
 	}
-	if _, err := suite.admin.StorageV1().StorageClasses().Create(e.t.Context(), sc, metav1.CreateOptions{}); err != nil {
+	if _, err := suite.Admin.StorageV1().StorageClasses().Create(e.t.Context(), sc, metav1.CreateOptions{}); err != nil {
 		e.t.Fatalf("create StorageClass %s: %v", name, err)
 	}
 }
@@ -235,7 +216,7 @@ func (pr *provisioner) volume(path string) (localpv.Volume, bool) {
 func (pr *provisioner) waitState(path string, state localpv.State) localpv.Volume {
 	pr.t.Helper()
 	var got localpv.Volume
-	eventually(pr.t, 60*time.Second, fmt.Sprintf("%s %s", path, state), func(context.Context) (bool, string) {
+	e2eutil.Poll(pr.t, 60*time.Second, fmt.Sprintf("%s %s", path, state), func(context.Context) (bool, string) {
 		v, ok := pr.volume(path)
 		got = v
 		return ok && v.State == state, fmt.Sprintf("%+v", v)
@@ -251,7 +232,7 @@ func (pr *provisioner) passes() uint64 { return pr.p.Status().Passes }
 func (pr *provisioner) waitPasses(n uint64) {
 	pr.t.Helper()
 	want := pr.passes() + n
-	eventually(pr.t, 60*time.Second, fmt.Sprintf("%d passes", n), func(context.Context) (bool, string) {
+	e2eutil.Poll(pr.t, 60*time.Second, fmt.Sprintf("%d passes", n), func(context.Context) (bool, string) {
 		return pr.passes() >= want, fmt.Sprintf("%d passes", pr.passes())
 	})
 }
@@ -286,7 +267,7 @@ func (pr *provisioner) gauge(name string, labels map[string]string) float64 {
 
 // pvAt returns the test node's PV at path, if any.
 func (e *env) pvAt(ctx context.Context, path string) (*corev1.PersistentVolume, error) {
-	list, err := suite.admin.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	list, err := suite.Admin.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -304,7 +285,7 @@ func (e *env) pvAt(ctx context.Context, path string) (*corev1.PersistentVolume, 
 func (e *env) waitAvailable(path string, not types.UID) *corev1.PersistentVolume {
 	e.t.Helper()
 	var got *corev1.PersistentVolume
-	eventually(e.t, 60*time.Second, "an Available PV at "+path, func(ctx context.Context) (bool, string) {
+	e2eutil.Poll(e.t, 60*time.Second, "an Available PV at "+path, func(ctx context.Context) (bool, string) {
 		pv, err := e.pvAt(ctx, path)
 		if err != nil || pv == nil {
 			return false, fmt.Sprint("no PV ", err)
@@ -319,8 +300,8 @@ func (e *env) waitAvailable(path string, not types.UID) *corev1.PersistentVolume
 func (e *env) waitPhase(name string, phase corev1.PersistentVolumePhase) *corev1.PersistentVolume {
 	e.t.Helper()
 	var got *corev1.PersistentVolume
-	eventually(e.t, 60*time.Second, "PV "+name+" "+string(phase), func(ctx context.Context) (bool, string) {
-		pv, err := suite.admin.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{})
+	e2eutil.Poll(e.t, 60*time.Second, "PV "+name+" "+string(phase), func(ctx context.Context) (bool, string) {
+		pv, err := suite.Admin.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -344,21 +325,15 @@ func (e *env) claim(name string, pv *corev1.PersistentVolume) {
 			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Mi")}},
 		},
 	}
-	if _, err := suite.admin.CoreV1().PersistentVolumeClaims(e.ns).Create(e.t.Context(), pvc, metav1.CreateOptions{}); err != nil {
+	if _, err := suite.Admin.CoreV1().PersistentVolumeClaims(e.ns).Create(e.t.Context(), pvc, metav1.CreateOptions{}); err != nil {
 		e.t.Fatalf("create PVC %s: %v", name, err)
 	}
-	eventually(e.t, 60*time.Second, "PVC "+name+" bound to "+pv.Name, func(ctx context.Context) (bool, string) {
-		got, err := suite.admin.CoreV1().PersistentVolumeClaims(e.ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		return got.Status.Phase == corev1.ClaimBound, string(got.Status.Phase)
-	})
+	suite.WaitBound(e.t, e.ns, name, pv.Name)
 }
 
 func (e *env) deleteClaim(name string) {
 	e.t.Helper()
-	if err := suite.admin.CoreV1().PersistentVolumeClaims(e.ns).Delete(e.t.Context(), name, metav1.DeleteOptions{}); err != nil {
+	if err := suite.Admin.CoreV1().PersistentVolumeClaims(e.ns).Delete(e.t.Context(), name, metav1.DeleteOptions{}); err != nil {
 		e.t.Fatalf("delete PVC %s: %v", name, err)
 	}
 }
@@ -368,30 +343,7 @@ func (e *env) deleteClaim(name string) {
 // "default".
 func (e *env) waitPVEvent(pv, reason string, contains ...string) *corev1.Event {
 	e.t.Helper()
-	var found *corev1.Event
-	eventually(e.t, 60*time.Second, fmt.Sprintf("a %s event on PV %s", reason, pv), func(ctx context.Context) (bool, string) {
-		list, err := suite.admin.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{
-			FieldSelector: fields.Set{"involvedObject.name": pv, "reason": reason}.String(),
-		})
-		if err != nil {
-			return false, err.Error()
-		}
-		var seen []string
-	next:
-		for i := range list.Items {
-			ev := &list.Items[i]
-			seen = append(seen, ev.Message)
-			for _, s := range contains {
-				if !strings.Contains(ev.Message, s) {
-					continue next
-				}
-			}
-			found = ev
-			return true, ""
-		}
-		return false, fmt.Sprintf("events: %q", seen)
-	})
-	return found
+	return suite.WaitEvent(e.t, metav1.NamespaceDefault, fields.Set{"involvedObject.name": pv, "reason": reason}, nil, contains...)
 }
 
 func must(t *testing.T, err error) {

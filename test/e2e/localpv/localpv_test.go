@@ -17,6 +17,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/localpv"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 const (
@@ -67,7 +68,7 @@ func TestFilesystemLifecycle(t *testing.T) {
 			}}}},
 		},
 	}
-	if _, err := suite.admin.CoreV1().PersistentVolumes().Create(t.Context(), admin, metav1.CreateOptions{}); err != nil {
+	if _, err := suite.Admin.CoreV1().PersistentVolumes().Create(t.Context(), admin, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -112,7 +113,7 @@ func TestFilesystemLifecycle(t *testing.T) {
 		t.Errorf("taken: %+v", v)
 	}
 	// Metrics follow the provisioner's passes, which follow its caches.
-	eventually(t, 30*time.Second, "the capacity metric", func(context.Context) (bool, string) {
+	e2eutil.Poll(t, 30*time.Second, "the capacity metric", func(context.Context) (bool, string) {
 		got, want := pr.gauge(capacityMetric, map[string]string{"class": class, "mode": "Filesystem"}), float64(64<<20+extBytes+64<<20)
 		return got == want, fmt.Sprintf("%v, want %v", got, want)
 	})
@@ -135,12 +136,12 @@ func TestFilesystemLifecycle(t *testing.T) {
 			},
 		},
 	}
-	pod, err := suite.admin.CoreV1().Pods(e.ns).Create(t.Context(), pod, metav1.CreateOptions{})
+	pod, err := suite.Admin.CoreV1().Pods(e.ns).Create(t.Context(), pod, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dataPath, devPath := a.volumePath(string(pod.UID), tmpPV.Name), a.volumePath(string(pod.UID), blkPV.Name)
-	eventually(t, 60*time.Second, "the pod's volumes mounted", func(context.Context) (bool, string) {
+	dataPath, devPath := volumePath(a, string(pod.UID), tmpPV.Name), volumePath(a, string(pod.UID), blkPV.Name)
+	e2eutil.Poll(t, 60*time.Second, "the pod's volumes mounted", func(context.Context) (bool, string) {
 		for _, p := range []string{dataPath, devPath} {
 			if len(mounttest.MountsAt(t, p)) == 0 {
 				return false, p + " not mounted"
@@ -160,11 +161,11 @@ func TestFilesystemLifecycle(t *testing.T) {
 
 	// Pod and claims go: the volumes are Released, cleaned, deleted and
 	// made again, Available, under the same names.
-	if err := suite.admin.CoreV1().Pods(e.ns).Delete(t.Context(), "app", metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}); err != nil {
+	if err := suite.Admin.CoreV1().Pods(e.ns).Delete(t.Context(), "app", metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, "the pod's volumes unmounted", func(context.Context) (bool, string) {
-		n := len(mounttest.MountsUnder(t, filepath.Join(a.root, "pods")))
+	e2eutil.Poll(t, 60*time.Second, "the pod's volumes unmounted", func(context.Context) (bool, string) {
+		n := len(mounttest.MountsUnder(t, filepath.Join(a.Root(), "pods")))
 		return n == 0, fmt.Sprintf("%d mounts left", n)
 	})
 	e.deleteClaim("data")
@@ -255,7 +256,7 @@ func TestFailingCleaner(t *testing.T) {
 	if ev.Type != corev1.EventTypeWarning || ev.InvolvedObject.UID != pv.UID {
 		t.Errorf("event %+v", ev)
 	}
-	eventually(t, 60*time.Second, "retries", func(context.Context) (bool, string) {
+	e2eutil.Poll(t, 60*time.Second, "retries", func(context.Context) (bool, string) {
 		for _, c := range pr.p.Status().Cleanups {
 			if c.UID == pv.UID {
 				return c.Attempts >= 3 && c.State == localpv.CleanupFailed, fmt.Sprintf("%+v", c)
@@ -277,17 +278,17 @@ func TestFailingCleaner(t *testing.T) {
 		t.Errorf("failed cleanups metric %v", got)
 	}
 	// Repeated identical failures are aggregated into one event.
-	eventually(t, 60*time.Second, "the event's count to grow", func(ctx context.Context) (bool, string) {
+	e2eutil.Poll(t, 60*time.Second, "the event's count to grow", func(ctx context.Context) (bool, string) {
 		ev := e.waitPVEvent(pv.Name, localpv.ReasonCleanupFailed)
 		return ev.Count >= 2, fmt.Sprintf("count %d", ev.Count)
 	})
 
 	// An administrator deletes the PV: its disk still holds the last
 	// tenant's data, so it is not offered again until a cleanup succeeds.
-	if err := suite.admin.CoreV1().PersistentVolumes().Delete(t.Context(), pv.Name, metav1.DeleteOptions{}); err != nil {
+	if err := suite.Admin.CoreV1().PersistentVolumes().Delete(t.Context(), pv.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, "the PV deleted", func(ctx context.Context) (bool, string) {
+	e2eutil.Poll(t, 60*time.Second, "the PV deleted", func(ctx context.Context) (bool, string) {
 		got, err := e.pvAt(ctx, link)
 		return err == nil && got == nil, fmt.Sprint(got, err)
 	})
@@ -338,7 +339,7 @@ func TestMissingDisk(t *testing.T) {
 	e.deleteClaim("data")
 	e.waitPhase(pv.Name, corev1.VolumeReleased)
 	pr.waitPasses(3)
-	if got, err := suite.admin.CoreV1().PersistentVolumes().Get(t.Context(), pv.Name, metav1.GetOptions{}); err != nil || got.UID != pv.UID {
+	if got, err := suite.Admin.CoreV1().PersistentVolumes().Get(t.Context(), pv.Name, metav1.GetOptions{}); err != nil || got.UID != pv.UID {
 		t.Fatalf("the PV of a missing disk was deleted: %v", err)
 	}
 	if v, _ := pr.volume(diskDir); v.State != localpv.StateMissing {
@@ -363,7 +364,7 @@ func TestMissingDisk(t *testing.T) {
 	if again.Name != pv.Name {
 		t.Errorf("recreated as %s", again.Name)
 	}
-	eventually(t, 30*time.Second, "the missing metric back to 0", func(context.Context) (bool, string) {
+	e2eutil.Poll(t, 30*time.Second, "the missing metric back to 0", func(context.Context) (bool, string) {
 		got := pr.gauge(volumesMetric, map[string]string{"class": class, "state": "missing"})
 		return got == 0, fmt.Sprint(got)
 	})
@@ -397,7 +398,7 @@ func TestConfigReload(t *testing.T) {
 
 	// A broken file: both classes stay in force.
 	e.writeConfig("storageClasses: [\n")
-	eventually(t, 30*time.Second, "the bad file reported", func(context.Context) (bool, string) {
+	e2eutil.Poll(t, 30*time.Second, "the bad file reported", func(context.Context) (bool, string) {
 		errs := pr.p.Status().Config.Errors
 		return len(errs) == 1 && strings.Contains(errs[0], "not valid YAML"), fmt.Sprint(errs)
 	})
@@ -409,7 +410,7 @@ func TestConfigReload(t *testing.T) {
 	// A broken class b (its previous definition is kept), a new class c
 	// without its StorageClass (reported, the others go on).
 	e.writeConfig("storageClasses:\n" + classA + fmt.Sprintf("  %s: {discoveryDir: %s, volumeMode: Raw}\n  %s: {discoveryDir: %s}\n", b, dirB, c, dirC))
-	eventually(t, 30*time.Second, "the bad class reported", func(context.Context) (bool, string) {
+	e2eutil.Poll(t, 30*time.Second, "the bad class reported", func(context.Context) (bool, string) {
 		errs := pr.p.Status().Config.Errors
 		return len(errs) == 1 && strings.Contains(errs[0], fmt.Sprintf(`storage class %q: volumeMode: "Raw" is neither Filesystem nor Block`, b)), fmt.Sprint(errs)
 	})
@@ -476,7 +477,7 @@ exec wipefs -a "$LOCAL_PV_BLKDEVICE"
 			}}}},
 		},
 	}
-	if _, err := suite.admin.CoreV1().PersistentVolumes().Create(t.Context(), half, metav1.CreateOptions{}); err != nil {
+	if _, err := suite.Admin.CoreV1().PersistentVolumes().Create(t.Context(), half, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	pr := e.startProvisioner()
@@ -489,7 +490,7 @@ exec wipefs -a "$LOCAL_PV_BLKDEVICE"
 
 	e.claim("raw", pv)
 	e.deleteClaim("raw")
-	eventually(t, 60*time.Second, "the cleaner started", func(context.Context) (bool, string) {
+	e2eutil.Poll(t, 60*time.Second, "the cleaner started", func(context.Context) (bool, string) {
 		return len(starts(t, logFile)) == 1, fmt.Sprint(starts(t, logFile))
 	})
 	pr.waitState(link, localpv.StateCleaning)
@@ -506,7 +507,7 @@ exec wipefs -a "$LOCAL_PV_BLKDEVICE"
 	}
 
 	e.startProvisioner()
-	eventually(t, 60*time.Second, "the cleaner started again", func(context.Context) (bool, string) {
+	e2eutil.Poll(t, 60*time.Second, "the cleaner started again", func(context.Context) (bool, string) {
 		return len(starts(t, logFile)) == 2, fmt.Sprint(starts(t, logFile))
 	})
 	mounttest.WriteFile(t, gate, "")
@@ -521,7 +522,7 @@ exec wipefs -a "$LOCAL_PV_BLKDEVICE"
 
 func countPVs(t *testing.T, e *env, path string) int {
 	t.Helper()
-	list, err := suite.admin.CoreV1().PersistentVolumes().List(t.Context(), metav1.ListOptions{})
+	list, err := suite.Admin.CoreV1().PersistentVolumes().List(t.Context(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

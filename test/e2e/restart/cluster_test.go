@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 // storageClass is set on every PV and PVC; no StorageClass object exists, so
@@ -29,7 +30,7 @@ const storageClass = "manual"
 // data directory, on a control plane.
 type clusterEnv struct {
 	t    *testing.T
-	cp   *controlPlane
+	cp   *e2eutil.ControlPlane
 	node string
 	ns   string
 	data string // local PV directories
@@ -41,51 +42,30 @@ var envSeq atomic.Int64
 // newClusterEnv creates the Node <name>-<n>-node and the namespace <name>-<n> (and
 // waits for its default ServiceAccount, without which pods cannot be
 // created).
-func newClusterEnv(t *testing.T, cp *controlPlane, name string) *clusterEnv {
+func newClusterEnv(t *testing.T, cp *e2eutil.ControlPlane, name string) *clusterEnv {
 	t.Helper()
 	// Unique on the shared control plane also with -count=N.
 	name = fmt.Sprintf("%s-%d", name, envSeq.Add(1))
 	e := &clusterEnv{t: t, cp: cp, node: name + "-node", ns: name, data: t.TempDir()}
-	e.root = tempRoot(t) // unmounted after the agent (registered later) stops
-	ctx := t.Context()
-	if _, err := cp.c.CreateNode(ctx, e.node, nil); err != nil {
-		t.Fatalf("create node: %v", err)
-	}
-	if _, err := cp.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace: %v", err)
-	}
-	eventually(t, 30*time.Second, "the namespace's default ServiceAccount", func() error {
-		_, err := cp.admin.CoreV1().ServiceAccounts(e.ns).Get(ctx, "default", metav1.GetOptions{})
-		return err
-	})
+	e.root = mounttest.TempDir(t) // unmounted after the agent (registered later) stops
+	cp.CreateNodeAndNamespace(t, e.node, e.ns, nil)
 	return e
 }
 
 // newAgent prepares the env's agent: cluster mode, as the deploy/
 // ServiceAccount.
 func (e *clusterEnv) newAgent(extra ...string) *agent {
-	return newAgent(e.t, e.root, append([]string{"--kubeconfig=" + e.cp.kubeconfig, "--node-name=" + e.node}, extra...)...)
+	return newAgent(e.t, e2eutil.AgentOptions{Root: e.root, Node: e.node, Kubeconfig: e.cp.Kubeconfig, Args: extra})
 }
 
 // pod is a pod on the env's node whose container mounts every volume.
 func (e *clusterEnv) pod(name string, vols ...corev1.Volume) *corev1.Pod {
-	p := newPod(name, vols...)
-	p.TypeMeta = metav1.TypeMeta{}
-	p.Namespace = e.ns
-	p.Spec.NodeName = e.node
-	// The agent has no projected-volume plugin: no token volume.
-	no := false
-	p.Spec.AutomountServiceAccountToken = &no
-	return p
+	return e2eutil.Pod(e.ns, e.node, name, vols...)
 }
 
 func (e *clusterEnv) createPod(p *corev1.Pod) *corev1.Pod {
 	e.t.Helper()
-	got, err := e.cp.admin.CoreV1().Pods(e.ns).Create(e.t.Context(), p, metav1.CreateOptions{})
-	if err != nil {
-		e.t.Fatalf("create pod %s: %v", p.Name, err)
-	}
-	return got
+	return e.cp.CreatePod(e.t, p)
 }
 
 // deletePod deletes a pod at once (grace period 0: there is no kubelet) and
@@ -93,11 +73,11 @@ func (e *clusterEnv) createPod(p *corev1.Pod) *corev1.Pod {
 func (e *clusterEnv) deletePod(name string) {
 	e.t.Helper()
 	zero := int64(0)
-	pods := e.cp.admin.CoreV1().Pods(e.ns)
+	pods := e.cp.Admin.CoreV1().Pods(e.ns)
 	if err := pods.Delete(e.t.Context(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		e.t.Fatalf("delete pod %s: %v", name, err)
 	}
-	eventually(e.t, 30*time.Second, "pod "+name+" gone from the API", func() error {
+	e2eutil.PollErr(e.t, 30*time.Second, "pod "+name+" gone from the API", func() error {
 		_, err := pods.Get(e.t.Context(), name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil
@@ -118,21 +98,9 @@ func (e *clusterEnv) localPV(name, claim string) (string, string) {
 	ctx := e.t.Context()
 	dir := mkdirAll(e.t, filepath.Join(e.data, name))
 	pvName := e.ns + "-" + name
-	pv := &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: pvName},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			StorageClassName:              storageClass,
-			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-			PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: dir}},
-			ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: e.ns, Name: claim},
-			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{e.node}}},
-			}}}},
-		},
-	}
-	if _, err := e.cp.admin.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+	pv := e2eutil.PreBoundPV(pvName, "1Gi", storageClass, e.ns, claim, corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: dir}})
+	pv.Spec.NodeAffinity = e2eutil.NodeAffinity(corev1.LabelHostname, e.node)
+	if _, err := e.cp.Admin.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
 		e.t.Fatalf("create PV %s: %v", pvName, err)
 	}
 	e.createClaim(claim, "1Gi")
@@ -151,36 +119,27 @@ func (e *clusterEnv) createClaim(name, size string) {
 			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
 		},
 	}
-	if _, err := e.cp.admin.CoreV1().PersistentVolumeClaims(e.ns).Create(e.t.Context(), pvc, metav1.CreateOptions{}); err != nil {
+	if _, err := e.cp.Admin.CoreV1().PersistentVolumeClaims(e.ns).Create(e.t.Context(), pvc, metav1.CreateOptions{}); err != nil {
 		e.t.Fatalf("create PVC %s: %v", name, err)
 	}
 }
 
 func (e *clusterEnv) waitBound(claim, pv string) {
 	e.t.Helper()
-	eventually(e.t, 60*time.Second, "PVC "+claim+" bound to "+pv, func() error {
-		got, err := e.cp.admin.CoreV1().PersistentVolumeClaims(e.ns).Get(e.t.Context(), claim, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if got.Status.Phase != corev1.ClaimBound || got.Spec.VolumeName != pv {
-			return fmt.Errorf("phase %s, volume %q", got.Status.Phase, got.Spec.VolumeName)
-		}
-		return nil
-	})
+	e.cp.WaitBound(e.t, e.ns, claim, pv)
 }
 
-func (e *clusterEnv) podDir(uid types.UID) string { return filepath.Join(e.root, "pods", string(uid)) }
+func (e *clusterEnv) podDir(uid types.UID) string { return e2eutil.PodDir(e.root, string(uid)) }
 
 // waitTornDown waits until nothing is mounted in the pod's directory and
 // the directory is gone.
 func (e *clusterEnv) waitTornDown(uid types.UID) {
 	e.t.Helper()
-	eventually(e.t, time.Minute, "pod "+string(uid)+" torn down", func() error {
+	e2eutil.PollErr(e.t, time.Minute, "pod "+string(uid)+" torn down", func() error {
 		if ms := mounttest.MountsUnder(e.t, e.podDir(uid)); len(ms) > 0 {
-			return fmt.Errorf("still mounted: %v", mountPoints(ms))
+			return fmt.Errorf("still mounted: %v", mounttest.MountPoints(ms))
 		}
-		if exists(e.t, e.podDir(uid)) {
+		if mounttest.Exists(e.t, e.podDir(uid)) {
 			return errors.New("the pod directory still exists")
 		}
 		return nil
@@ -200,7 +159,7 @@ func TestClusterKillDuringMount(t *testing.T) {
 	e := newClusterEnv(t, cp, "kill")
 	pvName, sharedDir := e.localPV("data", "data")
 	podSpec := func(i int) *corev1.Pod {
-		return e.pod(fmt.Sprintf("pod-%03d", i), memoryVolume("mem"), diskVolume("disk"), claimVolume("data", "data"))
+		return e.pod(fmt.Sprintf("pod-%03d", i), e2eutil.MemoryVolume("mem"), diskVolume("disk"), e2eutil.ClaimVolume("data", "data"))
 	}
 	for i := range pods {
 		e.createPod(podSpec(i))
@@ -216,7 +175,7 @@ func TestClusterKillDuringMount(t *testing.T) {
 			e.createPod(podSpec(pods))
 		}
 	})
-	a.start()
+	a.Start()
 	uids := a.waitSettled(3 * time.Minute)
 	if len(uids) != pods-10+1 {
 		t.Errorf("%d pods desired, want %d", len(uids), pods-10+1)
@@ -237,17 +196,17 @@ func TestRestartWhileAPIServerDown(t *testing.T) {
 	e := newClusterEnv(t, cp, "outage")
 	pvName, _ := e.localPV("data", "data")
 	for i := range pods {
-		e.createPod(e.pod(fmt.Sprintf("pod-%02d", i), memoryVolume("mem"), diskVolume("disk"), claimVolume("data", "data")))
+		e.createPod(e.pod(fmt.Sprintf("pod-%02d", i), e2eutil.MemoryVolume("mem"), diskVolume("disk"), e2eutil.ClaimVolume("data", "data")))
 	}
 	a := e.newAgent()
-	a.start()
+	a.Start()
 	uids := a.waitSettled(2 * time.Minute)
 	if len(uids) != pods {
 		t.Fatalf("%d pods desired, want %d", len(uids), pods)
 	}
 	for uid := range uids {
-		mounttest.WriteFile(t, filepath.Join(volumeDir(e.root, uid, emptyDirPlugin, "mem"), "f"), uid)
-		mounttest.WriteFile(t, filepath.Join(volumeDir(e.root, uid, emptyDirPlugin, "disk"), "f"), uid)
+		mounttest.WriteFile(t, filepath.Join(e2eutil.VolumeDir(e.root, uid, e2eutil.EmptyDirPlugin, "mem"), "f"), uid)
+		mounttest.WriteFile(t, filepath.Join(e2eutil.VolumeDir(e.root, uid, e2eutil.EmptyDirPlugin, "disk"), "f"), uid)
 	}
 	before := mounttest.MountsUnder(t, e.root)
 	if len(before) != 2*pods {
@@ -255,21 +214,21 @@ func TestRestartWhileAPIServerDown(t *testing.T) {
 	}
 
 	a.stop()
-	cp.c.StopAPIServer() // a private control plane: stopped with the test whatever happens
-	if err := a.launch(); err != nil {
+	cp.Cluster.StopAPIServer() // a private control plane: stopped with the test whatever happens
+	if err := a.Launch(); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
 	checks, lastBody := 0, ""
 	for time.Since(start) < outage { // the outage is the subject: the agent must keep waiting
 		time.Sleep(500 * time.Millisecond)
-		if a.proc.exited() {
-			t.Fatalf("the agent exited during the outage: %v\n%s", a.proc.err, tail(a.proc.logPath, 30))
+		if a.Process().Exited() {
+			t.Fatalf("the agent exited during the outage: %v\n%s", a.Process().Err(), a.Process().Tail(30))
 		}
 		if now := mounttest.MountsUnder(t, e.root); !sameMounts(before, now) {
-			t.Fatalf("%v into the outage, the mounts changed:\nbefore %v\nnow    %v", time.Since(start).Round(time.Millisecond), mountPoints(before), mountPoints(now))
+			t.Fatalf("%v into the outage, the mounts changed:\nbefore %v\nnow    %v", time.Since(start).Round(time.Millisecond), mounttest.MountPoints(before), mounttest.MountPoints(now))
 		}
-		code, body, err := a.readyz()
+		code, body, err := a.Readyz()
 		if err != nil {
 			continue // not listening yet
 		}
@@ -285,12 +244,12 @@ func TestRestartWhileAPIServerDown(t *testing.T) {
 	t.Logf("%d checks during a %v outage: mounts unchanged, /readyz 503 %q", checks, outage, lastBody)
 
 	restart := time.Now()
-	if err := cp.c.StartAPIServer(t.Context()); err != nil {
+	if err := cp.Cluster.StartAPIServer(t.Context()); err != nil {
 		t.Fatalf("restarting kube-apiserver: %v", err)
 	}
 	// client-go's reflectors retry the list with a backoff that may have
 	// grown during the outage.
-	if err := a.waitReady(2 * time.Minute); err != nil {
+	if err := a.WaitReady(2 * time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("ready %v after the API server came back", time.Since(restart).Round(time.Millisecond))
@@ -298,16 +257,16 @@ func TestRestartWhileAPIServerDown(t *testing.T) {
 		t.Errorf("desired pods after the outage: %v, want %v", got, uids)
 	}
 	if now := mounttest.MountsUnder(t, e.root); !sameMounts(before, now) {
-		t.Errorf("the mounts changed:\nbefore %v\nnow    %v", mountPoints(before), mountPoints(now))
+		t.Errorf("the mounts changed:\nbefore %v\nnow    %v", mounttest.MountPoints(before), mounttest.MountPoints(now))
 	}
 	a.checkOps("after the restart during the outage", nil)
 	for uid := range uids {
-		for _, f := range []string{filepath.Join(volumeDir(e.root, uid, emptyDirPlugin, "mem"), "f"), filepath.Join(volumeDir(e.root, uid, emptyDirPlugin, "disk"), "f")} {
+		for _, f := range []string{filepath.Join(e2eutil.VolumeDir(e.root, uid, e2eutil.EmptyDirPlugin, "mem"), "f"), filepath.Join(e2eutil.VolumeDir(e.root, uid, e2eutil.EmptyDirPlugin, "disk"), "f")} {
 			if got, err := os.ReadFile(f); err != nil || string(got) != uid {
 				t.Errorf("%s: %q, %v", f, got, err)
 			}
 		}
-		if !exists(t, volumeDir(e.root, uid, localPlugin, pvName)) {
+		if !mounttest.Exists(t, e2eutil.VolumeDir(e.root, uid, e2eutil.LocalPlugin, pvName)) {
 			t.Errorf("pod %s lost its local volume", uid)
 		}
 	}
@@ -322,32 +281,32 @@ func TestClusterPodDeletedWhileDown(t *testing.T) {
 	cp := sharedControlPlane(t)
 	e := newClusterEnv(t, cp, "deleted")
 	pvName, dir := e.localPV("data", "data")
-	gone := e.createPod(e.pod("gone", memoryVolume("mem"), diskVolume("disk"), claimVolume("data", "data")))
-	stays := e.createPod(e.pod("stays", memoryVolume("mem"), claimVolume("data", "data")))
+	gone := e.createPod(e.pod("gone", e2eutil.MemoryVolume("mem"), diskVolume("disk"), e2eutil.ClaimVolume("data", "data")))
+	stays := e.createPod(e.pod("stays", e2eutil.MemoryVolume("mem"), e2eutil.ClaimVolume("data", "data")))
 	a := e.newAgent()
-	a.start()
+	a.Start()
 	a.waitSettled(time.Minute)
-	mounttest.WriteFile(t, filepath.Join(volumeDir(e.root, string(gone.UID), localPlugin, pvName), "from-gone"), "data")
-	mounttest.WriteFile(t, filepath.Join(volumeDir(e.root, string(gone.UID), emptyDirPlugin, "disk"), "f"), "disk")
+	mounttest.WriteFile(t, filepath.Join(e2eutil.VolumeDir(e.root, string(gone.UID), e2eutil.LocalPlugin, pvName), "from-gone"), "data")
+	mounttest.WriteFile(t, filepath.Join(e2eutil.VolumeDir(e.root, string(gone.UID), e2eutil.EmptyDirPlugin, "disk"), "f"), "disk")
 	staysMounts := mounttest.MountsUnder(t, e.podDir(stays.UID))
 	if len(staysMounts) != 2 || len(mounttest.MountsUnder(t, e.podDir(gone.UID))) != 2 {
-		t.Fatalf("mounts: %v", mountPoints(mounttest.MountsUnder(t, e.root)))
+		t.Fatalf("mounts: %v", mounttest.MountPoints(mounttest.MountsUnder(t, e.root)))
 	}
 
 	a.stop()
 	e.deletePod("gone")
-	a.start()
+	a.Start()
 	e.waitTornDown(gone.UID)
 	if got := a.waitSettled(time.Minute); !maps.Equal(got, map[string]bool{string(stays.UID): true}) {
 		t.Errorf("desired pods %v", got)
 	}
 	if got := mounttest.MountsUnder(t, e.podDir(stays.UID)); !sameMounts(staysMounts, got) {
-		t.Errorf("the other pod's mounts changed: %v -> %v", mountPoints(staysMounts), mountPoints(got))
+		t.Errorf("the other pod's mounts changed: %v -> %v", mounttest.MountPoints(staysMounts), mounttest.MountPoints(got))
 	}
 	if dirs := podDirs(t, e.root); !maps.Equal(dirs, map[string]bool{string(stays.UID): true}) {
 		t.Errorf("pod directories %v", dirs)
 	}
-	a.checkOps("after the restart", map[string]map[string]float64{"unmount_volume": {emptyDirPlugin: 2, localPlugin: 1}})
+	a.checkOps("after the restart", map[string]map[string]float64{"unmount_volume": {e2eutil.EmptyDirPlugin: 2, e2eutil.LocalPlugin: 1}})
 	if got := mounttest.ReadFile(t, filepath.Join(dir, "from-gone")); got != "data" {
 		t.Errorf("local PV data: %q", got)
 	}

@@ -1,167 +1,64 @@
 package restart_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	csiplugin "github.com/volume-agent/volume-agent/operations/plugins/csi"
 	"github.com/volume-agent/volume-agent/test/csidriver"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
-
-// csiDriver is the test CSI driver running as a process of one test.
-type csiDriver struct {
-	t        *testing.T
-	name     string
-	endpoint string
-	stateDir string
-	control  *csidriver.ControlClient
-	proc     *proc
-}
 
 // startCSIDriver starts the test CSI driver for the env's node. Its loop
 // devices are detached when the test ends, after the agent and the driver
-// have stopped and the root is unmounted; so it must be called before the
-// env's agent is created.
-func (e *clusterEnv) startCSIDriver(name string, extra ...string) *csiDriver {
+// have stopped; so it must be called before the env's agent is created.
+func (e *clusterEnv) startCSIDriver(name string, extra ...string) *e2eutil.CSIDriver {
 	e.t.Helper()
 	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
 		e.t.Skip("the test CSI driver needs mkfs.ext4")
 	}
-	// Unix socket paths are short: not under t.TempDir.
-	sockDir, err := os.MkdirTemp("", "rcsi-")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { os.RemoveAll(sockDir) })
-	stateDir := mounttest.Real(e.t.TempDir())
-	// Cleanups run last-registered first: this one after the driver's.
-	e.t.Cleanup(func() { detachLoopsUnder(e.t, stateDir) })
-	d := &csiDriver{
-		t: e.t, name: name, endpoint: "unix://" + filepath.Join(sockDir, "csi.sock"), stateDir: stateDir,
-		control: csidriver.NewControlClient(filepath.Join(sockDir, "control.sock")),
-	}
-	args := append([]string{
-		"--endpoint=" + d.endpoint, "--name=" + name, "--node-id=" + e.node, "--state-dir=" + stateDir,
-		"--control-socket=" + filepath.Join(sockDir, "control.sock"), "--log-level=debug",
-	}, extra...)
-	if d.proc, err = startProc("test-csi-driver", filepath.Join(e.t.TempDir(), "csi-driver.log"), bins.driver, args...); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() {
-		if err := d.proc.term(15 * time.Second); err != nil {
-			e.t.Errorf("stopping the CSI driver: %v", err)
-		}
-		if e.t.Failed() {
-			e.t.Logf("--- last lines of the CSI driver's log ---\n%s", tail(d.proc.logPath, 40))
-		}
+	return e2eutil.StartCSIDriver(e.t, e2eutil.CSIDriverOptions{
+		Binary: bins.CSIDriverBin, Name: name, NodeID: e.node,
+		Args: append([]string{"--log-level=debug"}, extra...),
 	})
-	eventually(e.t, 20*time.Second, "the CSI driver's control socket", func() error {
-		if d.proc.exited() {
-			e.t.Fatalf("the CSI driver exited: %v\n%s", d.proc.err, tail(d.proc.logPath, 20))
-		}
-		_, err := d.control.CallCounts()
-		return err
-	})
-	return d
 }
 
-// createVolume creates a volume through the driver's controller service,
-// as an external provisioner would, and returns its handle.
-func (d *csiDriver) createVolume(name string) string {
-	d.t.Helper()
-	conn, err := grpc.NewClient(d.endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		d.t.Fatal(err)
+// csiVolume returns what the driver knows of a volume, failing the test if
+// it knows nothing.
+func csiVolume(t *testing.T, d *e2eutil.CSIDriver, id string) csidriver.VolumeInfo {
+	t.Helper()
+	v, ok := d.Volume(t, id)
+	if !ok {
+		t.Fatalf("the driver has no volume %s", id)
 	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(d.t.Context(), 30*time.Second)
-	defer cancel()
-	resp, err := csi.NewControllerClient(conn).CreateVolume(ctx, &csi.CreateVolumeRequest{
-		Name:          name,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20},
-		VolumeCapabilities: []*csi.VolumeCapability{{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-		}},
-	})
-	if err != nil {
-		d.t.Fatalf("CreateVolume %s: %v", name, err)
-	}
-	return resp.GetVolume().GetVolumeId()
-}
-
-func (d *csiDriver) calls() map[string]int {
-	d.t.Helper()
-	c, err := d.control.CallCounts()
-	if err != nil {
-		d.t.Fatalf("driver call counts: %v", err)
-	}
-	return c
-}
-
-func (d *csiDriver) volume(id string) csidriver.VolumeInfo {
-	d.t.Helper()
-	vols, err := d.control.Volumes()
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	for _, v := range vols {
-		if v.ID == id {
-			return v
-		}
-	}
-	d.t.Fatalf("the driver has no volume %s", id)
-	return csidriver.VolumeInfo{}
+	return v
 }
 
 // csiObjects creates the CSIDriver object, a PV for handle pre-bound to the
 // claim, and the claim, and waits until they are bound. It returns the PV's
 // name.
-func (e *clusterEnv) csiObjects(d *csiDriver, attachRequired bool, handle, claim string) string {
+func (e *clusterEnv) csiObjects(d *e2eutil.CSIDriver, attachRequired bool, handle, claim string) string {
 	e.t.Helper()
 	ctx := e.t.Context()
-	admin := e.cp.admin
-	_, err := admin.StorageV1().CSIDrivers().Create(ctx, &storagev1.CSIDriver{
-		ObjectMeta: metav1.ObjectMeta{Name: d.name},
-		Spec: storagev1.CSIDriverSpec{
-			AttachRequired:       &attachRequired,
-			VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecyclePersistent},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		e.t.Fatalf("create CSIDriver: %v", err)
-	}
+	e.cp.CreateCSIDriver(e.t, d.Name(), storagev1.CSIDriverSpec{
+		AttachRequired:       &attachRequired,
+		VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecyclePersistent},
+	})
 	pvName := e.ns + "-" + claim
-	_, err = admin.CoreV1().PersistentVolumes().Create(ctx, &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: pvName},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("32Mi")},
-			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			StorageClassName:              storageClass,
-			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
-				Driver: d.name, VolumeHandle: handle, FSType: "ext4",
-			}},
-			ClaimRef: &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: e.ns, Name: claim},
-		},
-	}, metav1.CreateOptions{})
+	_, err := e.cp.Admin.CoreV1().PersistentVolumes().Create(ctx, e2eutil.PreBoundPV(pvName, "32Mi", storageClass, e.ns, claim,
+		corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: d.Name(), VolumeHandle: handle, FSType: "ext4"}}),
+		metav1.CreateOptions{})
 	if err != nil {
 		e.t.Fatalf("create PV: %v", err)
 	}
@@ -173,21 +70,21 @@ func (e *clusterEnv) csiObjects(d *csiDriver, attachRequired bool, handle, claim
 // checkCSIReleased waits until nothing of the volume is left on the node:
 // no mount under the root, no staging directory, no loop device, nothing
 // staged or published in the driver's records.
-func (e *clusterEnv) checkCSIReleased(d *csiDriver, handle string) {
+func (e *clusterEnv) checkCSIReleased(d *e2eutil.CSIDriver, handle string) {
 	e.t.Helper()
-	staging := globalMount(e.root, csiPlugin, d.name+"^"+handle)
-	eventually(e.t, time.Minute, "the CSI volume released", func() error {
+	staging := e2eutil.GlobalMount(e.root, e2eutil.CSIPlugin, d.Name()+"^"+handle)
+	e2eutil.PollErr(e.t, time.Minute, "the CSI volume released", func() error {
 		if ms := mounttest.MountsUnder(e.t, e.root); len(ms) > 0 {
-			return fmt.Errorf("still mounted: %v", mountPoints(ms))
+			return fmt.Errorf("still mounted: %v", mounttest.MountPoints(ms))
 		}
-		if exists(e.t, filepath.Dir(staging)) {
+		if mounttest.Exists(e.t, filepath.Dir(staging)) {
 			return fmt.Errorf("%s still exists", filepath.Dir(staging))
 		}
-		v := d.volume(handle)
+		v := csiVolume(e.t, d, handle)
 		if v.LoopDevice != "" || v.StagingPath != "" || len(v.TargetPaths) > 0 {
 			return fmt.Errorf("the driver still has it: %+v", v)
 		}
-		if loops := loopsUnder(e.t, d.stateDir); len(loops) > 0 {
+		if loops := mounttest.LoopDevicesUnder(e.t, d.StateDir()); len(loops) > 0 {
 			return fmt.Errorf("loop devices still attached: %v", loops)
 		}
 		return nil
@@ -223,42 +120,42 @@ func TestCSIPodDeletedWhileDown(t *testing.T) {
 				driverArgs, agentArgs = []string{"--attach-required"}, []string{"--attach-mode=self"}
 			}
 			d := e.startCSIDriver(e.ns+".csi.example.com", driverArgs...)
-			handle := d.createVolume("vol")
+			handle := d.CreateVolume("vol", 32<<20, "ext4")
 			e.csiObjects(d, tc.self, handle, "data")
-			a := e.newAgent(append(agentArgs, "--csi-driver="+d.name+"="+d.endpoint)...)
-			pod := e.createPod(e.pod("app", claimVolume("data", "data"), memoryVolume("mem")))
-			a.start()
+			a := e.newAgent(append(agentArgs, "--csi-driver="+d.Name()+"="+d.Endpoint())...)
+			pod := e.createPod(e.pod("app", e2eutil.ClaimVolume("data", "data"), e2eutil.MemoryVolume("mem")))
+			a.Start()
 			a.waitSettled(2 * time.Minute)
 
-			staging := globalMount(e.root, csiPlugin, d.name+"^"+handle)
-			target := volumeDir(e.root, string(pod.UID), csiPlugin, e.ns+"-data")
+			staging := e2eutil.GlobalMount(e.root, e2eutil.CSIPlugin, d.Name()+"^"+handle)
+			target := e2eutil.VolumeDir(e.root, string(pod.UID), e2eutil.CSIPlugin, e.ns+"-data")
 			for _, p := range []string{staging, target} {
 				if ms := mounttest.MountsAt(t, p); len(ms) != 1 || ms[0].FSType != "ext4" {
 					t.Fatalf("%s: %+v, want one ext4 mount", p, ms)
 				}
 			}
 			mounttest.WriteFile(t, filepath.Join(target, "data"), "csi data")
-			vaName := csiplugin.AttachmentName(handle, d.name, e.node)
-			vas := e.cp.admin.StorageV1().VolumeAttachments()
+			vaName := csiplugin.AttachmentName(handle, d.Name(), e.node)
+			vas := e.cp.Admin.StorageV1().VolumeAttachments()
 			if tc.self {
 				va, err := vas.Get(t.Context(), vaName, metav1.GetOptions{})
 				if err != nil || !va.Status.Attached || va.Spec.NodeName != e.node {
 					t.Fatalf("VolumeAttachment %s: %+v, %v", vaName, va, err)
 				}
-				if v := d.volume(handle); len(v.AttachedNodes) != 1 {
+				if v := csiVolume(t, d, handle); len(v.AttachedNodes) != 1 {
 					t.Fatalf("the driver's attachments: %v", v.AttachedNodes)
 				}
 			}
 
 			a.stop()
 			e.deletePod("app")
-			if err := d.control.ResetCallCounts(); err != nil {
+			if err := d.Control.ResetCallCounts(); err != nil {
 				t.Fatal(err)
 			}
-			a.start()
+			a.Start()
 			e.checkCSIReleased(d, handle)
 			a.waitSettled(time.Minute)
-			calls := d.calls()
+			calls := d.CallCounts(t)
 			if calls["NodeUnpublishVolume"] != 1 || calls["NodeUnstageVolume"] != 1 || calls["NodePublishVolume"] != 0 || calls["NodeStageVolume"] != 0 {
 				t.Errorf("driver calls after the restart: %v", calls)
 			}
@@ -266,14 +163,14 @@ func TestCSIPodDeletedWhileDown(t *testing.T) {
 				if calls["ControllerUnpublishVolume"] != 1 || calls["ControllerPublishVolume"] != 0 {
 					t.Errorf("driver calls after the restart: %v", calls)
 				}
-				eventually(t, 30*time.Second, "VolumeAttachment "+vaName+" deleted", func() error {
+				e2eutil.PollErr(t, 30*time.Second, "VolumeAttachment "+vaName+" deleted", func() error {
 					_, err := vas.Get(t.Context(), vaName, metav1.GetOptions{})
 					if apierrors.IsNotFound(err) {
 						return nil
 					}
 					return fmt.Errorf("still there (%v)", err)
 				})
-				if v := d.volume(handle); len(v.AttachedNodes) != 0 {
+				if v := csiVolume(t, d, handle); len(v.AttachedNodes) != 0 {
 					t.Errorf("the driver's attachments: %v", v.AttachedNodes)
 				}
 			}
@@ -281,11 +178,11 @@ func TestCSIPodDeletedWhileDown(t *testing.T) {
 				t.Errorf("pod directories left: %v", dirs)
 			}
 			wantOps := map[string]map[string]float64{
-				"unmount_volume": {csiPlugin: 1, emptyDirPlugin: 1},
-				"unmount_device": {csiPlugin: 1},
+				"unmount_volume": {e2eutil.CSIPlugin: 1, e2eutil.EmptyDirPlugin: 1},
+				"unmount_device": {e2eutil.CSIPlugin: 1},
 			}
 			if tc.self {
-				wantOps["detach_volume"] = map[string]float64{csiPlugin: 1}
+				wantOps["detach_volume"] = map[string]float64{e2eutil.CSIPlugin: 1}
 			}
 			a.checkOps("after the restart", wantOps)
 			checkVolumeData(t, d, handle, "data", "csi data")
@@ -293,9 +190,9 @@ func TestCSIPodDeletedWhileDown(t *testing.T) {
 			// Nothing was left that a later start would find and not
 			// account for.
 			a.stop()
-			a.start()
+			a.Start()
 			a.waitSettled(time.Minute)
-			if n, err := a.metric("volume_agent_reconstructed_pod_volumes_total"); err != nil || n != 0 {
+			if n, err := a.Metric("volume_agent_reconstructed_pod_volumes_total"); err != nil || n != 0 {
 				t.Errorf("a later start found %v pod volumes (%v)", n, err)
 			}
 			a.checkOps("after another restart", nil)
@@ -305,9 +202,9 @@ func TestCSIPodDeletedWhileDown(t *testing.T) {
 
 // checkVolumeData mounts a released volume's backing file read-only and
 // reads a file: unpublishing and unstaging deleted nothing.
-func checkVolumeData(t *testing.T, d *csiDriver, handle, file, want string) {
+func checkVolumeData(t *testing.T, d *e2eutil.CSIDriver, handle, file, want string) {
 	t.Helper()
-	backing := d.volume(handle).BackingFile
+	backing := csiVolume(t, d, handle).BackingFile
 	dir := mkdirAll(t, filepath.Join(t.TempDir(), "probe"))
 	if out, err := exec.Command("mount", "-o", "loop,ro", backing, dir).CombinedOutput(); err != nil {
 		t.Fatalf("mount %s: %v: %s", backing, err, out)
@@ -333,25 +230,25 @@ func TestCSIKillBetweenUnpublishAndUnstage(t *testing.T) {
 	cp := sharedControlPlane(t)
 	e := newClusterEnv(t, cp, "csi-unstage")
 	d := e.startCSIDriver(e.ns + ".csi.example.com")
-	handle := d.createVolume("vol")
+	handle := d.CreateVolume("vol", 32<<20, "ext4")
 	e.csiObjects(d, false, handle, "data")
-	a := e.newAgent("--csi-driver=" + d.name + "=" + d.endpoint)
-	pod := e.createPod(e.pod("app", claimVolume("data", "data")))
-	a.start()
+	a := e.newAgent("--csi-driver=" + d.Name() + "=" + d.Endpoint())
+	pod := e.createPod(e.pod("app", e2eutil.ClaimVolume("data", "data")))
+	a.Start()
 	a.waitSettled(2 * time.Minute)
-	staging := globalMount(e.root, csiPlugin, d.name+"^"+handle)
-	target := volumeDir(e.root, string(pod.UID), csiPlugin, e.ns+"-data")
+	staging := e2eutil.GlobalMount(e.root, e2eutil.CSIPlugin, d.Name()+"^"+handle)
+	target := e2eutil.VolumeDir(e.root, string(pod.UID), e2eutil.CSIPlugin, e.ns+"-data")
 	if len(mounttest.MountsAt(t, staging)) != 1 || len(mounttest.MountsAt(t, target)) != 1 {
-		t.Fatalf("mounts: %v", mountPoints(mounttest.MountsUnder(t, e.root)))
+		t.Fatalf("mounts: %v", mounttest.MountPoints(mounttest.MountsUnder(t, e.root)))
 	}
 	mounttest.WriteFile(t, filepath.Join(target, "data"), "csi data")
 
-	if err := d.control.SetHang("NodeUnstageVolume", true); err != nil {
+	if err := d.Control.SetHang("NodeUnstageVolume", true); err != nil {
 		t.Fatal(err)
 	}
 	e.deletePod("app")
-	eventually(t, time.Minute, "NodeUnpublishVolume done and NodeUnstageVolume hanging", func() error {
-		calls := d.calls()
+	e2eutil.PollErr(t, time.Minute, "NodeUnpublishVolume done and NodeUnstageVolume hanging", func() error {
+		calls := d.CallCounts(t)
 		if calls["NodeUnpublishVolume"] < 1 || calls["NodeUnstageVolume"] < 1 {
 			return fmt.Errorf("calls %v", calls)
 		}
@@ -360,34 +257,34 @@ func TestCSIKillBetweenUnpublishAndUnstage(t *testing.T) {
 		}
 		return nil
 	})
-	a.kill9()
-	if err := d.control.SetHang("NodeUnstageVolume", false); err != nil {
+	a.Kill()
+	if err := d.Control.SetHang("NodeUnstageVolume", false); err != nil {
 		t.Fatal(err)
 	}
 	// What the kubelet would leak.
 	if ms := mounttest.MountsUnder(t, e.root); len(ms) != 1 || ms[0].MountPoint != staging {
-		t.Fatalf("after the kill: mounts %v, want only the staging mount", mountPoints(ms))
+		t.Fatalf("after the kill: mounts %v, want only the staging mount", mounttest.MountPoints(ms))
 	}
-	if v := d.volume(handle); v.StagingPath == "" || v.LoopDevice == "" {
+	if v := csiVolume(t, d, handle); v.StagingPath == "" || v.LoopDevice == "" {
 		t.Fatalf("after the kill the driver has %+v, want it staged", v)
 	}
-	if err := d.control.ResetCallCounts(); err != nil {
+	if err := d.Control.ResetCallCounts(); err != nil {
 		t.Fatal(err)
 	}
 
-	a.start()
+	a.Start()
 	e.checkCSIReleased(d, handle)
 	a.waitSettled(time.Minute)
-	calls := d.calls()
+	calls := d.CallCounts(t)
 	if calls["NodeUnstageVolume"] != 1 || calls["NodeUnpublishVolume"] != 0 || calls["NodeStageVolume"] != 0 || calls["NodePublishVolume"] != 0 {
 		t.Errorf("driver calls after the restart: %v", calls)
 	}
-	a.checkOps("after the restart", map[string]map[string]float64{"unmount_device": {csiPlugin: 1}})
+	a.checkOps("after the restart", map[string]map[string]float64{"unmount_device": {e2eutil.CSIPlugin: 1}})
 	if dirs := podDirs(t, e.root); len(dirs) != 0 {
 		t.Errorf("pod directories left: %v", dirs)
 	}
 	checkVolumeData(t, d, handle, "data", "csi data")
-	if strings.Contains(tail(a.proc.logPath, 1000), "left on disk") {
-		t.Errorf("the agent reported something it could not clean:\n%s", tail(a.proc.logPath, 40))
+	if strings.Contains(a.Process().Tail(1000), "left on disk") {
+		t.Errorf("the agent reported something it could not clean:\n%s", a.Process().Tail(40))
 	}
 }

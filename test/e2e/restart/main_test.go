@@ -25,31 +25,18 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
-	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
 
-	"github.com/volume-agent/volume-agent/test/cluster"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 var bins struct {
-	skip   string // why every test skips
-	dir    string
-	agent  string
-	driver string
-	root   string // the repository
+	skip string // why every test skips
+	e2eutil.Binaries
 }
 
 func TestMain(m *testing.M) {
@@ -58,62 +45,22 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
-	switch {
-	case testing.Short():
-		bins.skip = "-short: the restart tests build and run the agent"
-	case os.Geteuid() != 0:
-		bins.skip = "the restart tests mount filesystems: run them as root"
-	}
-	if bins.skip != "" {
+	if bins.skip = e2eutil.SkipReason(); bins.skip != "" {
 		return m.Run()
 	}
-	var err error
-	if bins.root, err = cluster.RepoRoot(); err != nil {
+	dir, err := os.MkdirTemp("", "volume-agent-restart-")
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if bins.dir, err = os.MkdirTemp("", "volume-agent-restart-"); err != nil {
+	defer os.RemoveAll(dir)
+	if bins.Binaries, err = e2eutil.Build(context.Background(), dir, e2eutil.BuildOptions{Race: e2eutil.RaceEnabled, CSIDriver: true}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
-	}
-	defer os.RemoveAll(bins.dir)
-	bins.agent = os.Getenv("VOLUME_AGENT_BINARY")
-	var wg sync.WaitGroup
-	var agentErr, driverErr error
-	if bins.agent == "" {
-		bins.agent = filepath.Join(bins.dir, "volume-agent")
-		args := []string{"build", "-o", bins.agent}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); agentErr = goBuild(append(args, "./cmd/volume-agent")...) }()
-	}
-	bins.driver = filepath.Join(bins.dir, "test-csi-driver")
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		driverErr = goBuild("build", "-o", bins.driver, "./test/csidriver/cmd/test-csi-driver")
-	}()
-	wg.Wait()
-	for _, err := range []error{agentErr, driverErr} {
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
 	}
 	code := m.Run()
 	shared.stop(code != 0)
 	return code
-}
-
-func goBuild(args ...string) error {
-	cmd := exec.Command("go", args...)
-	cmd.Dir = bins.root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %v: %v\n%s", args, err, out)
-	}
-	return nil
 }
 
 // requireRoot skips the test when the package cannot run.
@@ -124,21 +71,12 @@ func requireRoot(t *testing.T) {
 	}
 }
 
-// controlPlane is a running etcd, kube-apiserver and
-// kube-controller-manager with the deploy/ RBAC objects and a kubeconfig of
-// the agents' ServiceAccount.
-type controlPlane struct {
-	c          *cluster.Cluster
-	admin      kubernetes.Interface
-	kubeconfig string
-}
-
 // sharedPlane is the control plane the cluster tests share, started on
 // first use. The API server outage test has its own.
 type sharedPlane struct {
 	once sync.Once
 	dir  string
-	cp   *controlPlane
+	cp   *e2eutil.ControlPlane
 	err  error
 }
 
@@ -148,7 +86,7 @@ var shared sharedPlane
 // when a test failed.
 func (s *sharedPlane) stop(failed bool) {
 	if s.cp != nil {
-		s.cp.c.Stop()
+		s.cp.Cluster.Stop()
 	}
 	if s.dir == "" {
 		return
@@ -162,20 +100,14 @@ func (s *sharedPlane) stop(failed bool) {
 
 // clusterSkip says why the cluster tests cannot run, or "".
 func clusterSkip() string {
-	switch {
-	case bins.skip != "":
+	if bins.skip != "" {
 		return bins.skip
-	case os.Getenv("VOLUME_AGENT_SKIP_CLUSTER") == "1":
-		return "VOLUME_AGENT_SKIP_CLUSTER=1: not starting a control plane"
 	}
-	if _, err := cluster.ToolsBin(); err != nil {
-		return fmt.Sprintf("control-plane binaries unavailable: %v", err)
-	}
-	return ""
+	return e2eutil.ControlPlaneSkipReason()
 }
 
 // sharedControlPlane starts the shared control plane on first use.
-func sharedControlPlane(t *testing.T) *controlPlane {
+func sharedControlPlane(t *testing.T) *e2eutil.ControlPlane {
 	t.Helper()
 	if why := clusterSkip(); why != "" {
 		t.Skip(why)
@@ -194,126 +126,35 @@ func sharedControlPlane(t *testing.T) *controlPlane {
 
 // privateControlPlane starts a control plane for one test, stopped when it
 // ends.
-func privateControlPlane(t *testing.T) *controlPlane {
+func privateControlPlane(t *testing.T) *e2eutil.ControlPlane {
 	t.Helper()
 	if why := clusterSkip(); why != "" {
 		t.Skip(why)
 	}
-	dir := t.TempDir()
-	cp, err := startControlPlane(dir)
+	cp, err := startControlPlane(t.TempDir())
 	if err != nil {
 		t.Fatalf("starting a control plane: %v", err)
 	}
-	t.Cleanup(cp.c.Stop)
+	t.Cleanup(cp.Cluster.Stop)
 	return cp
 }
 
-func startControlPlane(dir string) (*controlPlane, error) {
+// startControlPlane starts a control plane with the RBAC objects rendered
+// from deploy/self-attach (the base ClusterRole plus the self-attach one)
+// and waits until they allow the last thing the agent may need (deleting a
+// VolumeAttachment, granted by the self-attach binding).
+func startControlPlane(dir string) (*e2eutil.ControlPlane, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	start := time.Now()
-	objs, err := renderDeploy(filepath.Join(bins.root, "deploy", "self-attach"))
+	cp, err := e2eutil.StartControlPlane(ctx, e2eutil.ControlPlaneOptions{
+		Dir:           dir,
+		Kustomization: "deploy/self-attach",
+		Allowed:       []authorizationv1.ResourceAttributes{{Verb: "delete", Group: "storage.k8s.io", Resource: "volumeattachments"}},
+	})
 	if err != nil {
 		return nil, err
 	}
-	c, err := cluster.Start(ctx, cluster.Options{ControllerManager: true, Dir: dir})
-	if err != nil {
-		return nil, err
-	}
-	cp := &controlPlane{c: c, admin: c.AdminClient()}
-	ok := false
-	defer func() {
-		if !ok {
-			c.Stop()
-		}
-	}()
-	var sa *corev1.ServiceAccount
-	for _, o := range objs {
-		var err error
-		switch o.GetKind() {
-		case "Namespace":
-			ns := &corev1.Namespace{}
-			if err = fromUnstructured(o, ns); err == nil {
-				_, err = cp.admin.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
-			}
-		case "ServiceAccount":
-			sa = &corev1.ServiceAccount{}
-			if err = fromUnstructured(o, sa); err == nil {
-				_, err = cp.admin.CoreV1().ServiceAccounts(sa.Namespace).Create(ctx, sa, metav1.CreateOptions{})
-			}
-		case "ClusterRole":
-			r := &rbacv1.ClusterRole{}
-			if err = fromUnstructured(o, r); err == nil {
-				_, err = cp.admin.RbacV1().ClusterRoles().Create(ctx, r, metav1.CreateOptions{})
-			}
-		case "ClusterRoleBinding":
-			b := &rbacv1.ClusterRoleBinding{}
-			if err = fromUnstructured(o, b); err == nil {
-				_, err = cp.admin.RbacV1().ClusterRoleBindings().Create(ctx, b, metav1.CreateOptions{})
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("creating %s %s from deploy/self-attach: %w", o.GetKind(), o.GetName(), err)
-		}
-	}
-	if sa == nil {
-		return nil, fmt.Errorf("deploy/self-attach renders no ServiceAccount")
-	}
-	if cp.kubeconfig, err = c.ServiceAccountKubeconfig(ctx, sa.Namespace, sa.Name); err != nil {
-		return nil, err
-	}
-	// The RBAC authorizer learns about bindings through a watch: wait until
-	// it allows the last thing the agent may need (deleting a
-	// VolumeAttachment, granted by the self-attach binding).
-	user := "system:serviceaccount:" + sa.Namespace + ":" + sa.Name
-	for _, attrs := range []authorizationv1.ResourceAttributes{
-		{Verb: "watch", Resource: "pods"},
-		{Verb: "delete", Group: "storage.k8s.io", Resource: "volumeattachments"},
-	} {
-		for {
-			review, err := cp.admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
-				Spec: authorizationv1.SubjectAccessReviewSpec{
-					User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + sa.Namespace, "system:authenticated"},
-					ResourceAttributes: &attrs,
-				},
-			}, metav1.CreateOptions{})
-			if err == nil && review.Status.Allowed {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return nil, fmt.Errorf("the RBAC bindings never took effect for %s %s (%v)", attrs.Verb, attrs.Resource, err)
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-	}
-	ok = true
 	fmt.Fprintf(os.Stderr, "control plane in %s ready in %v\n", dir, time.Since(start).Round(time.Millisecond))
 	return cp, nil
-}
-
-// renderDeploy builds a deploy/ directory with kustomize, as
-// `kubectl apply -k` would.
-func renderDeploy(dir string) ([]*unstructured.Unstructured, error) {
-	resMap, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
-	if err != nil {
-		return nil, fmt.Errorf("kustomize build %s: %w", dir, err)
-	}
-	var out []*unstructured.Unstructured
-	for _, r := range resMap.Resources() {
-		data, err := r.MarshalJSON()
-		if err != nil {
-			return nil, err
-		}
-		obj := &unstructured.Unstructured{}
-		if err := obj.UnmarshalJSON(data); err != nil {
-			return nil, err
-		}
-		out = append(out, obj)
-	}
-	return out, nil
-}
-
-func fromUnstructured(u *unstructured.Unstructured, into any) error {
-	return runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(u.Object, into, true)
 }

@@ -13,127 +13,29 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 const standaloneNode = "restart-node"
 
-// manifests is a standalone agent's --pod-manifest-path.
-type manifests struct {
-	t   *testing.T
-	dir string
-}
-
-func newManifests(t *testing.T) *manifests {
-	return &manifests{t: t, dir: t.TempDir()}
-}
-
-// writeRaw (re)places a file atomically (a temporary name the agent
-// ignores, then a rename), so the agent never reads half a file.
-func (m *manifests) writeRaw(name, content string) {
-	m.t.Helper()
-	tmp := filepath.Join(m.dir, "."+name+".tmp")
-	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
-		m.t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(m.dir, name)); err != nil {
-		m.t.Fatal(err)
-	}
-}
-
-func (m *manifests) write(name string, objs ...any) {
-	m.t.Helper()
-	var docs []string
-	for _, o := range objs {
-		b, err := yaml.Marshal(o)
-		if err != nil {
-			m.t.Fatal(err)
-		}
-		docs = append(docs, string(b))
-	}
-	m.writeRaw(name, strings.Join(docs, "---\n"))
-}
-
-func (m *manifests) remove(name string) {
-	m.t.Helper()
-	if err := os.Remove(filepath.Join(m.dir, name)); err != nil {
-		m.t.Fatal(err)
-	}
-}
-
 // newStandaloneAgent prepares a standalone agent on a new root directory.
-func newStandaloneAgent(t *testing.T, m *manifests) (*agent, string) {
+func newStandaloneAgent(t *testing.T, m *e2eutil.Manifests) (*agent, string) {
 	t.Helper()
-	root := tempRoot(t) // unmounted after the agent stops
-	return newAgent(t, root, "--node-name="+standaloneNode, "--pod-manifest-path="+m.dir), root
+	root := mounttest.TempDir(t) // unmounted after the agent stops
+	return newAgent(t, e2eutil.AgentOptions{Root: root, Node: standaloneNode, Args: []string{"--pod-manifest-path=" + m.Dir}}), root
 }
 
 func newPod(name string, vols ...corev1.Volume) *corev1.Pod {
-	c := corev1.Container{Name: "main", Image: "registry.k8s.io/pause:3.10"}
-	for _, v := range vols {
-		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: v.Name, MountPath: "/mnt/" + v.Name})
-	}
-	return &corev1.Pod{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{c}, Volumes: vols},
-	}
+	return e2eutil.Pod("default", "", name, vols...)
 }
 
-func memoryVolume(name string) corev1.Volume {
-	q := resource.MustParse("1Mi")
-	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
-		EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: &q},
-	}}
-}
-
-func diskVolume(name string) corev1.Volume {
-	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
-}
-
-func hostPathVolume(name, path string) corev1.Volume {
-	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path}}}
-}
-
-func claimVolume(name, claim string) corev1.Volume {
-	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
-		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim},
-	}}
-}
+func diskVolume(name string) corev1.Volume { return e2eutil.EmptyDirVolume(name, "", "") }
 
 // localPV is a local PV for the standalone node, bound to default/claim.
 func localPV(name, path, claim string) *corev1.PersistentVolume {
-	return &corev1.PersistentVolume{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolume"},
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:               corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("64Mi")},
-			AccessModes:            []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			PersistentVolumeSource: corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: path}},
-			ClaimRef:               &corev1.ObjectReference{Namespace: "default", Name: claim},
-			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{
-				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
-					Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{standaloneNode},
-				}}}},
-			}},
-		},
-	}
-}
-
-func newPVC(name, volumeName string) *corev1.PersistentVolumeClaim {
-	return &corev1.PersistentVolumeClaim{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("64Mi")}},
-			VolumeName:  volumeName,
-		},
-	}
+	return e2eutil.LocalPV(name, path, claim, corev1.LabelHostname, standaloneNode)
 }
 
 func mkdirAll(t *testing.T, dir string) string {
@@ -148,8 +50,8 @@ func mkdirAll(t *testing.T, dir string) string {
 func (a *agent) podUIDs(names ...string) map[string]string {
 	a.t.Helper()
 	out := map[string]string{}
-	eventually(a.t, 60*time.Second, "pods in /debug/dsw", func() error {
-		d, err := a.dsw()
+	e2eutil.PollErr(a.t, 60*time.Second, "pods in /debug/dsw", func() error {
+		d, err := a.DSW()
 		if err != nil {
 			return err
 		}
@@ -169,8 +71,8 @@ func (a *agent) podUIDs(names ...string) map[string]string {
 // waitPodsReady waits until the named pods have all their volumes ready.
 func (a *agent) waitPodsReady(names ...string) {
 	a.t.Helper()
-	eventually(a.t, 60*time.Second, fmt.Sprintf("pods %v ready", names), func() error {
-		d, err := a.dsw()
+	e2eutil.PollErr(a.t, 60*time.Second, fmt.Sprintf("pods %v ready", names), func() error {
+		d, err := a.DSW()
 		if err != nil {
 			return err
 		}
@@ -206,7 +108,7 @@ func (a *agent) checkOps(what string, want map[string]map[string]float64) {
 // Pods of the kill test: a Memory emptyDir, a disk emptyDir and a local
 // directory PV shared by all.
 func killTestPod(i int) *corev1.Pod {
-	return newPod(fmt.Sprintf("pod-%03d", i), memoryVolume("mem"), diskVolume("disk"), claimVolume("data", "shared"))
+	return newPod(fmt.Sprintf("pod-%03d", i), e2eutil.MemoryVolume("mem"), diskVolume("disk"), e2eutil.ClaimVolume("data", "shared"))
 }
 
 // mountIDs is the set of mounts at or below root, by mount ID.
@@ -256,7 +158,7 @@ func killRounds(t *testing.T, a *agent, root string, deltas []int, writes int, b
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := a.launch(); err != nil {
+		if err := a.Launch(); err != nil {
 			t.Fatal(err)
 		}
 		launched := time.Now()
@@ -268,11 +170,11 @@ func killRounds(t *testing.T, a *agent, root string, deltas []int, writes int, b
 			if changes(base, cur) >= delta {
 				break
 			}
-			if a.proc.exited() {
-				t.Fatalf("round %d: the agent exited: %v\n%s", round, a.proc.err, tail(a.proc.logPath, 30))
+			if a.Process().Exited() {
+				t.Fatalf("round %d: the agent exited: %v\n%s", round, a.Process().Err(), a.Process().Tail(30))
 			}
 			if time.Since(launched) > 3*time.Minute {
-				t.Fatalf("round %d: only %d mount changes after 3 minutes:\n%s", round, changes(base, cur), tail(a.proc.logPath, 30))
+				t.Fatalf("round %d: only %d mount changes after 3 minutes:\n%s", round, changes(base, cur), a.Process().Tail(30))
 			}
 			time.Sleep(time.Millisecond) // polling the mount table: the kill must follow closely
 		}
@@ -299,13 +201,13 @@ func killRounds(t *testing.T, a *agent, root string, deltas []int, writes int, b
 				mounttest.WriteFile(t, filepath.Join(p, file), content)
 				written[filepath.Join(p, file)] = content
 			}
-			if disk := volumeDir(root, uid, emptyDirPlugin, "disk"); exists(t, disk) {
+			if disk := e2eutil.VolumeDir(root, uid, e2eutil.EmptyDirPlugin, "disk"); mounttest.Exists(t, disk) {
 				mounttest.WriteFile(t, filepath.Join(disk, file), content)
 				written[filepath.Join(disk, file)] = content
 			}
 			n++
 		}
-		a.kill9()
+		a.Kill()
 		atDeath, err := mountIDs(root)
 		if err != nil {
 			t.Fatal(err)
@@ -329,7 +231,7 @@ func killRounds(t *testing.T, a *agent, root string, deltas []int, writes int, b
 // emptyDirs of pods that are gone excepted).
 func checkKillOutcome(t *testing.T, root string, uids map[string]bool, localPV, sharedDir string, written, sharedData map[string]string) {
 	t.Helper()
-	eventually(t, time.Minute, "only the desired pods' directories", func() error {
+	e2eutil.PollErr(t, time.Minute, "only the desired pods' directories", func() error {
 		if dirs := podDirs(t, root); !maps.Equal(dirs, uids) {
 			var extra []string
 			for d := range dirs {
@@ -351,19 +253,19 @@ func checkKillOutcome(t *testing.T, root string, uids map[string]bool, localPV, 
 		t.Errorf("%d mounts under the root, want %d (a tmpfs and a bind mount per pod)", total, 2*len(uids))
 	}
 	for uid := range uids {
-		for _, p := range []string{volumeDir(root, uid, emptyDirPlugin, "mem"), volumeDir(root, uid, localPlugin, localPV)} {
+		for _, p := range []string{e2eutil.VolumeDir(root, uid, e2eutil.EmptyDirPlugin, "mem"), e2eutil.VolumeDir(root, uid, e2eutil.LocalPlugin, localPV)} {
 			if counts[p] != 1 {
 				t.Errorf("%s: %d mounts, want 1", p, counts[p])
 			}
 		}
-		disk := volumeDir(root, uid, emptyDirPlugin, "disk")
+		disk := e2eutil.VolumeDir(root, uid, e2eutil.EmptyDirPlugin, "disk")
 		// Not checked: its mode. A kill between the directory's creation
 		// and its chmod to 0777 leaves it 0755, and the next start adopts
 		// it as it is (the directory is the only evidence of a set up).
 		if info, err := os.Stat(disk); err != nil || !info.IsDir() || counts[disk] != 0 {
 			t.Errorf("disk emptyDir %s: %v, %v, %d mounts", disk, info, err, counts[disk])
 		}
-		if ms := mounttest.MountsAt(t, volumeDir(root, uid, emptyDirPlugin, "mem")); len(ms) == 1 && ms[0].FSType != "tmpfs" {
+		if ms := mounttest.MountsAt(t, e2eutil.VolumeDir(root, uid, e2eutil.EmptyDirPlugin, "mem")); len(ms) == 1 && ms[0].FSType != "tmpfs" {
 			t.Errorf("Memory emptyDir of %s is %s", uid, ms[0].FSType)
 		}
 	}
@@ -413,13 +315,13 @@ func TestKillDuringMount(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
 	const pods, removedPerRound = 200, 10
-	host := tempRoot(t)
+	host := mounttest.TempDir(t)
 	sharedDir := mkdirAll(t, filepath.Join(host, "shared"))
-	m := newManifests(t)
+	m := e2eutil.NewManifests(t)
 	a, root := newStandaloneAgent(t, m)
-	m.write("storage.yaml", localPV("shared", sharedDir, "shared"), newPVC("shared", "shared"))
+	m.Write("storage.yaml", localPV("shared", sharedDir, "shared"), e2eutil.PVC("shared", "shared"))
 	for i := range pods {
-		m.write(fmt.Sprintf("pod-%03d.yaml", i), killTestPod(i))
+		m.Write(fmt.Sprintf("pod-%03d.yaml", i), killTestPod(i))
 	}
 
 	removed := 0
@@ -427,23 +329,23 @@ func TestKillDuringMount(t *testing.T) {
 		// While the agent is down: pods removed, whatever state they are
 		// in, and (once) new pods.
 		for i := round * removedPerRound; i < (round+1)*removedPerRound; i++ {
-			m.remove(fmt.Sprintf("pod-%03d.yaml", i))
+			m.Remove(fmt.Sprintf("pod-%03d.yaml", i))
 			removed++
 		}
 		if round == 1 {
 			for i := pods; i < pods+5; i++ {
-				m.write(fmt.Sprintf("pod-%03d.yaml", i), killTestPod(i))
+				m.Write(fmt.Sprintf("pod-%03d.yaml", i), killTestPod(i))
 			}
 		}
 	})
 
-	a.start()
+	a.Start()
 	uids := a.waitSettled(3 * time.Minute)
 	if want := pods + 5 - removed; len(uids) != want {
 		t.Errorf("%d pods desired, want %d", len(uids), want)
 	}
 	checkKillOutcome(t, root, uids, "shared", sharedDir, written, sharedData)
-	if n, err := a.metric("volume_agent_reconstructed_pod_volumes_total"); err != nil || n == 0 {
+	if n, err := a.Metric("volume_agent_reconstructed_pod_volumes_total"); err != nil || n == 0 {
 		t.Errorf("volume_agent_reconstructed_pod_volumes_total %v (%v), want what the last run found", n, err)
 	}
 }
@@ -457,25 +359,25 @@ func TestUpgradeRunsNoOperations(t *testing.T) {
 	t.Parallel()
 	const apps = 150
 	loop := mounttest.LoopDevice(t, 64<<20) // detached after everything else
-	host := tempRoot(t)
+	host := mounttest.TempDir(t)
 	sharedDir := mkdirAll(t, filepath.Join(host, "shared"))
 	barrierDir := mkdirAll(t, filepath.Join(host, "barrier"))
-	m := newManifests(t)
+	m := e2eutil.NewManifests(t)
 	a, root := newStandaloneAgent(t, m)
-	m.write("storage.yaml",
-		localPV("shared", sharedDir, "shared"), newPVC("shared", "shared"),
-		localPV("block", loop, "block"), newPVC("block", "block"))
+	m.Write("storage.yaml",
+		localPV("shared", sharedDir, "shared"), e2eutil.PVC("shared", "shared"),
+		localPV("block", loop, "block"), e2eutil.PVC("block", "block"))
 	var names []string
 	for i := range apps {
 		name := fmt.Sprintf("app-%03d", i)
 		names = append(names, name)
-		m.write(name+".yaml", newPod(name, memoryVolume("mem"), diskVolume("disk"), claimVolume("data", "shared")))
+		m.Write(name+".yaml", newPod(name, e2eutil.MemoryVolume("mem"), diskVolume("disk"), e2eutil.ClaimVolume("data", "shared")))
 	}
 	for _, name := range []string{"db-0", "db-1"} {
 		names = append(names, name)
-		m.write(name+".yaml", newPod(name, claimVolume("block", "block"), memoryVolume("mem")))
+		m.Write(name+".yaml", newPod(name, e2eutil.ClaimVolume("block", "block"), e2eutil.MemoryVolume("mem")))
 	}
-	a.start()
+	a.Start()
 	uids := a.waitSettled(2 * time.Minute)
 	if len(uids) != len(names) {
 		t.Fatalf("%d pods desired, want %d", len(uids), len(names))
@@ -484,8 +386,8 @@ func TestUpgradeRunsNoOperations(t *testing.T) {
 	data := map[string]string{}
 	for _, name := range names {
 		uid := byName[name]
-		for _, dir := range []string{volumeDir(root, uid, emptyDirPlugin, "mem"), volumeDir(root, uid, emptyDirPlugin, "disk"), volumeDir(root, uid, localPlugin, "block")} {
-			if exists(t, dir) {
+		for _, dir := range []string{e2eutil.VolumeDir(root, uid, e2eutil.EmptyDirPlugin, "mem"), e2eutil.VolumeDir(root, uid, e2eutil.EmptyDirPlugin, "disk"), e2eutil.VolumeDir(root, uid, e2eutil.LocalPlugin, "block")} {
+			if mounttest.Exists(t, dir) {
 				data[filepath.Join(dir, name)] = "before the upgrade: " + name
 			}
 		}
@@ -493,10 +395,10 @@ func TestUpgradeRunsNoOperations(t *testing.T) {
 	for path, content := range data {
 		mounttest.WriteFile(t, path, content)
 	}
-	global := globalMount(root, localPlugin, "block")
+	global := e2eutil.GlobalMount(root, e2eutil.LocalPlugin, "block")
 	before := mounttest.MountsUnder(t, root)
 	if want := 2*apps + 2*2 + 1; len(before) != want {
-		t.Fatalf("%d mounts before the upgrade, want %d: %v", len(before), want, mountPoints(before))
+		t.Fatalf("%d mounts before the upgrade, want %d: %v", len(before), want, mounttest.MountPoints(before))
 	}
 	if len(mounttest.MountsAt(t, global)) != 1 {
 		t.Fatalf("no global mount at %s", global)
@@ -504,23 +406,23 @@ func TestUpgradeRunsNoOperations(t *testing.T) {
 
 	a.stop()
 	if after := mounttest.MountsUnder(t, root); !sameMounts(before, after) {
-		t.Fatalf("SIGTERM changed the mounts:\nbefore %v\nafter  %v", mountPoints(before), mountPoints(after))
+		t.Fatalf("SIGTERM changed the mounts:\nbefore %v\nafter  %v", mounttest.MountPoints(before), mounttest.MountPoints(after))
 	}
-	a.start()
+	a.Start()
 	a.waitSettled(2 * time.Minute)
-	if n, err := a.metric("volume_agent_reconstructed_pod_volumes_total"); err != nil || n != float64(3*apps+2*2) {
+	if n, err := a.Metric("volume_agent_reconstructed_pod_volumes_total"); err != nil || n != float64(3*apps+2*2) {
 		t.Errorf("volume_agent_reconstructed_pod_volumes_total = %v (%v), want %d", n, err, 3*apps+2*2)
 	}
 	a.checkOps("after the upgrade", nil)
 
 	// A new pod is mounted (with a plugin no other pod uses): the agent
 	// has reconciled after adopting, and still did nothing else.
-	m.write("barrier.yaml", newPod("barrier", hostPathVolume("host", barrierDir)))
+	m.Write("barrier.yaml", newPod("barrier", e2eutil.HostPathVolume("host", barrierDir, nil)))
 	a.waitPodsReady("barrier")
 	a.waitSettled(time.Minute)
-	a.checkOps("after the upgrade and a new pod", map[string]map[string]float64{"mount_volume": {hostPathPlugin: 1}})
+	a.checkOps("after the upgrade and a new pod", map[string]map[string]float64{"mount_volume": {e2eutil.HostPathPlugin: 1}})
 	after := mounttest.MountsUnder(t, root)
-	barrier := volumeDir(root, a.podUIDs("barrier")["barrier"], hostPathPlugin, "host")
+	barrier := e2eutil.VolumeDir(root, a.podUIDs("barrier")["barrier"], e2eutil.HostPathPlugin, "host")
 	var withoutBarrier []mounttest.Mount
 	for _, mt := range after {
 		if mt.MountPoint != barrier {
@@ -528,7 +430,7 @@ func TestUpgradeRunsNoOperations(t *testing.T) {
 		}
 	}
 	if !sameMounts(before, withoutBarrier) || len(after) != len(before)+1 {
-		t.Errorf("the upgrade changed the mounts:\nbefore %v\nafter  %v", mountPoints(before), mountPoints(after))
+		t.Errorf("the upgrade changed the mounts:\nbefore %v\nafter  %v", mounttest.MountPoints(before), mounttest.MountPoints(after))
 	}
 	checkNoStackedMounts(t, mountCounts(t, root))
 	for path, content := range data {
@@ -547,57 +449,57 @@ func TestPodRemovedWhileDown(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
 	loop := mounttest.LoopDevice(t, 64<<20)
-	host := tempRoot(t)
+	host := mounttest.TempDir(t)
 	sharedDir := mkdirAll(t, filepath.Join(host, "shared"))
-	m := newManifests(t)
+	m := e2eutil.NewManifests(t)
 	a, root := newStandaloneAgent(t, m)
-	m.write("storage.yaml",
-		localPV("shared", sharedDir, "shared"), newPVC("shared", "shared"),
-		localPV("block", loop, "block"), newPVC("block", "block"))
-	m.write("gone.yaml", newPod("gone", memoryVolume("mem"), diskVolume("disk"), claimVolume("data", "shared"), claimVolume("block", "block")))
-	m.write("stays.yaml", newPod("stays", memoryVolume("mem"), claimVolume("data", "shared")))
-	a.start()
+	m.Write("storage.yaml",
+		localPV("shared", sharedDir, "shared"), e2eutil.PVC("shared", "shared"),
+		localPV("block", loop, "block"), e2eutil.PVC("block", "block"))
+	m.Write("gone.yaml", newPod("gone", e2eutil.MemoryVolume("mem"), diskVolume("disk"), e2eutil.ClaimVolume("data", "shared"), e2eutil.ClaimVolume("block", "block")))
+	m.Write("stays.yaml", newPod("stays", e2eutil.MemoryVolume("mem"), e2eutil.ClaimVolume("data", "shared")))
+	a.Start()
 	a.waitSettled(time.Minute)
 	uids := a.podUIDs("gone", "stays")
 	gone, stays := uids["gone"], uids["stays"]
-	mounttest.WriteFile(t, filepath.Join(volumeDir(root, gone, emptyDirPlugin, "disk"), "sub", "f"), "disk")
-	mounttest.WriteFile(t, filepath.Join(volumeDir(root, gone, emptyDirPlugin, "mem"), "f"), "mem")
-	mounttest.WriteFile(t, filepath.Join(volumeDir(root, gone, localPlugin, "shared"), "from-gone"), "shared data")
-	mounttest.WriteFile(t, filepath.Join(volumeDir(root, gone, localPlugin, "block"), "from-gone"), "block data")
-	global := globalMount(root, localPlugin, "block")
+	mounttest.WriteFile(t, filepath.Join(e2eutil.VolumeDir(root, gone, e2eutil.EmptyDirPlugin, "disk"), "sub", "f"), "disk")
+	mounttest.WriteFile(t, filepath.Join(e2eutil.VolumeDir(root, gone, e2eutil.EmptyDirPlugin, "mem"), "f"), "mem")
+	mounttest.WriteFile(t, filepath.Join(e2eutil.VolumeDir(root, gone, e2eutil.LocalPlugin, "shared"), "from-gone"), "shared data")
+	mounttest.WriteFile(t, filepath.Join(e2eutil.VolumeDir(root, gone, e2eutil.LocalPlugin, "block"), "from-gone"), "block data")
+	global := e2eutil.GlobalMount(root, e2eutil.LocalPlugin, "block")
 	staysMounts := mounttest.MountsUnder(t, filepath.Join(root, "pods", stays))
 	if len(staysMounts) != 2 || len(mounttest.MountsUnder(t, filepath.Join(root, "pods", gone))) != 3 || len(mounttest.MountsAt(t, global)) != 1 {
-		t.Fatalf("mounts before: %v", mountPoints(mounttest.MountsUnder(t, root)))
+		t.Fatalf("mounts before: %v", mounttest.MountPoints(mounttest.MountsUnder(t, root)))
 	}
 
 	a.stop()
-	m.remove("gone.yaml")
-	a.start()
-	eventually(t, time.Minute, "pod gone torn down", func() error {
+	m.Remove("gone.yaml")
+	a.Start()
+	e2eutil.PollErr(t, time.Minute, "pod gone torn down", func() error {
 		if ms := mounttest.MountsUnder(t, filepath.Join(root, "pods", gone)); len(ms) > 0 {
-			return fmt.Errorf("still mounted: %v", mountPoints(ms))
+			return fmt.Errorf("still mounted: %v", mounttest.MountPoints(ms))
 		}
 		if len(mounttest.MountsAt(t, global)) > 0 {
 			return errors.New("the global mount is still there")
 		}
-		if exists(t, filepath.Dir(global)) {
+		if mounttest.Exists(t, filepath.Dir(global)) {
 			return fmt.Errorf("%s still exists", filepath.Dir(global))
 		}
-		if exists(t, filepath.Join(root, "pods", gone)) {
+		if mounttest.Exists(t, filepath.Join(root, "pods", gone)) {
 			return errors.New("the pod directory still exists")
 		}
 		return nil
 	})
 	a.waitSettled(time.Minute)
 	if got := mounttest.MountsUnder(t, filepath.Join(root, "pods", stays)); !sameMounts(staysMounts, got) {
-		t.Errorf("the other pod's mounts changed: %v -> %v", mountPoints(staysMounts), mountPoints(got))
+		t.Errorf("the other pod's mounts changed: %v -> %v", mounttest.MountPoints(staysMounts), mounttest.MountPoints(got))
 	}
 	if dirs := podDirs(t, root); !maps.Equal(dirs, map[string]bool{stays: true}) {
 		t.Errorf("pod directories %v, want only %s", slices.Sorted(maps.Keys(dirs)), stays)
 	}
 	a.checkOps("after the restart", map[string]map[string]float64{
-		"unmount_volume": {emptyDirPlugin: 2, localPlugin: 2},
-		"unmount_device": {localPlugin: 1},
+		"unmount_volume": {e2eutil.EmptyDirPlugin: 2, e2eutil.LocalPlugin: 2},
+		"unmount_device": {e2eutil.LocalPlugin: 1},
 	})
 	if got := mounttest.ReadFile(t, filepath.Join(sharedDir, "from-gone")); got != "shared data" {
 		t.Errorf("local directory PV data: %q", got)
@@ -616,23 +518,23 @@ func TestPodRemovedWhileDown(t *testing.T) {
 func TestAllPodsRemovedWhileDown(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
-	m := newManifests(t)
+	m := e2eutil.NewManifests(t)
 	a, root := newStandaloneAgent(t, m)
-	m.write("a.yaml", newPod("a", memoryVolume("mem"), diskVolume("disk")))
-	m.write("b.yaml", newPod("b", memoryVolume("mem")))
-	a.start()
+	m.Write("a.yaml", newPod("a", e2eutil.MemoryVolume("mem"), diskVolume("disk")))
+	m.Write("b.yaml", newPod("b", e2eutil.MemoryVolume("mem")))
+	a.Start()
 	a.waitSettled(time.Minute)
 	if n := len(mounttest.MountsUnder(t, root)); n != 2 {
 		t.Fatalf("%d mounts, want 2", n)
 	}
 	a.stop()
-	m.remove("a.yaml")
-	m.remove("b.yaml")
-	a.start()
+	m.Remove("a.yaml")
+	m.Remove("b.yaml")
+	a.Start()
 	start := time.Now()
-	eventually(t, 20*time.Second, "every pod torn down", func() error {
+	e2eutil.PollErr(t, 20*time.Second, "every pod torn down", func() error {
 		if ms := mounttest.MountsUnder(t, root); len(ms) > 0 {
-			return fmt.Errorf("still mounted: %v", mountPoints(ms))
+			return fmt.Errorf("still mounted: %v", mounttest.MountPoints(ms))
 		}
 		if dirs := podDirs(t, root); len(dirs) > 0 {
 			return fmt.Errorf("pod directories left: %v", slices.Sorted(maps.Keys(dirs)))
@@ -641,7 +543,7 @@ func TestAllPodsRemovedWhileDown(t *testing.T) {
 	})
 	t.Logf("torn down %v after the agent became ready", time.Since(start).Round(time.Millisecond))
 	a.waitSettled(time.Minute)
-	a.checkOps("after the restart", map[string]map[string]float64{"unmount_volume": {emptyDirPlugin: 3}})
+	a.checkOps("after the restart", map[string]map[string]float64{"unmount_volume": {e2eutil.EmptyDirPlugin: 3}})
 }
 
 // A manifest file that is broken when the agent starts has never been read:
@@ -654,70 +556,70 @@ func TestBrokenManifestAtStart(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
 	loop := mounttest.LoopDevice(t, 64<<20)
-	host := tempRoot(t)
+	host := mounttest.TempDir(t)
 	sharedDir := mkdirAll(t, filepath.Join(host, "shared"))
 	hostDir := mkdirAll(t, filepath.Join(host, "hostpath"))
-	m := newManifests(t)
+	m := e2eutil.NewManifests(t)
 	a, root := newStandaloneAgent(t, m)
-	m.write("storage.yaml",
-		localPV("shared", sharedDir, "shared"), newPVC("shared", "shared"),
-		localPV("block", loop, "block"), newPVC("block", "block"))
-	podA := newPod("a", memoryVolume("mem"), diskVolume("disk"), claimVolume("data", "shared"), claimVolume("block", "block"))
-	m.write("a.yaml", podA)
-	m.write("b.yaml", newPod("b", memoryVolume("mem"), diskVolume("disk"), claimVolume("data", "shared")))
-	a.start()
+	m.Write("storage.yaml",
+		localPV("shared", sharedDir, "shared"), e2eutil.PVC("shared", "shared"),
+		localPV("block", loop, "block"), e2eutil.PVC("block", "block"))
+	podA := newPod("a", e2eutil.MemoryVolume("mem"), diskVolume("disk"), e2eutil.ClaimVolume("data", "shared"), e2eutil.ClaimVolume("block", "block"))
+	m.Write("a.yaml", podA)
+	m.Write("b.yaml", newPod("b", e2eutil.MemoryVolume("mem"), diskVolume("disk"), e2eutil.ClaimVolume("data", "shared")))
+	a.Start()
 	a.waitSettled(time.Minute)
 	uids := a.podUIDs("a", "b")
 	for _, name := range []string{"a", "b"} {
-		mounttest.WriteFile(t, filepath.Join(volumeDir(root, uids[name], emptyDirPlugin, "mem"), "f"), "mem of "+name)
-		mounttest.WriteFile(t, filepath.Join(volumeDir(root, uids[name], emptyDirPlugin, "disk"), "f"), "disk of "+name)
+		mounttest.WriteFile(t, filepath.Join(e2eutil.VolumeDir(root, uids[name], e2eutil.EmptyDirPlugin, "mem"), "f"), "mem of "+name)
+		mounttest.WriteFile(t, filepath.Join(e2eutil.VolumeDir(root, uids[name], e2eutil.EmptyDirPlugin, "disk"), "f"), "disk of "+name)
 	}
-	mounttest.WriteFile(t, filepath.Join(volumeDir(root, uids["a"], localPlugin, "block"), "f"), "block of a")
+	mounttest.WriteFile(t, filepath.Join(e2eutil.VolumeDir(root, uids["a"], e2eutil.LocalPlugin, "block"), "f"), "block of a")
 	podMounts := func(name string) []mounttest.Mount {
 		return mounttest.MountsUnder(t, filepath.Join(root, "pods", uids[name]))
 	}
 	beforeA, beforeB := podMounts("a"), podMounts("b")
-	global := globalMount(root, localPlugin, "block")
+	global := e2eutil.GlobalMount(root, e2eutil.LocalPlugin, "block")
 	beforeGlobal := mounttest.MountsAt(t, global)
 	if len(beforeA) != 3 || len(beforeB) != 2 || len(beforeGlobal) != 1 {
-		t.Fatalf("mounts before: %v", mountPoints(mounttest.MountsUnder(t, root)))
+		t.Fatalf("mounts before: %v", mounttest.MountPoints(mounttest.MountsUnder(t, root)))
 	}
 
 	a.stop()
-	m.writeRaw("a.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: a\n") // never parses
-	m.remove("b.yaml")
-	m.write("c.yaml", newPod("c", hostPathVolume("host", hostDir)))
-	a.start()
+	m.WriteRaw("a.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: a\n") // never parses
+	m.Remove("b.yaml")
+	m.Write("c.yaml", newPod("c", e2eutil.HostPathVolume("host", hostDir, nil)))
+	a.Start()
 	a.waitPodsReady("c")
 	// A pod added after the agent became ready is mounted by a pass that
 	// saw complete, ready sources: had orphan cleanup been allowed, that
 	// pass would have started tearing down as well.
-	m.write("d.yaml", newPod("d", hostPathVolume("host", hostDir)))
+	m.Write("d.yaml", newPod("d", e2eutil.HostPathVolume("host", hostDir, nil)))
 	a.waitPodsReady("d")
-	eventually(t, 30*time.Second, "no operation pending", func() error {
-		ops, err := a.operations()
+	e2eutil.PollErr(t, 30*time.Second, "no operation pending", func() error {
+		ops, err := a.Operations()
 		if err == nil && len(ops.Operations) > 0 {
 			err = fmt.Errorf("pending: %+v", ops.Operations)
 		}
 		return err
 	})
-	src, err := a.sources()
+	src, err := a.Sources()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(src.InputErrors) != 1 || filepath.Base(src.InputErrors[0].Input) != "a.yaml" {
 		t.Errorf("input errors %+v, want one for a.yaml", src.InputErrors)
 	}
-	a.checkOps("with a.yaml broken", map[string]map[string]float64{"mount_volume": {hostPathPlugin: 2}})
+	a.checkOps("with a.yaml broken", map[string]map[string]float64{"mount_volume": {e2eutil.HostPathPlugin: 2}})
 	for name, before := range map[string][]mounttest.Mount{"a": beforeA, "b": beforeB} {
 		if got := podMounts(name); !sameMounts(before, got) {
-			t.Errorf("pod %s's mounts changed while a.yaml is broken: %v -> %v", name, mountPoints(before), mountPoints(got))
+			t.Errorf("pod %s's mounts changed while a.yaml is broken: %v -> %v", name, mounttest.MountPoints(before), mounttest.MountPoints(got))
 		}
 	}
 	if got := mounttest.MountsAt(t, global); !sameMounts(beforeGlobal, got) {
 		t.Errorf("the global mount changed while a.yaml is broken")
 	}
-	s, err := a.asw()
+	s, err := a.ASW()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -735,13 +637,13 @@ func TestBrokenManifestAtStart(t *testing.T) {
 	if reconstructed != 4+3 {
 		t.Errorf("%d reconstructed pod volumes of a and b in /debug/asw, want 7", reconstructed)
 	}
-	if code, body, err := a.readyz(); err != nil || code != 200 {
+	if code, body, err := a.Readyz(); err != nil || code != 200 {
 		t.Errorf("/readyz %d %q (%v): other pods proceed, the agent is ready", code, body, err)
 	}
 
-	m.write("a.yaml", podA)
-	eventually(t, time.Minute, "pod b torn down", func() error {
-		if exists(t, filepath.Join(root, "pods", uids["b"])) {
+	m.Write("a.yaml", podA)
+	e2eutil.PollErr(t, time.Minute, "pod b torn down", func() error {
+		if mounttest.Exists(t, filepath.Join(root, "pods", uids["b"])) {
 			return errors.New("pod b's directory still exists")
 		}
 		return nil
@@ -751,19 +653,19 @@ func TestBrokenManifestAtStart(t *testing.T) {
 		t.Errorf("desired pods %v", got)
 	}
 	a.checkOps("after fixing a.yaml", map[string]map[string]float64{
-		"mount_volume":   {hostPathPlugin: 2},
-		"unmount_volume": {emptyDirPlugin: 2, localPlugin: 1},
+		"mount_volume":   {e2eutil.HostPathPlugin: 2},
+		"unmount_volume": {e2eutil.EmptyDirPlugin: 2, e2eutil.LocalPlugin: 1},
 	})
 	if got := podMounts("a"); !sameMounts(beforeA, got) {
-		t.Errorf("pod a's mounts changed: %v -> %v", mountPoints(beforeA), mountPoints(got))
+		t.Errorf("pod a's mounts changed: %v -> %v", mounttest.MountPoints(beforeA), mounttest.MountPoints(got))
 	}
 	if got := mounttest.MountsAt(t, global); !sameMounts(beforeGlobal, got) {
 		t.Errorf("the global mount changed")
 	}
 	for _, f := range []string{
-		filepath.Join(volumeDir(root, uids["a"], emptyDirPlugin, "mem"), "f"),
-		filepath.Join(volumeDir(root, uids["a"], emptyDirPlugin, "disk"), "f"),
-		filepath.Join(volumeDir(root, uids["a"], localPlugin, "block"), "f"),
+		filepath.Join(e2eutil.VolumeDir(root, uids["a"], e2eutil.EmptyDirPlugin, "mem"), "f"),
+		filepath.Join(e2eutil.VolumeDir(root, uids["a"], e2eutil.EmptyDirPlugin, "disk"), "f"),
+		filepath.Join(e2eutil.VolumeDir(root, uids["a"], e2eutil.LocalPlugin, "block"), "f"),
 	} {
 		if !strings.HasSuffix(mounttest.ReadFile(t, f), " of a") {
 			t.Errorf("%s lost its data", f)

@@ -1,5 +1,0 @@
-//go:build !race
-
-package csi_test
-
-const raceEnabled = false

@@ -1,6 +1,0 @@
-//go:build race
-
-package csi_test
-
-// raceEnabled: the tests run with -race, so the agent is built with it too.
-const raceEnabled = true

@@ -1,0 +1,163 @@
+package e2eutil
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/volume-agent/volume-agent/test/cluster"
+)
+
+// Suite is what RunSuite sets up once for the tests of a package.
+type Suite struct {
+	// Skip says why every test of the package skips; empty when the suite
+	// runs.
+	Skip string
+	// Dir is the suite's directory: the binaries, and the control plane's
+	// logs and audit log (kept when a test failed).
+	Dir string
+	Binaries
+	*ControlPlane
+}
+
+// Require skips the test if the suite cannot run.
+func (s *Suite) Require(t testing.TB) {
+	t.Helper()
+	if s.Skip != "" {
+		t.Skip(s.Skip)
+	}
+}
+
+// StartAgent starts an agent (StartAgent) for node on root in cluster mode,
+// as the suite's ServiceAccount, with --shutdown-grace-period=10s and args.
+func (s *Suite) StartAgent(t *testing.T, node, root string, args ...string) *Agent {
+	t.Helper()
+	return StartAgent(t, AgentOptions{
+		Binary: s.AgentBin, Kubeconfig: s.Kubeconfig, Node: node, Root: root,
+		Args: append([]string{"--shutdown-grace-period=10s"}, args...),
+	})
+}
+
+// SuiteOptions configure RunSuite.
+type SuiteOptions struct {
+	// Name names the suite's directory (volume-agent-e2e-<name>-*).
+	Name string
+	// Tools must be installed for the suite to run (losetup: and loop
+	// devices available).
+	Tools []string
+	// CSIDriver builds the test CSI driver too.
+	CSIDriver bool
+	// ControlPlane configures the control plane (RunSuite sets Dir).
+	ControlPlane ControlPlaneOptions
+	// Setup, if set, runs once the control plane is up, before the tests.
+	Setup func(ctx context.Context, s *Suite) error
+	// Check, if set, runs after the tests if they passed; false fails
+	// the run (the suites check the audit log).
+	Check func() bool
+	// KeepDir keeps the suite's directory even when the tests pass.
+	KeepDir bool
+}
+
+// RunSuite is the TestMain of a cluster-mode suite; it returns the exit
+// code. Every test skips (s.Skip) in -short mode, with
+// VOLUME_AGENT_SKIP_CLUSTER=1, when not run as root, or without the tools
+// or the control-plane binaries. Otherwise RunSuite builds the binaries
+// (the agent with -race when the tests run with it), starts the control
+// plane, runs Setup, the tests and Check, and stops the control plane.
+func RunSuite(m *testing.M, s *Suite, o SuiteOptions) int {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	if s.Skip = SkipReason(o.Tools...); s.Skip == "" {
+		s.Skip = ControlPlaneSkipReason()
+	}
+	if s.Skip != "" {
+		return m.Run()
+	}
+	var err error
+	if s.Dir, err = os.MkdirTemp("", "volume-agent-e2e-"+o.Name+"-"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	code := 1
+	defer func() {
+		if code == 0 && !o.KeepDir {
+			os.RemoveAll(s.Dir)
+		} else {
+			fmt.Fprintf(os.Stderr, "binaries, control plane logs and audit log kept in %s\n", s.Dir)
+		}
+	}()
+	if err := s.setup(o); err != nil {
+		fmt.Fprintf(os.Stderr, "setting up the suite: %v\n", err)
+		return 1
+	}
+	defer s.Cluster.Stop()
+	code = m.Run()
+	if code == 0 && o.Check != nil && !o.Check() {
+		code = 1
+	}
+	return code
+}
+
+func (s *Suite) setup(o SuiteOptions) (err error) {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if s.Binaries, err = Build(ctx, s.Dir, BuildOptions{Race: RaceEnabled, CSIDriver: o.CSIDriver}); err != nil {
+		return err
+	}
+	o.ControlPlane.Dir = filepath.Join(s.Dir, "cluster")
+	if s.ControlPlane, err = StartControlPlane(ctx, o.ControlPlane); err != nil {
+		return err
+	}
+	if o.Setup != nil {
+		if err := o.Setup(ctx, s); err != nil {
+			s.Cluster.Stop()
+			return err
+		}
+	}
+	fmt.Fprintf(os.Stderr, "suite ready in %v (agent %s, race detector %v)\n", time.Since(start).Round(time.Millisecond), s.AgentBin, RaceEnabled)
+	return nil
+}
+
+// SkipReason says why tests that mount cannot run here, or "": in -short
+// mode, when not run as root, or without one of the tools (losetup: or
+// without loop devices).
+func SkipReason(tools ...string) string {
+	switch {
+	case testing.Short():
+		return "-short: the end-to-end tests build and run the agent"
+	case os.Geteuid() != 0:
+		return "the end-to-end tests mount filesystems: run them as root"
+	}
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			return tool + " is not installed"
+		}
+	}
+	if slices.Contains(tools, "losetup") {
+		if _, err := os.Stat("/dev/loop-control"); err != nil {
+			return "no loop devices: " + err.Error()
+		}
+	}
+	return ""
+}
+
+// ControlPlaneSkipReason says why no control plane can be started here, or
+// "": with VOLUME_AGENT_SKIP_CLUSTER=1 or without the control-plane
+// binaries (test/tools/build.sh).
+func ControlPlaneSkipReason() string {
+	if os.Getenv("VOLUME_AGENT_SKIP_CLUSTER") == "1" {
+		return "VOLUME_AGENT_SKIP_CLUSTER=1: not starting a control plane"
+	}
+	if _, err := cluster.ToolsBin(); err != nil {
+		return fmt.Sprintf("control-plane binaries unavailable: %v", err)
+	}
+	return ""
+}

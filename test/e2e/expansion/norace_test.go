@@ -1,5 +1,0 @@
-//go:build !race
-
-package expansion_test
-
-const raceEnabled = false

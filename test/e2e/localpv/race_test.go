@@ -1,5 +1,0 @@
-//go:build race
-
-package localpv_test
-
-const raceEnabled = true

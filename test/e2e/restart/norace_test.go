@@ -1,5 +1,0 @@
-//go:build !race
-
-package restart_test
-
-const raceEnabled = false
