@@ -1,5 +1,5 @@
 # volume-agent. Targets that mount things (test, e2e, bench, run) need root.
-GO          ?= go
+GO          ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 BIN         := bin/volume-agent
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The control plane for cluster tests is built from Go modules and cached
