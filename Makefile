@@ -1,6 +1,8 @@
 # volume-agent. Targets that mount things (test, e2e, bench, run) need root.
 GO          ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 BIN         := bin/volume-agent
+# Tests and scripts run `go` themselves: keep the toolchain found above on PATH.
+export PATH := $(dir $(GO)):$(PATH)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The control plane for cluster tests is built from Go modules and cached
 # outside the repo (see test/tools/build.sh); the first build takes minutes.
