@@ -5,17 +5,16 @@
 package mounttest
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -63,74 +62,22 @@ func (m Mount) SuperOption(key string) (string, bool) {
 	return "", false
 }
 
-// ReadMounts parses /proc/self/mountinfo.
+// ReadMounts reads /proc/self/mountinfo (through moby/sys/mountinfo, which
+// also undoes the kernel's octal escapes).
 func ReadMounts() ([]Mount, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	var out []Mount
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		m, err := parseLine(sc.Text())
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, m)
+	out := make([]Mount, 0, len(infos))
+	for _, i := range infos {
+		out = append(out, Mount{
+			ID: i.ID, Parent: i.Parent, Major: i.Major, Minor: i.Minor,
+			Root: i.Root, MountPoint: i.Mountpoint, Options: strings.Split(i.Options, ","),
+			FSType: i.FSType, Source: i.Source, SuperOptions: strings.Split(i.VFSOptions, ","),
+		})
 	}
-	return out, sc.Err()
-}
-
-func parseLine(line string) (Mount, error) {
-	// 36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
-	pre, post, ok := strings.Cut(line, " - ")
-	if !ok {
-		return Mount{}, fmt.Errorf("mountinfo line without separator: %q", line)
-	}
-	f := strings.Fields(pre)
-	g := strings.Fields(post)
-	if len(f) < 6 || len(g) < 3 {
-		return Mount{}, fmt.Errorf("short mountinfo line: %q", line)
-	}
-	var m Mount
-	var err error
-	if m.ID, err = strconv.Atoi(f[0]); err != nil {
-		return Mount{}, fmt.Errorf("mountinfo line %q: %v", line, err)
-	}
-	if m.Parent, err = strconv.Atoi(f[1]); err != nil {
-		return Mount{}, fmt.Errorf("mountinfo line %q: %v", line, err)
-	}
-	maj, min, _ := strings.Cut(f[2], ":")
-	m.Major, _ = strconv.Atoi(maj)
-	m.Minor, _ = strconv.Atoi(min)
-	m.Root = unescape(f[3])
-	m.MountPoint = unescape(f[4])
-	m.Options = strings.Split(f[5], ",")
-	m.FSType = g[0]
-	m.Source = unescape(g[1])
-	m.SuperOptions = strings.Split(g[2], ",")
-	return m, nil
-}
-
-// unescape decodes the octal escapes (\040 for a space...) of mountinfo.
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return out, nil
 }
 
 // Mounts returns the mount table, failing the test if it cannot be read.

@@ -1,15 +1,14 @@
 package csidriver
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -22,58 +21,20 @@ type mountEntry struct {
 	Source     string
 }
 
-// listMounts parses /proc/self/mountinfo.
+// listMounts reads /proc/self/mountinfo.
 func listMounts() ([]mountEntry, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	var out []mountEntry
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		// 36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if len(fields) < 5 || sep < 0 || sep+2 >= len(fields) {
-			continue
-		}
+	out := make([]mountEntry, 0, len(infos))
+	for _, i := range infos {
 		out = append(out, mountEntry{
-			MajorMinor: fields[2],
-			Root:       unescapeMountPath(fields[3]),
-			MountPoint: unescapeMountPath(fields[4]),
-			FSType:     fields[sep+1],
-			Source:     unescapeMountPath(fields[sep+2]),
+			MajorMinor: fmt.Sprintf("%d:%d", i.Major, i.Minor),
+			Root:       i.Root, MountPoint: i.Mountpoint, FSType: i.FSType, Source: i.Source,
 		})
 	}
-	return out, sc.Err()
-}
-
-// unescapeMountPath undoes the octal escapes (\040 for a space and so on)
-// that the kernel uses in mountinfo.
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return out, nil
 }
 
 // mountsAt returns the mounts stacked on path (canonical), oldest first.
