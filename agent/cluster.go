@@ -9,9 +9,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/volume-agent/volume-agent/events"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/source/kube"
+	"github.com/volume-agent/volume-agent/status/events"
 )
 
 // clusterParts are what cluster mode adds to the agent.

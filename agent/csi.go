@@ -15,10 +15,10 @@ import (
 	"github.com/volume-agent/volume-agent/csi/registry"
 	"github.com/volume-agent/volume-agent/csi/volumestats"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
-	"github.com/volume-agent/volume-agent/nodestatus"
 	"github.com/volume-agent/volume-agent/operations"
-	"github.com/volume-agent/volume-agent/operations/plugins"
-	csiplugin "github.com/volume-agent/volume-agent/operations/plugins/csi"
+	"github.com/volume-agent/volume-agent/plugins"
+	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
+	"github.com/volume-agent/volume-agent/status/nodestatus"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

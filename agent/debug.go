@@ -9,10 +9,10 @@ import (
 
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/csi/registration"
-	"github.com/volume-agent/volume-agent/events"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/reconciler"
 	"github.com/volume-agent/volume-agent/source"
+	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

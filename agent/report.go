@@ -8,8 +8,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/volume-agent/volume-agent/events"
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/volume-agent/volume-agent/operations/mountutil"
+	"github.com/volume-agent/volume-agent/internal/mountutil"
 )
 
 // Environment of cleanup commands. LOCAL_PV_BLKDEVICE is the name the

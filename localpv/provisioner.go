@@ -22,10 +22,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/volume-agent/volume-agent/events"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
+	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/notify"
-	"github.com/volume-agent/volume-agent/operations/mountutil"
+	"github.com/volume-agent/volume-agent/status/events"
 )
 
 // Event reasons on PersistentVolumes (and on the Node for class problems).

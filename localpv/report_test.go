@@ -8,7 +8,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
-	"github.com/volume-agent/volume-agent/events"
+	"github.com/volume-agent/volume-agent/status/events"
 )
 
 type recorded struct {

@@ -11,8 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/volume-agent/volume-agent/cache"
-	"github.com/volume-agent/volume-agent/events"
-	"github.com/volume-agent/volume-agent/operations/plugins"
+	"github.com/volume-agent/volume-agent/plugins"
+	"github.com/volume-agent/volume-agent/status/events"
 )
 
 // ClaimStatus records node expansion on a claim's status, the way the

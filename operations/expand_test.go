@@ -17,8 +17,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/volume-agent/volume-agent/cache"
-	"github.com/volume-agent/volume-agent/events"
-	"github.com/volume-agent/volume-agent/operations/plugins"
+	"github.com/volume-agent/volume-agent/plugins"
+	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

@@ -15,13 +15,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
-	"github.com/volume-agent/volume-agent/events"
-	"github.com/volume-agent/volume-agent/operations/mountutil"
-	"github.com/volume-agent/volume-agent/operations/plugins"
-	"github.com/volume-agent/volume-agent/operations/plugins/emptydir"
-	"github.com/volume-agent/volume-agent/operations/plugins/hostpath"
-	"github.com/volume-agent/volume-agent/operations/plugins/local"
+	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/plugins"
+	"github.com/volume-agent/volume-agent/plugins/emptydir"
+	"github.com/volume-agent/volume-agent/plugins/hostpath"
+	"github.com/volume-agent/volume-agent/plugins/local"
 	"github.com/volume-agent/volume-agent/source"
+	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

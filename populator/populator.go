@@ -27,9 +27,9 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/volume-agent/volume-agent/cache"
-	"github.com/volume-agent/volume-agent/events"
-	"github.com/volume-agent/volume-agent/operations/plugins"
+	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/source"
+	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

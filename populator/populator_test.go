@@ -15,8 +15,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/volume-agent/volume-agent/cache"
-	"github.com/volume-agent/volume-agent/operations/plugins/emptydir"
-	"github.com/volume-agent/volume-agent/operations/plugins/local"
+	"github.com/volume-agent/volume-agent/plugins/emptydir"
+	"github.com/volume-agent/volume-agent/plugins/local"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

@@ -10,7 +10,7 @@ import (
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 
 	"github.com/volume-agent/volume-agent/cache"
-	"github.com/volume-agent/volume-agent/operations/plugins"
+	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/volume"
 )

@@ -12,9 +12,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/volume-agent/volume-agent/cache"
-	"github.com/volume-agent/volume-agent/operations/plugins/emptydir"
-	"github.com/volume-agent/volume-agent/operations/plugins/hostpath"
-	"github.com/volume-agent/volume-agent/operations/plugins/local"
+	"github.com/volume-agent/volume-agent/plugins/emptydir"
+	"github.com/volume-agent/volume-agent/plugins/hostpath"
+	"github.com/volume-agent/volume-agent/plugins/local"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

@@ -25,7 +25,7 @@ import (
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/csi/registry"
 	"github.com/volume-agent/volume-agent/internal/mounttest"
-	csiplugin "github.com/volume-agent/volume-agent/operations/plugins/csi"
+	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/test/csidriver"
 	"github.com/volume-agent/volume-agent/volume"
 )

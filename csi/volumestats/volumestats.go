@@ -24,7 +24,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/csi/registry"
-	csiplugin "github.com/volume-agent/volume-agent/operations/plugins/csi"
+	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
-	csiplugin "github.com/volume-agent/volume-agent/operations/plugins/csi"
+	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/test/csidriver"
 	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )

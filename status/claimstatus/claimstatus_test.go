@@ -17,8 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 
-	"github.com/volume-agent/volume-agent/claimstatus"
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/status/claimstatus"
 )
 
 // The Reporter is what the agent hands the operations.

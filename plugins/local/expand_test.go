@@ -14,8 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
-	"github.com/volume-agent/volume-agent/operations/plugins"
-	"github.com/volume-agent/volume-agent/operations/plugins/local"
+	"github.com/volume-agent/volume-agent/plugins"
+	"github.com/volume-agent/volume-agent/plugins/local"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

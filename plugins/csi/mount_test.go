@@ -19,7 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/volume-agent/volume-agent/csi/registry"
-	csiplugin "github.com/volume-agent/volume-agent/operations/plugins/csi"
+	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

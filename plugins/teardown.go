@@ -6,7 +6,7 @@ import (
 	"io/fs"
 	"os"
 
-	"github.com/volume-agent/volume-agent/operations/mountutil"
+	"github.com/volume-agent/volume-agent/internal/mountutil"
 )
 
 // UnmountAndRemoveEntry unmounts path and removes the (empty) directory or

@@ -29,9 +29,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/csi/registry"
-	"github.com/volume-agent/volume-agent/operations/mountutil"
-	"github.com/volume-agent/volume-agent/operations/plugins"
-	csiplugin "github.com/volume-agent/volume-agent/operations/plugins/csi"
+	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/plugins"
+	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

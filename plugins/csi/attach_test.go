@@ -13,8 +13,8 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/volume-agent/volume-agent/operations/plugins"
-	csiplugin "github.com/volume-agent/volume-agent/operations/plugins/csi"
+	"github.com/volume-agent/volume-agent/plugins"
+	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/csi/csiclient"
 	"github.com/volume-agent/volume-agent/internal/atomicfile"
-	"github.com/volume-agent/volume-agent/operations/plugins"
+	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

@@ -16,9 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
-	"github.com/volume-agent/volume-agent/operations/mountutil"
-	"github.com/volume-agent/volume-agent/operations/plugins"
-	"github.com/volume-agent/volume-agent/operations/plugins/hostpath"
+	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/plugins"
+	"github.com/volume-agent/volume-agent/plugins/hostpath"
 	"github.com/volume-agent/volume-agent/volume"
 )
 

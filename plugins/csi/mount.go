@@ -16,8 +16,8 @@ import (
 	"github.com/volume-agent/volume-agent/csi/csiclient"
 	"github.com/volume-agent/volume-agent/csi/registry"
 	"github.com/volume-agent/volume-agent/internal/atomicfile"
-	"github.com/volume-agent/volume-agent/operations/mountutil"
-	"github.com/volume-agent/volume-agent/operations/plugins"
+	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
