@@ -72,6 +72,17 @@ type Config struct {
 // Plugin is the CSI volume plugin.
 type Plugin struct{ cfg Config }
 
+// The agent finds a plugin's capabilities by type assertion: these make a
+// changed signature fail the build instead of a volume at run time.
+var (
+	_ plugins.Plugin              = (*Plugin)(nil)
+	_ plugins.DeviceMounter       = (*Plugin)(nil)
+	_ plugins.Attacher            = (*Plugin)(nil)
+	_ plugins.Expander            = (*Plugin)(nil)
+	_ plugins.Reconstructor       = (*Plugin)(nil)
+	_ plugins.DeviceReconstructor = (*Plugin)(nil)
+)
+
 // New returns the plugin.
 func New(cfg Config) *Plugin {
 	if cfg.CSIDriver == nil {

@@ -27,6 +27,13 @@ const Name = "kubernetes.io/host-path"
 // Plugin is the hostPath plugin.
 type Plugin struct{ host plugins.Host }
 
+// The agent finds a plugin's capabilities by type assertion: these make a
+// changed signature fail the build instead of a volume at run time.
+var (
+	_ plugins.Plugin        = (*Plugin)(nil)
+	_ plugins.Reconstructor = (*Plugin)(nil)
+)
+
 // New returns the plugin.
 func New(host plugins.Host) *Plugin { return &Plugin{host: host} }
 

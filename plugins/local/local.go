@@ -33,6 +33,16 @@ const DefaultFSType = "ext4"
 // Plugin is the local volume plugin.
 type Plugin struct{ host plugins.Host }
 
+// The agent finds a plugin's capabilities by type assertion: these make a
+// changed signature fail the build instead of a volume at run time.
+var (
+	_ plugins.Plugin              = (*Plugin)(nil)
+	_ plugins.DeviceMounter       = (*Plugin)(nil)
+	_ plugins.Expander            = (*Plugin)(nil)
+	_ plugins.Reconstructor       = (*Plugin)(nil)
+	_ plugins.DeviceReconstructor = (*Plugin)(nil)
+)
+
 // New returns the plugin.
 func New(host plugins.Host) *Plugin { return &Plugin{host: host} }
 
