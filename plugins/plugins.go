@@ -18,14 +18,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
 // Host is what plugins get from the agent.
 type Host struct {
 	Paths    volume.Paths
-	Mounter  *mountutil.Mounter
+	Mounter  Mounter
 	NodeName string
 	// HostRoot is where the node's root filesystem is visible to the agent:
 	// "/" when the agent runs on the host, e.g. "/host" in a container that

@@ -5,14 +5,12 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-
-	"github.com/volume-agent/volume-agent/internal/mountutil"
 )
 
 // UnmountAndRemoveEntry unmounts path and removes the (empty) directory or
 // file it was mounted on. It never removes anything below path: whatever is
 // there belongs to the volume's source, not to the pod.
-func UnmountAndRemoveEntry(m *mountutil.Mounter, path string) error {
+func UnmountAndRemoveEntry(m Mounter, path string) error {
 	if err := m.UnmountAll(path); err != nil {
 		return err
 	}
