@@ -1,0 +1,162 @@
+package podstatus_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/status/podstatus"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+const plugin = "test/plugin"
+
+var (
+	pod      = volume.PodInfo{PodRef: volume.PodRef{UID: "uid-1", Namespace: "ns", Name: "web"}}
+	otherPod = volume.PodRef{UID: "uid-2", Namespace: "ns", Name: "db"}
+	// The pod's two volumes, with the names the populator gives them.
+	volA = volume.PodScopedName(plugin, pod.UID, "cache")
+	volB = volume.PodScopedName(plugin, pod.UID, "data")
+)
+
+// lastErrors is the executor's backoff, as Compute sees it.
+type lastErrors map[operations.Key]error
+
+func (l lastErrors) LastError(k operations.Key) error { return l[k] }
+
+// mount is a pod's mount of a volume in the ASW.
+type mount struct {
+	vol   volume.UniqueName
+	pod   volume.PodRef
+	state cache.MountState
+}
+
+func specName(v volume.UniqueName) string {
+	if v == volA {
+		return "cache"
+	}
+	return "data"
+}
+
+func TestCompute(t *testing.T) {
+	boom := errors.New("mount: permission denied")
+	stuck := errors.New("NodeStageVolume: driver not registered")
+	cases := []struct {
+		name      string
+		volumes   []volume.UniqueName
+		podErrors []*volume.PodVolumeError
+		mounts    []mount
+		errs      podstatus.Errors
+		want      podstatus.Condition
+	}{
+		{
+			name: "no volumes",
+			want: podstatus.Condition{Status: v1.ConditionTrue, Reason: podstatus.ReasonMounted, Message: "all volumes are mounted"},
+		},
+		{
+			name:    "all mounted",
+			volumes: []volume.UniqueName{volA, volB},
+			mounts:  []mount{{volA, pod.PodRef, cache.Mounted}, {volB, pod.PodRef, cache.Mounted}},
+			want:    podstatus.Condition{Status: v1.ConditionTrue, Reason: podstatus.ReasonMounted, Message: "all volumes are mounted"},
+		},
+		{
+			name:    "an old error of a mounted volume does not count",
+			volumes: []volume.UniqueName{volA},
+			mounts:  []mount{{volA, pod.PodRef, cache.Mounted}},
+			errs:    lastErrors{{Volume: volA, Pod: pod.UID}: boom},
+			want:    podstatus.Condition{Status: v1.ConditionTrue, Reason: podstatus.ReasonMounted, Message: "all volumes are mounted"},
+		},
+		{
+			// Problems resolving the pod's volumes come first, sorted,
+			// whatever is mounted.
+			name:    "volume errors",
+			volumes: []volume.UniqueName{volA},
+			podErrors: []*volume.PodVolumeError{
+				{Pod: pod.PodRef, Volume: "logs", Reason: "ClaimNotFound", Err: errors.New(`claim "logs" not found`)},
+				{Pod: pod.PodRef, Volume: "config", Reason: "Unsupported", Err: errors.New("no plugin supports gitRepo volumes")},
+			},
+			mounts: []mount{{volA, pod.PodRef, cache.Mounted}},
+			errs:   lastErrors{{Volume: volA, Pod: pod.UID}: boom},
+			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonVolumeErrors,
+				Message: `volume "config": no plugin supports gitRepo volumes; volume "logs": claim "logs" not found`},
+		},
+		{
+			// A volume the pod has no mount of is named by its unique
+			// name, one it has by the pod's directory name.
+			name:    "waiting",
+			volumes: []volume.UniqueName{volA, volB},
+			mounts:  []mount{{volA, otherPod, cache.Mounted}, {volB, pod.PodRef, cache.MountUncertain}},
+			errs:    lastErrors{},
+			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonWaiting,
+				Message: "waiting for volumes to be mounted: data, " + string(volA)},
+		},
+		{
+			name:    "waiting, no backoff known",
+			volumes: []volume.UniqueName{volA, volB},
+			mounts:  []mount{{volA, pod.PodRef, cache.Mounted}},
+			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonWaiting,
+				Message: "waiting for volumes to be mounted: " + string(volB)},
+		},
+		{
+			// Failed volumes are reported, without the ones still
+			// waiting.
+			name:    "the pod's mount failed",
+			volumes: []volume.UniqueName{volA, volB},
+			mounts:  []mount{{volA, pod.PodRef, cache.MountUncertain}},
+			errs:    lastErrors{{Volume: volA, Pod: pod.UID}: boom},
+			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonMountFailed,
+				Message: "cache: mount: permission denied"},
+		},
+		{
+			name:    "the volume's device operation failed",
+			volumes: []volume.UniqueName{volB},
+			errs:    lastErrors{{Volume: volB}: stuck, {Volume: volB, Pod: otherPod.UID}: boom},
+			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonMountFailed,
+				Message: string(volB) + ": NodeStageVolume: driver not registered"},
+		},
+		{
+			name:    "the pod's own error first",
+			volumes: []volume.UniqueName{volB},
+			errs:    lastErrors{{Volume: volB}: stuck, {Volume: volB, Pod: pod.UID}: boom},
+			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonMountFailed,
+				Message: string(volB) + ": mount: permission denied"},
+		},
+		{
+			name:    "failures sorted",
+			volumes: []volume.UniqueName{volA, volB},
+			mounts:  []mount{{volB, pod.PodRef, cache.MountUncertain}},
+			errs:    lastErrors{{Volume: volA}: stuck, {Volume: volB, Pod: pod.UID}: boom},
+			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonMountFailed,
+				Message: "data: mount: permission denied; " + string(volA) + ": NodeStageVolume: driver not registered"},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			clock := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+			dsw := cache.NewDesiredStateOfWorld(clock)
+			var vols []cache.PodVolume
+			for _, v := range c.volumes {
+				spec := &volume.Spec{Name: specName(v), Volume: &v1.Volume{Name: specName(v)}}
+				vols = append(vols, cache.PodVolume{Name: v, Plugin: plugin, OuterName: specName(v), Spec: spec})
+			}
+			dsw.SetPod(pod, vols, c.podErrors, nil)
+			asw := cache.NewActualStateOfWorld(clock)
+			for _, m := range c.mounts {
+				asw.SetPodMount(cache.VolumeIdentity{Name: m.vol, Plugin: plugin},
+					cache.ActualPodMount{Pod: m.pod, SpecName: specName(m.vol), MountPath: "/pods/" + string(m.pod.UID) + "/" + specName(m.vol), State: m.state})
+			}
+			p := dsw.Snapshot().Pods[pod.UID]
+			if p == nil {
+				t.Fatal("pod not in the DSW")
+			}
+			if got := podstatus.Compute(p, asw.Snapshot(), c.errs); got != c.want {
+				t.Errorf("Compute:\n got %+v\nwant %+v", got, c.want)
+			}
+		})
+	}
+}
