@@ -486,9 +486,11 @@ func TestOperatorMountDevice(t *testing.T) {
 		{kind: opAttachable, prior: "device uncertain", outcome: opUncertain, wantErr: "uncertain", wantCall: true, wantASW: attached + "Uncertain"},
 		{kind: opAttachable, prior: "device uncertain", outcome: opFinal, wantErr: "final", wantCall: true, wantASW: attached + "NotMounted"},
 
-		// A device mount found on disk: the same, and the mark that it
-		// was reconstructed stays (see the report of the change that
-		// added these tests: nothing clears it before the volume goes).
+		// A device mount found on disk: the same. The mark that it was
+		// reconstructed stays until the volume leaves the ASW, even once
+		// mounted by an operation (which keeps reconciler.HasReconstructed
+		// true, holding housekeeping back): current behaviour, recorded
+		// here so that a change to it is deliberate.
 		{kind: opAttachable, prior: "device reconstructed", outcome: opSucceeds, wantCall: true, wantASW: attached + "GloballyMounted(reconstructed)"},
 		{kind: opAttachable, prior: "device reconstructed", outcome: opUncertain, wantErr: "uncertain", wantCall: true, wantASW: attached + "Uncertain(reconstructed)"},
 		{kind: opAttachable, prior: "device reconstructed", outcome: opFinal, wantErr: "final", wantCall: true, wantASW: attached + "NotMounted(reconstructed)"},
