@@ -210,9 +210,10 @@ func newOpWorld(t *testing.T, kind opKind) *opWorld {
 		pluginName: opFakeName,
 		pod:        volume.PodInfo{PodRef: volume.PodRef{UID: opPod, Namespace: "ns", Name: "p1"}},
 	}
+	// No Claims or Events: the fake never grows a volume, and these tests
+	// stay independent of the expansion tests' fakes.
 	w.op = &Operator{
-		Plugins: plugins.NewRegistry(w.plugin, opPlainPlugin{}), ASW: w.asw, DSW: w.dsw, Paths: w.paths,
-		Log: zap.NewNop(), Claims: &expandClaimLog{}, Events: &expandEventLog{},
+		Plugins: plugins.NewRegistry(w.plugin, opPlainPlugin{}), ASW: w.asw, DSW: w.dsw, Paths: w.paths, Log: zap.NewNop(),
 	}
 	// RequiresRemount only lets a test mark a mount for remounting; the
 	// operator does not look at it.
