@@ -1,7 +1,9 @@
 // Package agent wires volume-agent together: a source (manifest directory or
 // API server), the populator, the two caches, the executor and operator with
 // the volume plugins, the reconciler, and the local HTTP endpoints (debug
-// JSON, health, Prometheus metrics).
+// JSON, health, Prometheus metrics). New builds the mode's parts (standalone
+// or cluster) and the shared ones; Run supervises every long-running loop
+// in one place, so a fatal error stops the agent and nothing outlives Run.
 package agent
 
 import (
@@ -12,7 +14,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +24,7 @@ import (
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/localpv"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/plugins"
@@ -32,66 +34,16 @@ import (
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/reconciler"
 	"github.com/volume-agent/volume-agent/source"
-	"github.com/volume-agent/volume-agent/source/kube"
-	"github.com/volume-agent/volume-agent/source/manifest"
-	"github.com/volume-agent/volume-agent/status/claimstatus"
 	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/status/podstatus"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
-// Config is the agent's configuration; cmd/volume-agent fills it from flags.
-type Config struct {
-	NodeName string
-	// NodeLabels are this node's labels in standalone mode (used to check
-	// PV node affinity); kubernetes.io/hostname is added from NodeName.
-	NodeLabels map[string]string
-	RootDir    string
-	// HostRoot is where the node's root filesystem is visible ("/" unless
-	// the agent runs in a container that mounts it elsewhere).
-	HostRoot string
-	// PodManifestPath selects standalone mode.
-	PodManifestPath string
-	// Kubeconfig selects cluster mode with a kubeconfig file; without it
-	// and without PodManifestPath, the in-cluster configuration is used.
-	Kubeconfig   string
-	KubeAPIQPS   float32
-	KubeAPIBurst int
-	// StatusWorkers patch pod conditions in parallel (cluster mode).
-	StatusWorkers int
-
-	// PluginRegistryDir is watched for kubelet-style CSI registration
-	// sockets (default <root>/plugins_registry).
-	PluginRegistryDir string
-	// CSIDrivers are drivers configured without a registration socket.
-	CSIDrivers []StaticDriver
-	// AttachMode is "controller" (an attach/detach controller owns
-	// VolumeAttachments) or "self" (the agent attaches) in cluster mode.
-	AttachMode string
-	// CSIProbePeriod is how often registered drivers are probed.
-	CSIProbePeriod time.Duration
-
-	// LocalVolumesConfig turns on the local volume provisioner (cluster
-	// mode only).
-	LocalVolumesConfig string
-
-	DebugAddress   string
-	MetricsAddress string
-
-	ResyncPeriod            time.Duration
-	OperationTimeout        time.Duration
-	MaxConcurrentOperations int
-	// ShutdownGracePeriod bounds how long a stopping agent waits for
-	// running operations.
-	ShutdownGracePeriod time.Duration
-
-	Log *zap.Logger
-}
-
 // Agent is a running volume-agent.
 type Agent struct {
 	cfg        Config
 	log        *zap.Logger
+	mode       *mode
 	source     source.Source
 	dsw        *cache.DesiredStateOfWorld
 	asw        *cache.ActualStateOfWorld
@@ -100,7 +52,7 @@ type Agent struct {
 	reconciler *reconciler.Reconciler
 	events     *events.Log
 	metrics    *Metrics
-	cluster    *clusterParts
+	trimmer    *memoryTrimmer
 	podStatus  *podstatus.Reporter
 	csi        *csiParts
 	localPV    *localpv.Provisioner
@@ -114,156 +66,27 @@ type Agent struct {
 }
 
 // New builds an agent and opens its listeners; Run starts it.
-func New(cfg Config) (*Agent, error) {
-	if cfg.Log == nil {
-		cfg.Log = zap.NewNop()
-	}
-	if cfg.NodeName == "" {
-		return nil, errors.New("the node name is required (--node-name)")
-	}
-	if cfg.RootDir == "" || !filepath.IsAbs(cfg.RootDir) {
-		return nil, fmt.Errorf("the root directory must be an absolute path, not %q", cfg.RootDir)
-	}
-	if cfg.ShutdownGracePeriod <= 0 {
-		cfg.ShutdownGracePeriod = 30 * time.Second
-	}
-	if cfg.PluginRegistryDir == "" {
-		cfg.PluginRegistryDir = filepath.Join(cfg.RootDir, "plugins_registry")
-	}
-	if cfg.CSIProbePeriod <= 0 {
-		cfg.CSIProbePeriod = 30 * time.Second
-	}
-	switch cfg.AttachMode {
-	case "", "controller", "self":
-	default:
-		return nil, fmt.Errorf("--attach-mode must be controller or self, not %q", cfg.AttachMode)
+func New(cfg Config) (_ *Agent, err error) {
+	if cfg, err = cfg.complete(); err != nil {
+		return nil, err
 	}
 	paths := volume.Paths{Root: filepath.Clean(cfg.RootDir)}
 	if err := os.MkdirAll(paths.PodsDir(), 0o750); err != nil {
 		return nil, fmt.Errorf("creating root directory: %w", err)
 	}
-	log := cfg.Log
-	a := &Agent{cfg: cfg, log: log}
-
-	var err error
-	var sink events.Sink
-	isTerminated := populator.PodTerminated
-	nodeLabels := map[string]string{"kubernetes.io/hostname": cfg.NodeName}
-	for k, v := range cfg.NodeLabels {
-		nodeLabels[k] = v
+	m, err := newMode(cfg)
+	if err != nil {
+		return nil, err
 	}
-	node := func() populator.Node { return populator.Node{Name: cfg.NodeName, Labels: nodeLabels} }
-	if cfg.PodManifestPath != "" {
-		a.source, err = manifest.New(manifest.Options{Dir: cfg.PodManifestPath, NodeName: cfg.NodeName, Logger: log.Named("source")})
+	defer func() {
 		if err != nil {
-			return nil, err
+			m.close()
 		}
-	} else {
-		if a.cluster, err = newClusterParts(cfg, log); err != nil {
-			return nil, err
-		}
-		a.source, sink, isTerminated = a.cluster.source, a.cluster, kube.PodTerminated
-		node = func() populator.Node {
-			if n, ok := a.cluster.source.Node(); ok {
-				return populator.Node{Name: cfg.NodeName, Labels: n.Labels}
-			}
-			return populator.Node{Name: cfg.NodeName, Labels: nodeLabels}
-		}
+	}()
+	a, err := build(cfg, paths, m)
+	if err != nil {
+		return nil, err
 	}
-
-	clk := clock.RealClock{}
-	a.dsw = cache.NewDesiredStateOfWorld(clk)
-	a.asw = cache.NewActualStateOfWorld(clk)
-	a.events = events.NewLog(log.Named("events"), 200, sink)
-
-	a.paths, a.mounter = paths, mountutil.New()
-	a.orphans = reconciler.NewOrphans(log.Named("orphans"))
-	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot, Log: log.Named("plugins")}
-	a.csi = a.setupCSI(host)
-	registry := plugins.NewRegistry(emptydir.New(host), hostpath.New(host), local.New(host), a.csi.plugin)
-	a.plugins = registry
-
-	var rec *reconciler.Reconciler
-	trimmer := &memoryTrimmer{}
-	rep := &reporter{log: log.Named("operations"), events: a.events, trimmer: trimmer}
-	a.executor = operations.NewExecutor(operations.ExecutorOptions{
-		MaxConcurrent: cfg.MaxConcurrentOperations,
-		Timeout:       cfg.OperationTimeout,
-		Observer:      rep,
-		OnStateChange: func() { rec.Trigger() },
-	})
-	a.populator = populator.New(populator.Options{
-		Source:       a.source,
-		DSW:          a.dsw,
-		Plugins:      registry,
-		Node:         node,
-		IsTerminated: isTerminated,
-		ResyncPeriod: cfg.ResyncPeriod,
-		Events:       a.events,
-		Log:          log.Named("populator"),
-	})
-	a.metrics = NewMetrics(a.dsw, a.asw, a.executor, a.source, a.populator.Ready)
-	rep.metrics = a.metrics
-	// Every populator pass wakes the reconciler: the first one makes the
-	// sources ready (adoption, orphan cleanup) and a later one may make
-	// them complete, without changing the DSW when no pod wants anything.
-	a.populator.SetObserver(populatedTrigger{Metrics: a.metrics, trigger: func() { rec.Trigger() }})
-	a.metrics.Registry.MustRegister(driversCollector{a.csi.drivers}, a.csi.stats, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: namespace, Name: "orphans",
-		Help: "Things left on disk the agent cannot clean or account for (see /debug/orphans).",
-	}, func() float64 { return float64(len(a.orphans.List())) }))
-	observer := multiObserver{a.metrics, trimmer}
-	if a.cluster != nil {
-		kubeclient.RegisterMetrics(a.metrics.Registry)
-		a.podStatus = podstatus.New(a.cluster.client, a.cluster.source.Pod, a.executor, log.Named("podstatus"))
-		observer = append(observer, a.podStatus)
-	}
-	if a.csi.nodeStatus != nil {
-		observer = append(observer, a.csi.nodeStatus)
-	}
-
-	var claims operations.ClaimStatus = claimstatus.None{}
-	if a.cluster != nil {
-		claims = claimstatus.New(a.cluster.client, a.cluster.source.PVC)
-	}
-	operator := &operations.Operator{
-		Plugins: registry, ASW: a.asw, DSW: a.dsw, Paths: paths, Log: log.Named("operations"),
-		Claims: claims, Events: a.events,
-	}
-	handler := &reconciler.OperatorHandler{Operator: operator}
-	rec = reconciler.New(reconciler.Options{
-		DSW: a.dsw, ASW: a.asw, Executor: a.executor,
-		Handler:           handler,
-		Adopter:           handler,
-		SetUpWithoutMount: a.setUpWithoutMount,
-		SourcesReady:      a.populator.Ready,
-		SourcesComplete:   a.sourcesComplete,
-		Housekeeping: func(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) {
-			a.orphans.Set("housekeeping", reconciler.CleanPodDirs(paths, dsw, asw, a.mounter.IsMountPoint))
-		},
-		ResyncPeriod: cfg.ResyncPeriod,
-		Observer:     observer,
-		Log:          log.Named("reconciler"),
-	})
-	a.reconciler = rec
-	if cfg.LocalVolumesConfig != "" {
-		if a.cluster == nil {
-			return nil, errors.New("--local-volumes-config needs cluster mode: the local volume provisioner creates PersistentVolumes")
-		}
-		a.localPV, err = localpv.New(localpv.Options{
-			Client: a.cluster.client, NodeName: cfg.NodeName, ConfigFile: cfg.LocalVolumesConfig, HostRoot: cfg.HostRoot,
-			Recorder: a.events, Log: log.Named("localpv"),
-			PVInformer:    a.cluster.source.PVInformer(),
-			ClassInformer: a.cluster.source.StorageClassInformer(),
-			NodeInformer:  a.cluster.source.NodeInformer(),
-		})
-		if err != nil {
-			return nil, err
-		}
-		a.metrics.Registry.MustRegister(a.localPV.Collectors()...)
-	}
-	a.csi.start(a.executor, rec.Trigger)
-
 	if a.debugListener, err = listen(cfg.DebugAddress); err != nil {
 		return nil, fmt.Errorf("debug endpoint: %w", err)
 	}
@@ -272,6 +95,108 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("metrics endpoint: %w", err)
 	}
 	return a, nil
+}
+
+// build makes the parts both modes share — caches, plugins, executor,
+// populator, reconciler, metrics — around the mode's, each from parts built
+// before it. Whatever wakes the reconciler is handed one signal made first,
+// so no part needs a reference to the reconciler.
+func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
+	log := cfg.Log
+	wake := notify.New()
+	clk := clock.RealClock{}
+	a := &Agent{
+		cfg: cfg, log: log, mode: m, source: m.source, paths: paths,
+		dsw:     cache.NewDesiredStateOfWorld(clk),
+		asw:     cache.NewActualStateOfWorld(clk),
+		events:  events.NewLog(log.Named("events"), 200, m.sink),
+		metrics: NewMetrics(),
+		trimmer: &memoryTrimmer{},
+		orphans: reconciler.NewOrphans(log.Named("orphans")),
+		mounter: mountutil.New(),
+	}
+	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot, Log: log.Named("plugins")}
+	a.csi = newCSI(cfg, host, m, a.asw)
+	a.plugins = plugins.NewRegistry(emptydir.New(host), hostpath.New(host), local.New(host), a.csi.plugin)
+	a.executor = operations.NewExecutor(operations.ExecutorOptions{
+		MaxConcurrent: cfg.MaxConcurrentOperations,
+		Timeout:       cfg.OperationTimeout,
+		Observer:      &reporter{log: log.Named("operations"), events: a.events, metrics: a.metrics, trimmer: a.trimmer},
+		OnStateChange: wake.Notify,
+	})
+	a.csi.retryOnChange(a.executor, wake)
+	a.podStatus = m.podStatus(a.executor, log)
+	a.populator = a.newPopulator(wake)
+	a.reconciler = a.newReconciler(wake)
+	if cfg.LocalVolumesConfig != "" {
+		var err error
+		if a.localPV, err = m.cluster.newLocalPV(cfg, a.events); err != nil {
+			return nil, err
+		}
+	}
+	a.registerMetrics()
+	return a, nil
+}
+
+func (a *Agent) newPopulator(wake *notify.Signal) *populator.Populator {
+	return populator.New(populator.Options{
+		Source:       a.source,
+		DSW:          a.dsw,
+		Plugins:      a.plugins,
+		Node:         a.mode.node,
+		IsTerminated: a.mode.isTerminated,
+		ResyncPeriod: a.cfg.ResyncPeriod,
+		Events:       a.events,
+		// Every populator pass wakes the reconciler: the first one makes
+		// the sources ready (adoption, orphan cleanup) and a later one may
+		// make them complete, without changing the DSW when no pod wants
+		// anything.
+		Observer: populatedTrigger{Metrics: a.metrics, wake: wake},
+		Log:      a.log.Named("populator"),
+	})
+}
+
+func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
+	observer := multiObserver{a.metrics, a.trimmer}
+	if a.podStatus != nil {
+		observer = append(observer, a.podStatus)
+	}
+	if a.csi.nodeStatus != nil {
+		observer = append(observer, a.csi.nodeStatus)
+	}
+	operator := &operations.Operator{
+		Plugins: a.plugins, ASW: a.asw, DSW: a.dsw, Paths: a.paths, Log: a.log.Named("operations"),
+		Claims: a.mode.claims(), Events: a.events,
+	}
+	handler := &reconciler.OperatorHandler{Operator: operator}
+	return reconciler.New(reconciler.Options{
+		DSW: a.dsw, ASW: a.asw, Executor: a.executor,
+		Handler:           handler,
+		Adopter:           handler,
+		SetUpWithoutMount: a.setUpWithoutMount,
+		SourcesReady:      a.populator.Ready,
+		SourcesComplete:   a.sourcesComplete,
+		Housekeeping:      a.housekeeping,
+		ResyncPeriod:      a.cfg.ResyncPeriod,
+		Wake:              wake,
+		Observer:          observer,
+		Log:               a.log.Named("reconciler"),
+	})
+}
+
+// registerMetrics adds what is read at scrape time from the parts.
+func (a *Agent) registerMetrics() {
+	a.metrics.registerState(a.dsw, a.asw, a.executor, a.source, a.populator.Ready)
+	a.metrics.Registry.MustRegister(driversCollector{a.csi.drivers}, a.csi.stats, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "orphans",
+		Help: "Things left on disk the agent cannot clean or account for (see /debug/orphans).",
+	}, func() float64 { return float64(len(a.orphans.List())) }))
+	if a.mode.cluster != nil {
+		kubeclient.RegisterMetrics(a.metrics.Registry)
+	}
+	if a.localPV != nil {
+		a.metrics.Registry.MustRegister(a.localPV.Collectors()...)
+	}
 }
 
 func listen(addr string) (net.Listener, error) {
@@ -320,6 +245,12 @@ func (a *Agent) sourcesComplete() bool {
 	return !ok || len(c.UnreadInputs()) == 0
 }
 
+// housekeeping removes what is left of gone pods and records what it
+// cannot remove.
+func (a *Agent) housekeeping(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) {
+	a.orphans.Set("housekeeping", reconciler.CleanPodDirs(a.paths, dsw, asw, a.mounter.IsMountPoint))
+}
+
 // reconstruct rebuilds the actual state from disk before anything runs, so
 // the first plans see what is already mounted.
 func (a *Agent) reconstruct() error {
@@ -348,12 +279,12 @@ func (a *Agent) reconstruct() error {
 // reconciler pass after every populator pass.
 type populatedTrigger struct {
 	*Metrics
-	trigger func()
+	wake *notify.Signal
 }
 
 func (p populatedTrigger) Populated(took time.Duration, pods int) {
 	p.Metrics.Populated(took, pods)
-	p.trigger()
+	p.wake.Notify()
 }
 
 // multiObserver fans a reconciler pass out to several observers.
@@ -368,7 +299,7 @@ func (m multiObserver) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualS
 // readiness says whether the agent acts on a complete view of its sources.
 func (a *Agent) readiness() (string, bool) {
 	if !a.source.HasSynced() {
-		if a.cluster != nil {
+		if a.mode.cluster != nil {
 			return "waiting for the API server: not every watch has listed yet", false
 		}
 		return "sources not read completely yet", false
@@ -379,18 +310,75 @@ func (a *Agent) readiness() (string, bool) {
 	return "", true
 }
 
-// Run runs the agent until ctx ends. Stopping unmounts nothing: mounts stay
-// for the pods that use them, and the next start adopts them.
+// Run runs the agent until ctx ends or one of its loops fails, and returns
+// that failure (nil when ctx ended). Stopping unmounts nothing: mounts stay
+// for the pods that use them, and the next start adopts them. Run waits up
+// to the shutdown grace period for running operations (one still running
+// then is left to finish on its own); when it returns, every loop it started
+// has returned. Call it once.
 func (a *Agent) Run(ctx context.Context) error {
+	defer a.mode.close()
 	a.log.Info("starting", zap.String("node", a.cfg.NodeName), zap.String("rootDir", a.cfg.RootDir),
 		zap.String("debugAddress", a.DebugAddress()), zap.String("metricsAddress", a.MetricsAddress()))
-
 	if err := a.reconstruct(); err != nil {
+		a.closeListeners()
 		return err
 	}
+	a.mode.startEvents()
+
+	l := newLoops(ctx)
+	servers := a.serve(l)
+	l.run("source", a.source.Run)
+	l.run("populator", untilDone(a.populator.Run))
+	logDriverConfig(a.log, a.cfg.CSIDrivers, a.cfg.PluginRegistryDir)
+	a.csi.registerStatic(l.ctx, a.cfg.CSIDrivers)
+	a.csi.start(l, a.cfg.CSIDrivers, a.cfg.CSIProbePeriod)
+	if a.localPV != nil {
+		l.run("local volume provisioner", a.localPV.Run)
+	}
+	l.run("reconciler", untilDone(a.reconciler.Run))
+	if a.podStatus != nil {
+		l.run("pod status", untilDone(func(ctx context.Context) { a.podStatus.Run(ctx, a.cfg.StatusWorkers) }))
+	}
+
+	<-l.ctx.Done()
+	if ctx.Err() == nil {
+		a.log.Error("stopping after a fatal error", zap.Error(context.Cause(l.ctx)))
+	}
+	a.log.Info("stopping: waiting for running operations; nothing will be unmounted")
+	waitCtx, waitCancel := context.WithTimeout(context.Background(), a.cfg.ShutdownGracePeriod)
+	if werr := a.executor.Wait(waitCtx); werr != nil {
+		a.log.Warn("operations still running at exit", zap.Error(werr))
+	}
+	waitCancel()
+	// The endpoints answer until the operations are done, so a stopping
+	// agent can still be inspected.
+	for _, s := range servers {
+		shutdownCtx, c := context.WithTimeout(context.Background(), time.Second)
+		_ = s.Shutdown(shutdownCtx)
+		c()
+	}
+	err := l.wait()
+	a.trimmer.wait()
+	a.log.Info("stopped")
+	return err
+}
+
+// serve starts the HTTP endpoints; Run shuts them down last.
+func (a *Agent) serve(l *loops) []*http.Server {
 	var servers []*http.Server
+	start := func(name string, lis net.Listener, h http.Handler) {
+		s := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		servers = append(servers, s)
+		l.goUntilStopped(name, func() error {
+			if err := s.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
 	if a.debugListener != nil {
-		servers = append(servers, &http.Server{Handler: a.debugMux(), ReadHeaderTimeout: 10 * time.Second})
+		start("debug endpoint", a.debugListener, a.debugMux())
 	}
 	if a.metricsListener != nil {
 		mux := http.NewServeMux()
@@ -398,78 +386,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		// Probes reach the pod's address, not loopback where the debug
 		// endpoint listens: health and readiness are served here too.
 		a.healthHandlers(mux)
-		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second})
+		start("metrics endpoint", a.metricsListener, mux)
 	}
-	listeners := []net.Listener{}
-	for _, l := range []net.Listener{a.debugListener, a.metricsListener} {
-		if l != nil {
-			listeners = append(listeners, l)
-		}
-	}
-
-	var wg sync.WaitGroup
-	errc := make(chan error, 1+len(servers))
-	for i, s := range servers {
-		wg.Add(1)
-		go func(s *http.Server, l net.Listener) {
-			defer wg.Done()
-			if err := s.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- err
-			}
-		}(s, listeners[i])
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wg.Add(3)
-	go func() {
-		defer wg.Done()
-		if err := a.source.Run(runCtx); err != nil && runCtx.Err() == nil {
-			errc <- fmt.Errorf("source: %w", err)
-		}
-	}()
-	go func() { defer wg.Done(); a.populator.Run(runCtx) }()
-	logDriverConfig(a.log, a.cfg.CSIDrivers, a.cfg.PluginRegistryDir)
-	a.csi.run(runCtx, a.cfg.CSIDrivers, a.cfg.CSIProbePeriod)
-	if a.localPV != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := a.localPV.Run(runCtx); err != nil && runCtx.Err() == nil {
-				errc <- fmt.Errorf("local volume provisioner: %w", err)
-			}
-		}()
-	}
-	go func() { defer wg.Done(); a.reconciler.Run(runCtx) }()
-	if a.cluster != nil {
-		a.cluster.start()
-		defer a.cluster.stop()
-		workers := a.cfg.StatusWorkers
-		if workers <= 0 {
-			workers = 4
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); a.podStatus.Run(runCtx, workers) }()
-	}
-
-	var err error
-	select {
-	case <-ctx.Done():
-	case err = <-errc:
-		a.log.Error("stopping after a fatal error", zap.Error(err))
-	}
-	cancel()
-	a.log.Info("stopping: waiting for running operations; nothing will be unmounted")
-	waitCtx, waitCancel := context.WithTimeout(context.Background(), a.cfg.ShutdownGracePeriod)
-	if werr := a.executor.Wait(waitCtx); werr != nil {
-		a.log.Warn("operations still running at exit", zap.Error(werr))
-	}
-	waitCancel()
-	for _, s := range servers {
-		shutdownCtx, c := context.WithTimeout(context.Background(), time.Second)
-		_ = s.Shutdown(shutdownCtx)
-		c()
-	}
-	wg.Wait()
-	a.log.Info("stopped")
-	return err
+	return servers
 }

@@ -10,6 +10,8 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
+	"github.com/volume-agent/volume-agent/localpv"
+	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/source/kube"
 	"github.com/volume-agent/volume-agent/status/events"
 )
@@ -20,6 +22,29 @@ type clusterParts struct {
 	source      *kube.Source
 	broadcaster record.EventBroadcaster
 	recorder    record.EventRecorder
+}
+
+// newCluster watches the API server for this node's pods and what they
+// reference; events go to the API server and the node's labels are read
+// from its Node object.
+func newCluster(cfg Config) (*mode, error) {
+	p, err := newClusterParts(cfg, cfg.Log)
+	if err != nil {
+		return nil, err
+	}
+	configured := configuredNodeLabels(cfg)
+	return &mode{
+		source:       p.source,
+		sink:         p,
+		isTerminated: kube.PodTerminated,
+		node: func() populator.Node {
+			if n, ok := p.source.Node(); ok {
+				return populator.Node{Name: cfg.NodeName, Labels: n.Labels}
+			}
+			return populator.Node{Name: cfg.NodeName, Labels: configured}
+		},
+		cluster: p,
+	}, nil
 }
 
 func newClusterParts(cfg Config, log *zap.Logger) (*clusterParts, error) {
@@ -44,11 +69,22 @@ func newClusterParts(cfg Config, log *zap.Logger) (*clusterParts, error) {
 	return p, nil
 }
 
-func (p *clusterParts) start() {
+func (p *clusterParts) startEvents() {
 	p.broadcaster.StartRecordingToSink(kubeclient.EventSink{Client: p.client.Core})
 }
 
-func (p *clusterParts) stop() { p.broadcaster.Shutdown() }
+func (p *clusterParts) close() { p.broadcaster.Shutdown() }
+
+// newLocalPV builds the local volume provisioner on the source's informers.
+func (p *clusterParts) newLocalPV(cfg Config, recorder events.Recorder) (*localpv.Provisioner, error) {
+	return localpv.New(localpv.Options{
+		Client: p.client, NodeName: cfg.NodeName, ConfigFile: cfg.LocalVolumesConfig, HostRoot: cfg.HostRoot,
+		Recorder: recorder, Log: cfg.Log.Named("localpv"),
+		PVInformer:    p.source.PVInformer(),
+		ClassInformer: p.source.StorageClassInformer(),
+		NodeInformer:  p.source.NodeInformer(),
+	})
+}
 
 // Event implements events.Sink: events reach the API server attached to the
 // object they are about.

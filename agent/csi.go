@@ -9,12 +9,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	storagev1 "k8s.io/api/storage/v1"
-	"k8s.io/client-go/tools/cache"
+	k8scache "k8s.io/client-go/tools/cache"
 
+	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/csi/registration"
 	"github.com/volume-agent/volume-agent/csi/registry"
 	"github.com/volume-agent/volume-agent/csi/volumestats"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
+	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/plugins"
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
@@ -44,55 +46,53 @@ type csiParts struct {
 	plugin      *csiplugin.Plugin
 	attachments *attachments
 	nodeStatus  *nodestatus.Reporter
-	log         *zap.Logger
 }
 
-// setupCSI builds the driver registry and the CSI plugin. In cluster mode it
+// newCSI builds the driver registry and the CSI plugin. In cluster mode it
 // also watches VolumeAttachments and, when a controller attaches, keeps the
 // node's volumesInUse current.
-func (a *Agent) setupCSI(host plugins.Host) *csiParts {
-	p := &csiParts{drivers: registry.New(a.log.Named("csi"))}
-	p.log = a.log
-	p.watcher = registration.New(registration.Options{Dir: a.cfg.PluginRegistryDir, Registry: p.drivers, Log: a.log.Named("csi-registration")})
-	p.stats = volumestats.New(volumestats.Options{Registry: p.drivers, ASW: a.asw.Snapshot, Log: a.log.Named("csi-stats")})
-	cfg := csiplugin.Config{
-		Host: host, Drivers: p.drivers, CSIDriver: a.source.CSIDriver, AttachMode: csiplugin.AttachLocal,
+func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorld) *csiParts {
+	log := cfg.Log
+	p := &csiParts{drivers: registry.New(log.Named("csi"))}
+	p.watcher = registration.New(registration.Options{Dir: cfg.PluginRegistryDir, Registry: p.drivers, Log: log.Named("csi-registration")})
+	p.stats = volumestats.New(volumestats.Options{Registry: p.drivers, ASW: asw.Snapshot, Log: log.Named("csi-stats")})
+	pcfg := csiplugin.Config{
+		Host: host, Drivers: p.drivers, CSIDriver: m.source.CSIDriver, AttachMode: csiplugin.AttachLocal,
 	}
-	if a.cluster != nil {
-		client := a.cluster.client
-		cfg.AttachMode = a.cfg.AttachMode
-		if cfg.AttachMode == "" {
-			cfg.AttachMode = csiplugin.AttachController
+	if c := m.cluster; c != nil {
+		pcfg.AttachMode = cfg.AttachMode
+		if pcfg.AttachMode == "" {
+			pcfg.AttachMode = csiplugin.AttachController
 		}
-		cfg.Secrets = client.SecretData
-		inf := cache.NewSharedIndexInformer(kubeclient.ListWatch(client.Storage, "volumeattachments", "", nil),
-			&storagev1.VolumeAttachment{}, 0, cache.Indexers{})
-		a.cluster.source.AddInformer(inf)
-		p.attachments = &attachments{client: client, informer: inf}
-		if cfg.AttachMode == csiplugin.AttachController {
-			p.nodeStatus = nodestatus.New(a.cfg.NodeName, client, a.cluster.source.Node, a.log.Named("nodestatus"))
+		pcfg.Secrets = c.client.SecretData
+		inf := k8scache.NewSharedIndexInformer(kubeclient.ListWatch(c.client.Storage, "volumeattachments", "", nil),
+			&storagev1.VolumeAttachment{}, 0, k8scache.Indexers{})
+		c.source.AddInformer(inf)
+		p.attachments = &attachments{client: c.client, informer: inf}
+		if pcfg.AttachMode == csiplugin.AttachController {
+			p.nodeStatus = nodestatus.New(cfg.NodeName, c.client, c.source.Node, log.Named("nodestatus"))
 			p.attachments.inUse = p.nodeStatus.ReportedInUse
 		}
-		cfg.Attachments = p.attachments
+		pcfg.Attachments = p.attachments
 	}
-	p.plugin = csiplugin.New(cfg)
+	p.plugin = csiplugin.New(pcfg)
 	return p
 }
 
-// start wires the wake-ups: a driver registering, an attachment changing or
-// the node's reported volumes changing retries the CSI operations waiting for
-// them at once instead of after their backoff.
-func (p *csiParts) start(exec *operations.Executor, trigger func()) {
+// retryOnChange wires the wake-ups: a driver registering, an attachment
+// changing or the node's reported volumes changing retries the CSI
+// operations waiting for them at once instead of after their backoff.
+func (p *csiParts) retryOnChange(exec *operations.Executor, wake *notify.Signal) {
 	retry := func(match func(op *operations.Operation) bool) {
 		exec.ResetBackoffWhere(match)
-		trigger()
+		wake.Notify()
 	}
 	p.drivers.OnRegistered(func(string) {
 		retry(func(op *operations.Operation) bool { return op.Plugin == csiplugin.Name })
 	})
 	if p.attachments != nil {
 		waitingForAttach := func(op *operations.Operation) bool { return op.Name == "verify_attached" }
-		_, _ = p.attachments.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		_, _ = p.attachments.informer.AddEventHandler(k8scache.ResourceEventHandlerFuncs{
 			AddFunc:    func(any) { retry(waitingForAttach) },
 			UpdateFunc: func(any, any) { retry(waitingForAttach) },
 			DeleteFunc: func(any) { retry(waitingForAttach) },
@@ -100,28 +100,28 @@ func (p *csiParts) start(exec *operations.Executor, trigger func()) {
 	}
 }
 
-// run starts the background loops: probing drivers, static drivers, node
-// status.
-func (p *csiParts) run(ctx context.Context, static []StaticDriver, probePeriod time.Duration) {
-	// Give static drivers a first chance before any volume needs them, so
-	// a healthy start does not report "driver not registered" once.
+// registerStatic gives static drivers a first chance before any volume
+// needs them, so a healthy start does not report "driver not registered"
+// once.
+func (p *csiParts) registerStatic(ctx context.Context, static []StaticDriver) {
 	for _, d := range static {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		_, _ = p.drivers.Register(rctx, registry.Registration{Endpoint: d.Endpoint, Name: d.Name, Source: registry.SourceStatic})
 		cancel()
 	}
-	go p.drivers.Run(ctx, probePeriod, 3)
-	go func() {
-		if err := p.watcher.Run(ctx); err != nil && ctx.Err() == nil {
-			p.log.Error("CSI registration watcher stopped", zap.Error(err))
-		}
-	}()
-	go p.stats.Run(ctx)
+}
+
+// start adds the CSI loops: probing drivers, watching registration sockets,
+// volume statistics, keeping static drivers registered, node status.
+func (p *csiParts) start(l *loops, static []StaticDriver, probePeriod time.Duration) {
+	l.run("CSI driver prober", untilDone(func(ctx context.Context) { p.drivers.Run(ctx, probePeriod, 3) }))
+	l.run("CSI registration watcher", p.watcher.Run)
+	l.run("CSI volume statistics", untilDone(p.stats.Run))
 	for _, d := range static {
-		go p.drivers.Static(ctx, d.Name, d.Endpoint)
+		l.run("static CSI driver "+d.Name, untilDone(func(ctx context.Context) { p.drivers.Static(ctx, d.Name, d.Endpoint) }))
 	}
 	if p.nodeStatus != nil {
-		go p.nodeStatus.Run(ctx)
+		l.run("node status", untilDone(p.nodeStatus.Run))
 	}
 }
 
@@ -129,7 +129,7 @@ func (p *csiParts) run(ctx context.Context, static []StaticDriver, probePeriod t
 // REST client.
 type attachments struct {
 	client   *kubeclient.Client
-	informer cache.SharedIndexInformer
+	informer k8scache.SharedIndexInformer
 	inUse    func(volume.UniqueName) bool
 }
 

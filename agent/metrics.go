@@ -40,9 +40,9 @@ type Metrics struct {
 	readyPods map[types.UID]bool
 }
 
-// NewMetrics registers the metrics. The state functions are read at scrape
-// time.
-func NewMetrics(dsw *cache.DesiredStateOfWorld, asw *cache.ActualStateOfWorld, exec *operations.Executor, src source.Source, sourcesReady func() bool) *Metrics {
+// NewMetrics registers the metrics of what happens; registerState adds the
+// counts read from the caches.
+func NewMetrics() *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		operationDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -81,9 +81,14 @@ func NewMetrics(dsw *cache.DesiredStateOfWorld, asw *cache.ActualStateOfWorld, e
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.operationDuration, m.reconcileDuration, m.populateDuration, m.podReady, m.podVolumeErrors, m.actions, m.reconstructed,
-		&stateCollector{dsw: dsw, asw: asw, exec: exec, src: src, sourcesReady: sourcesReady},
 	)
 	return m
+}
+
+// registerState adds the counts of volumes, pods and pending operations,
+// computed at scrape time from the caches and the executor.
+func (m *Metrics) registerState(dsw *cache.DesiredStateOfWorld, asw *cache.ActualStateOfWorld, exec *operations.Executor, src source.Source, sourcesReady func() bool) {
+	m.Registry.MustRegister(&stateCollector{dsw: dsw, asw: asw, exec: exec, src: src, sourcesReady: sourcesReady})
 }
 
 // OperationFinished implements operations.Observer.

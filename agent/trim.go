@@ -2,6 +2,7 @@ package agent
 
 import (
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,6 +21,9 @@ type memoryTrimmer struct {
 	// free returns memory to the kernel (debug.FreeOSMemory; replaced in
 	// tests).
 	free func()
+	// running is the trim in progress, which the agent waits for when it
+	// stops.
+	running sync.WaitGroup
 }
 
 // burst is how many operations make trimming worth its cost (a full GC).
@@ -34,12 +38,16 @@ func (m *memoryTrimmer) Reconciled(_ *cache.DesiredSnapshot, _ *cache.ActualSnap
 		return
 	}
 	m.operations.Store(0)
-	go func() {
+	m.running.Go(func() {
 		defer m.trimming.Store(false)
 		if m.free != nil {
 			m.free()
 		} else {
 			debug.FreeOSMemory()
 		}
-	}()
+	})
 }
+
+// wait waits for a trim in progress. Call it once nothing calls Reconciled
+// any more.
+func (m *memoryTrimmer) wait() { m.running.Wait() }

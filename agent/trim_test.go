@@ -30,13 +30,7 @@ func TestMemoryTrimmer(t *testing.T) {
 		t.Fatal("not trimmed once steady after a burst")
 	}
 	// The count starts again: a steady pass right after trims nothing.
-	deadline := time.Now().Add(10 * time.Second)
-	for m.trimming.Load() {
-		if time.Now().After(deadline) {
-			t.Fatal("trim did not finish")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	m.wait()
 	m.Reconciled(nil, nil, nil, 0)
 	select {
 	case <-freed:

@@ -254,12 +254,15 @@ func (p *Provisioner) objectDeleted(obj any) {
 // waits for them. It returns nil when ctx ends.
 func (p *Provisioner) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
+	// Nothing it started outlives Run.
+	var watches sync.WaitGroup
 	defer func() {
 		cancel()
+		watches.Wait()
 		p.cleanups.Wait()
 	}()
 	for _, inf := range p.ownInformers {
-		go inf.Run(ctx.Done())
+		watches.Go(func() { inf.Run(ctx.Done()) })
 	}
 	p.reloadConfig(true)
 	cw, err := newConfigWatcher(p.opts.ConfigFile, p.log)
@@ -273,8 +276,8 @@ func (p *Provisioner) Run(ctx context.Context) error {
 		return fmt.Errorf("local volumes: watching discovery directories: %w", err)
 	}
 	defer dw.close()
-	go dw.run(ctx, p.wake.Notify)
-	go watchMounts(ctx, p.log, p.wake.Notify)
+	watches.Go(func() { dw.run(ctx, p.wake.Notify) })
+	watches.Go(func() { watchMounts(ctx, p.log, p.wake.Notify) })
 
 	var cfgEvents <-chan struct{}
 	if cw != nil {

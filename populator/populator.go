@@ -325,7 +325,3 @@ func memoryLimit(pod *v1.Pod) *resource.Quantity {
 	}
 	return &sum
 }
-
-// SetObserver sets the observer after construction (metrics are built
-// from parts that need the populator first).
-func (p *Populator) SetObserver(o Observer) { p.opts.Observer = o }

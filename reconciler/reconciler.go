@@ -53,6 +53,11 @@ type Options struct {
 	Clock       clock.WithTicker
 	Observer    Observer
 	Log         *zap.Logger
+
+	// Wake, when set, asks for a pass whenever it is notified, like
+	// Trigger: parts built before the reconciler (the executor, the
+	// populator's observer) wake it through it.
+	Wake *notify.Signal
 }
 
 // Adopter applies adoptions to the actual state.
@@ -82,7 +87,10 @@ func New(opts Options) *Reconciler {
 	if opts.SourcesReady == nil {
 		opts.SourcesReady = func() bool { return true }
 	}
-	return &Reconciler{opts: opts, trigger: notify.New()}
+	if opts.Wake == nil {
+		opts.Wake = notify.New()
+	}
+	return &Reconciler{opts: opts, trigger: opts.Wake}
 }
 
 // Trigger asks for a pass soon.

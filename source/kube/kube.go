@@ -105,13 +105,16 @@ func (s *Source) all() []cache.SharedIndexInformer {
 	return append([]cache.SharedIndexInformer{s.pods, s.nodes, s.pvcs, s.pvs, s.classes, s.drivers}, s.extra...)
 }
 
-// Run starts the informers and waits until ctx ends. Until every informer has
-// listed once, HasSynced is false and the agent tears nothing down; the wait
-// is logged so an unreachable API server is obvious.
+// Run starts the informers and waits until ctx ends, then until they have
+// stopped. Until every informer has listed once, HasSynced is false and the
+// agent tears nothing down; the wait is logged so an unreachable API server
+// is obvious.
 func (s *Source) Run(ctx context.Context) error {
 	infs := s.all()
+	var running sync.WaitGroup
+	defer running.Wait()
 	for _, inf := range infs {
-		go inf.Run(ctx.Done())
+		running.Go(func() { inf.Run(ctx.Done()) })
 	}
 	start := time.Now()
 	tick := time.NewTicker(10 * time.Second)

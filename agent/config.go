@@ -1,0 +1,96 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Config is the agent's configuration; cmd/volume-agent fills it from flags.
+type Config struct {
+	NodeName string
+	// NodeLabels are this node's labels in standalone mode (used to check
+	// PV node affinity); kubernetes.io/hostname is added from NodeName.
+	NodeLabels map[string]string
+	RootDir    string
+	// HostRoot is where the node's root filesystem is visible ("/" unless
+	// the agent runs in a container that mounts it elsewhere).
+	HostRoot string
+	// PodManifestPath selects standalone mode.
+	PodManifestPath string
+	// Kubeconfig selects cluster mode with a kubeconfig file; without it
+	// and without PodManifestPath, the in-cluster configuration is used.
+	Kubeconfig   string
+	KubeAPIQPS   float32
+	KubeAPIBurst int
+	// StatusWorkers patch pod conditions in parallel (cluster mode).
+	StatusWorkers int
+
+	// PluginRegistryDir is watched for kubelet-style CSI registration
+	// sockets (default <root>/plugins_registry).
+	PluginRegistryDir string
+	// CSIDrivers are drivers configured without a registration socket.
+	CSIDrivers []StaticDriver
+	// AttachMode is "controller" (an attach/detach controller owns
+	// VolumeAttachments) or "self" (the agent attaches) in cluster mode.
+	AttachMode string
+	// CSIProbePeriod is how often registered drivers are probed.
+	CSIProbePeriod time.Duration
+
+	// LocalVolumesConfig turns on the local volume provisioner (cluster
+	// mode only).
+	LocalVolumesConfig string
+
+	DebugAddress   string
+	MetricsAddress string
+
+	ResyncPeriod            time.Duration
+	OperationTimeout        time.Duration
+	MaxConcurrentOperations int
+	// ShutdownGracePeriod bounds how long a stopping agent waits for
+	// running operations.
+	ShutdownGracePeriod time.Duration
+
+	Log *zap.Logger
+}
+
+// standalone reports whether the agent reads a manifest directory instead
+// of the API server.
+func (c *Config) standalone() bool { return c.PodManifestPath != "" }
+
+// complete checks the configuration and fills in defaults.
+func (c Config) complete() (Config, error) {
+	if c.Log == nil {
+		c.Log = zap.NewNop()
+	}
+	if c.NodeName == "" {
+		return c, errors.New("the node name is required (--node-name)")
+	}
+	if c.RootDir == "" || !filepath.IsAbs(c.RootDir) {
+		return c, fmt.Errorf("the root directory must be an absolute path, not %q", c.RootDir)
+	}
+	switch c.AttachMode {
+	case "", "controller", "self":
+	default:
+		return c, fmt.Errorf("--attach-mode must be controller or self, not %q", c.AttachMode)
+	}
+	if c.LocalVolumesConfig != "" && c.standalone() {
+		return c, errors.New("--local-volumes-config needs cluster mode: the local volume provisioner creates PersistentVolumes")
+	}
+	if c.ShutdownGracePeriod <= 0 {
+		c.ShutdownGracePeriod = 30 * time.Second
+	}
+	if c.PluginRegistryDir == "" {
+		c.PluginRegistryDir = filepath.Join(c.RootDir, "plugins_registry")
+	}
+	if c.CSIProbePeriod <= 0 {
+		c.CSIProbePeriod = 30 * time.Second
+	}
+	if c.StatusWorkers <= 0 {
+		c.StatusWorkers = 4
+	}
+	return c, nil
+}
