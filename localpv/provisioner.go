@@ -24,6 +24,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/mountwatch"
 	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/status/events"
 )
@@ -264,20 +265,26 @@ func (p *Provisioner) Run(ctx context.Context) error {
 	for _, inf := range p.ownInformers {
 		watches.Go(func() { inf.Run(ctx.Done()) })
 	}
-	p.reloadConfig(true)
+	// Every watch starts before the first read of what it watches, so a
+	// change made in between is reported rather than left to a rescan.
 	cw, err := newConfigWatcher(p.opts.ConfigFile, p.log)
 	if err != nil {
 		p.log.Warn("cannot watch the local volumes configuration; it is re-read every period", zap.Error(err))
 	} else {
 		defer cw.close()
 	}
+	p.reloadConfig(true)
 	dw, err := newDirWatcher(p.log)
 	if err != nil {
 		return fmt.Errorf("local volumes: watching discovery directories: %w", err)
 	}
 	defer dw.close()
 	watches.Go(func() { dw.run(ctx, p.wake.Notify) })
-	watches.Go(func() { watchMounts(ctx, p.log, p.wake.Notify) })
+	if mw, err := mountwatch.Start(ctx, p.log, p.wake.Notify); err != nil {
+		p.log.Warn("cannot watch the mount table; mounts are noticed by the periodic rescan", zap.Error(err))
+	} else {
+		defer func() { cancel(); <-mw.Done() }()
+	}
 
 	var cfgEvents <-chan struct{}
 	if cw != nil {
@@ -293,6 +300,15 @@ func (p *Provisioner) Run(ctx context.Context) error {
 	nextWarn := waitStart.Add(10 * time.Second)
 	for {
 		if p.synced() {
+			// Take the pending wake-up now, before the pass looks at
+			// anything: whatever it announced, the pass sees. A change
+			// during the pass wakes the loop again, and it stays pending
+			// until the select below, which then starts the next pass
+			// at once: a change is never left to the rescan.
+			select {
+			case <-p.wake.C():
+			default:
+			}
 			wake := p.pass(ctx, dw)
 			if retry != nil {
 				retry.Stop()
@@ -320,6 +336,9 @@ func (p *Provisioner) Run(ctx context.Context) error {
 		case <-cfgEvents:
 			p.reloadConfig(false)
 		case <-cfgTick.C:
+			if cw != nil {
+				cw.refresh() // a directory that was missing may exist now
+			}
 			p.reloadConfig(false)
 		case <-resync.C:
 		case <-retryC:
@@ -444,11 +463,16 @@ func (p *Provisioner) pass(ctx context.Context, dw *dirWatcher) time.Time {
 		}
 	}
 
+	// Watch before listing, so that an entry made while the pass lists
+	// the directory starts another pass.
 	var dirs []string
+	for _, name := range cfg.classNames() {
+		dirs = append(dirs, hostJoin(p.opts.HostRoot, cfg.Classes[name].DiscoveryDir))
+	}
+	dw.set(dirs)
 	seenNow := map[string]bool{}
 	for _, name := range cfg.classNames() {
 		c := cfg.Classes[name]
-		dirs = append(dirs, hostJoin(p.opts.HostRoot, c.DiscoveryDir))
 		if docErr != "" {
 			in.ClassErr[name] = docErr
 		} else if o, ok, _ := p.classes.GetStore().GetByKey(name); !ok {
@@ -476,7 +500,6 @@ func (p *Provisioner) pass(ctx context.Context, dw *dirWatcher) time.Time {
 			delete(p.seen, path)
 		}
 	}
-	dw.set(dirs)
 	in.Cleanups = p.tracker.snapshot()
 
 	out := plan(in)

@@ -4,8 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/fsnotify/fsnotify"
@@ -111,12 +111,31 @@ func (cw *configWatcher) close() {
 }
 
 // dirWatcher watches the discovery directories: an entry created, removed
-// or renamed starts a pass at once.
+// or renamed starts a pass at once. Mounts on existing entries make no
+// inotify event; mountwatch reports those.
 type dirWatcher struct {
-	w       *fsnotify.Watcher
-	log     *zap.Logger
-	mu      sync.Mutex
-	watched map[string]bool
+	w   *fsnotify.Watcher
+	log *zap.Logger
+	mu  sync.Mutex
+	// watched maps each watched path to the directory inotify watches
+	// there: inotify watches an inode, and the path may come to name
+	// another one (a filesystem mounted on the discovery directory, the
+	// directory removed and made again).
+	watched map[string]dirID
+}
+
+// dirID identifies a directory by its inode.
+type dirID struct{ dev, ino uint64 }
+
+func statDir(path string) (dirID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return dirID{}, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return dirID{}, unix.ENOTDIR
+	}
+	return dirID{dev: uint64(st.Dev), ino: uint64(st.Ino)}, nil
 }
 
 func newDirWatcher(log *zap.Logger) (*dirWatcher, error) {
@@ -124,22 +143,30 @@ func newDirWatcher(log *zap.Logger) (*dirWatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &dirWatcher{w: w, log: log, watched: map[string]bool{}}, nil
+	return &dirWatcher{w: w, log: log, watched: map[string]dirID{}}, nil
 }
 
-// set watches exactly dirs (as the agent sees them). A directory that
-// does not exist yet is tried again at the next pass.
+// set watches exactly dirs (as the agent sees them), each as it is now. A
+// directory that does not exist is stood in for by its nearest existing
+// ancestor, so that making it (or any directory on the way) starts a pass,
+// which then watches it.
 func (dw *dirWatcher) set(dirs []string) {
 	dw.mu.Lock()
 	defer dw.mu.Unlock()
 	want := map[string]bool{}
 	for _, d := range dirs {
-		want[d] = true
-		if dw.watched[d] {
-			continue
-		}
-		if err := dw.w.Add(d); err == nil {
-			dw.watched[d] = true
+		// A directory on the way made after nearestDir looked but before
+		// the watch was added made no event the watch saw: look again
+		// (a few times; a stand-in left over is dropped at the next set).
+		for range len(strings.Split(d, "/")) {
+			at, id, err := nearestDir(d)
+			if err != nil || !dw.watch(at, id) {
+				break
+			}
+			want[at] = true
+			if again, _, err := nearestDir(d); err != nil || again == at {
+				break
+			}
 		}
 	}
 	for d := range dw.watched {
@@ -148,6 +175,37 @@ func (dw *dirWatcher) set(dirs []string) {
 			delete(dw.watched, d)
 		}
 	}
+}
+
+// nearestDir returns d, or its nearest ancestor that exists, and its inode.
+func nearestDir(d string) (string, dirID, error) {
+	d = filepath.Clean(d)
+	for {
+		id, err := statDir(d)
+		if err == nil || filepath.Dir(d) == d {
+			return d, id, err
+		}
+		d = filepath.Dir(d)
+	}
+}
+
+// watch makes sure the directory with inode id at path is the one
+// watched there; mu is held.
+func (dw *dirWatcher) watch(path string, id dirID) bool {
+	old, ok := dw.watched[path]
+	if ok && old == id {
+		return true
+	}
+	if ok {
+		_ = dw.w.Remove(path)
+		delete(dw.watched, path)
+	}
+	if err := dw.w.Add(path); err != nil {
+		dw.log.Debug("cannot watch a discovery directory (yet); it is tried again at the next pass", zap.String("dir", path), zap.Error(err))
+		return false
+	}
+	dw.watched[path] = id
+	return true
 }
 
 func (dw *dirWatcher) run(ctx context.Context, wake func()) {
@@ -160,10 +218,11 @@ func (dw *dirWatcher) run(ctx context.Context, wake func()) {
 				return
 			}
 			if ev.Op&(fsnotify.Remove|fsnotify.Rename) != 0 {
-				// The directory itself may be gone: watch it again once
-				// it is back.
+				// The directory itself may be gone or moved: watch
+				// whatever has its path at the next pass.
 				dw.mu.Lock()
-				if dw.watched[ev.Name] {
+				if _, ok := dw.watched[ev.Name]; ok {
+					_ = dw.w.Remove(ev.Name)
 					delete(dw.watched, ev.Name)
 				}
 				dw.mu.Unlock()
@@ -173,6 +232,7 @@ func (dw *dirWatcher) run(ctx context.Context, wake func()) {
 			if !ok {
 				return
 			}
+			// An overflow loses events: the pass looks at everything.
 			dw.log.Warn("watching discovery directories", zap.Error(err))
 			wake()
 		}
@@ -180,48 +240,3 @@ func (dw *dirWatcher) run(ctx context.Context, wake func()) {
 }
 
 func (dw *dirWatcher) close() { _ = dw.w.Close() }
-
-// watchMounts calls wake whenever this mount namespace's mount table
-// changes. Mounting a disk on an existing directory makes no inotify event
-// in the discovery directory, but the kernel flags the mount table file
-// (POLLPRI) on every mount and unmount. If that cannot be used, only the
-// periodic rescan notices mounts.
-func watchMounts(ctx context.Context, log *zap.Logger, wake func()) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		log.Warn("cannot watch the mount table; mounts are noticed by the periodic rescan", zap.Error(err))
-		return
-	}
-	defer f.Close()
-	// A pipe to interrupt poll(2) when ctx ends.
-	r, w, err := os.Pipe()
-	if err != nil {
-		log.Warn("cannot watch the mount table; mounts are noticed by the periodic rescan", zap.Error(err))
-		return
-	}
-	defer r.Close()
-	stop := context.AfterFunc(ctx, func() { w.Close() })
-	defer func() {
-		if stop() {
-			w.Close()
-		}
-	}()
-	fds := []unix.PollFd{{Fd: int32(f.Fd()), Events: unix.POLLPRI}, {Fd: int32(r.Fd()), Events: unix.POLLIN}}
-	for {
-		fds[0].Revents, fds[1].Revents = 0, 0
-		_, err := unix.Poll(fds, -1)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			log.Warn("watching the mount table failed; mounts are noticed by the periodic rescan", zap.Error(err))
-			return
-		}
-		if fds[1].Revents != 0 || ctx.Err() != nil {
-			return
-		}
-		if fds[0].Revents&(unix.POLLPRI|unix.POLLERR) != 0 {
-			wake()
-		}
-	}
-}
