@@ -234,7 +234,6 @@ func New(cfg Config) (*Agent, error) {
 	rec = reconciler.New(reconciler.Options{
 		DSW: a.dsw, ASW: a.asw, Executor: a.executor,
 		Handler:           handler,
-		Adopter:           handler,
 		SetUpWithoutMount: a.setUpWithoutMount,
 		SourcesReady:      a.populator.Ready,
 		SourcesComplete:   a.sourcesComplete,

@@ -88,7 +88,7 @@ func NewMetrics(dsw *cache.DesiredStateOfWorld, asw *cache.ActualStateOfWorld, e
 
 // OperationFinished implements operations.Observer.
 func (m *Metrics) OperationFinished(_ operations.Key, op *operations.Operation, took time.Duration, err error, _ time.Duration) {
-	m.operationDuration.WithLabelValues(op.Name, op.Plugin, resultOf(err)).Observe(took.Seconds())
+	m.operationDuration.WithLabelValues(string(op.Name), op.Plugin, resultOf(err)).Observe(took.Seconds())
 }
 
 func resultOf(err error) string {
@@ -115,7 +115,7 @@ func (m *Metrics) PodVolumeError(err *volume.PodVolumeError) {
 // for every pod whose volumes all became mounted, how long that took.
 func (m *Metrics) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, actions []reconciler.Action, took time.Duration) {
 	m.reconcileDuration.Observe(took.Seconds())
-	perOp := map[reconciler.Op]int{}
+	perOp := map[operations.Op]int{}
 	for i := range actions {
 		perOp[actions[i].Op]++
 	}

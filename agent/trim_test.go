@@ -4,13 +4,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/reconciler"
 )
 
 func TestMemoryTrimmer(t *testing.T) {
 	freed := make(chan struct{}, 10)
 	m := &memoryTrimmer{free: func() { freed <- struct{}{} }}
-	busy := []reconciler.Action{{Op: reconciler.OpMountVolume}}
+	busy := []reconciler.Action{{Op: operations.OpMountVolume}}
 
 	for i := 0; i < burst-1; i++ {
 		m.operationFinished()

@@ -21,7 +21,7 @@ type finished struct {
 
 type result struct {
 	key     Key
-	name    string
+	name    Op
 	err     error
 	retryIn time.Duration
 }
@@ -54,7 +54,7 @@ func newTestExecutor(t *testing.T, opts ExecutorOptions) (*Executor, *clocktesti
 	return NewExecutor(opts), clk, obs
 }
 
-func op(name string, fn func(context.Context) error) *Operation {
+func op(name Op, fn func(context.Context) error) *Operation {
 	return &Operation{Name: name, Plugin: "test", Fn: fn}
 }
 
