@@ -756,47 +756,74 @@ func TestPlanActionFields(t *testing.T) {
 }
 
 // TestPlanDoesNotModifyInputs: Plan is pure; snapshots are shared with other
-// readers.
+// readers. Each world is built twice with nothing shared between the copies
+// (specs included); Plan reads one, and it must still equal the other, values
+// behind pointers included.
 func TestPlanDoesNotModifyInputs(t *testing.T) {
-	c := planCases()
-	var dvs []*cache.DesiredVolume
-	var avs []*cache.ActualVolume
-	for _, tc := range c {
-		dvs = append(dvs, tc.dsw...)
-		avs = append(avs, tc.asw...)
+	var worlds []func() (*cache.DesiredSnapshot, *cache.ActualSnapshot)
+	for _, tc := range planCases() {
+		worlds = append(worlds, func() (*cache.DesiredSnapshot, *cache.ActualSnapshot) {
+			// planCases again: fresh fixtures for every copy.
+			for _, c := range planCases() {
+				if c.name == tc.name {
+					return desiredSnapshot(c.dsw, c.pods), actualSnapshot(c.asw)
+				}
+			}
+			panic("no plan case " + tc.name)
+		})
 	}
-	// Later fixtures of a name replace earlier ones; that is fine here.
-	dsw := desiredSnapshot(dvs, nil)
-	asw := actualSnapshot(avs)
-	before := fmt.Sprintf("%#v %#v", deref(dsw), derefA(asw))
-	Plan(dsw, asw, PlanOptions{SourcesReady: true})
-	if after := fmt.Sprintf("%#v %#v", deref(dsw), derefA(asw)); after != before {
-		t.Errorf("Plan modified its inputs")
+	for i := range 50 {
+		worlds = append(worlds, func() (*cache.DesiredSnapshot, *cache.ActualSnapshot) {
+			r := rand.New(rand.NewPCG(uint64(i), 7))
+			dsw, asw := randomWorld(r, 20, 10)
+			enrichWorld(r, dsw, asw)
+			return dsw, asw
+		})
+	}
+	for i, build := range worlds {
+		for _, opts := range []PlanOptions{{}, {SourcesReady: true}, {SourcesReady: true, OrphanCleanupAllowed: true}} {
+			dsw, asw := buildIsolated(build)
+			wantDSW, wantASW := buildIsolated(build)
+			if !reflect.DeepEqual(dsw, wantDSW) || !reflect.DeepEqual(asw, wantASW) {
+				t.Fatalf("world %d: two builds differ before planning", i)
+			}
+			Plan(dsw, asw, opts)
+			for _, d := range diffWorlds(dsw, asw, wantDSW, wantASW) {
+				t.Errorf("world %d, %+v: Plan modified %s", i, opts, d)
+			}
+		}
 	}
 }
 
-func deref(s *cache.DesiredSnapshot) []string {
-	var out []string
-	for _, v := range s.Volumes {
-		out = append(out, fmt.Sprintf("%+v", *v))
-		for _, p := range v.Pods {
-			out = append(out, fmt.Sprintf("%+v", *p))
-		}
-	}
-	for _, p := range s.Pods {
-		out = append(out, fmt.Sprintf("%+v", *p))
-	}
-	slices.Sort(out)
-	return out
+// buildIsolated builds a world with specs of its own.
+func buildIsolated(build func() (*cache.DesiredSnapshot, *cache.ActualSnapshot)) (*cache.DesiredSnapshot, *cache.ActualSnapshot) {
+	saved := specs
+	defer func() { specs = saved }()
+	specs = map[string]*volume.Spec{}
+	return build()
 }
 
-func derefA(s *cache.ActualSnapshot) []string {
+// diffWorlds names the entries that differ, comparing the values behind
+// every pointer.
+func diffWorlds(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, wantDSW *cache.DesiredSnapshot, wantASW *cache.ActualSnapshot) []string {
 	var out []string
-	for _, v := range s.Volumes {
-		out = append(out, fmt.Sprintf("%+v", *v))
-		for _, p := range v.Pods {
-			out = append(out, fmt.Sprintf("%+v", *p))
+	for name, v := range wantDSW.Volumes {
+		if !reflect.DeepEqual(dsw.Volumes[name], v) {
+			out = append(out, fmt.Sprintf("desired volume %s", name))
 		}
+	}
+	for uid, p := range wantDSW.Pods {
+		if !reflect.DeepEqual(dsw.Pods[uid], p) {
+			out = append(out, fmt.Sprintf("desired pod %s", uid))
+		}
+	}
+	for name, v := range wantASW.Volumes {
+		if !reflect.DeepEqual(asw.Volumes[name], v) {
+			out = append(out, fmt.Sprintf("actual volume %s", name))
+		}
+	}
+	if len(out) == 0 && (!reflect.DeepEqual(dsw, wantDSW) || !reflect.DeepEqual(asw, wantASW)) {
+		out = append(out, "the snapshots")
 	}
 	slices.Sort(out)
 	return out

@@ -1147,7 +1147,11 @@ func TestReconcilerAdoptsAtFirstReadyPass(t *testing.T) {
 	if got := stripAdoptions(h.adopted); !reflect.DeepEqual(got, want) {
 		t.Errorf("adopted %s, want %s", rcJSON(got), rcJSON(want))
 	}
-	for _, m := range asw.PodMounts("p1") {
+	mounts := asw.PodMounts("p1")
+	if len(mounts) != 3 {
+		t.Errorf("after adoption, p1 has %d mounts, want 3", len(mounts))
+	}
+	for _, m := range mounts {
 		if m.State != cache.Mounted || m.Reconstructed {
 			t.Errorf("after adoption: %+v", m)
 		}
