@@ -485,4 +485,30 @@ func TestActualConcurrent(t *testing.T) {
 		}
 	}()
 	wg.Wait()
+
+	// No update was lost: each pod is mounted exactly when its worker's
+	// last word on it was a mount.
+	want := map[types.UID]bool{}
+	for w := range 4 {
+		for i := range 200 {
+			uid := types.UID(fmt.Sprintf("w%d-p%d", w, i%5))
+			switch i % 4 {
+			case 0:
+				want[uid] = true
+			case 3:
+				delete(want, uid)
+			}
+		}
+	}
+	v, ok := a.Volume(deviceID.Name)
+	if !ok || v.DeviceState != DeviceGloballyMounted {
+		t.Fatalf("volume = %+v, want its device mounted", v)
+	}
+	got := map[types.UID]bool{}
+	for uid, m := range v.Pods {
+		got[uid] = m.State == Mounted
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("mounted pods %v, want %v", got, want)
+	}
 }
