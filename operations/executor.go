@@ -154,18 +154,19 @@ func NewExecutor(opts ExecutorOptions) *Executor {
 func matches(a, b Key) bool { return a.Pod == "" || b.Pod == "" || a.Pod == b.Pod }
 
 // admit decides whether an operation named name may start on key now: not
-// while a conflicting operation runs (ErrAlreadyExists), nor while the key is
-// in backoff after the same operation failed (*BackoffError). When it may,
-// reuse is the failed entry to carry on (its backoff grows on another
-// failure), or nil. Run and Startable both decide through it. e.mu must be
-// held.
-func (e *Executor) admit(key Key, name Op, now time.Time) (reuse *entry, err error) {
+// while a conflicting operation runs, nor while the key is in backoff after
+// the same operation failed. It returns the failed entry the operation
+// carries on (its backoff grows on another failure), if any; when the
+// operation may not start, that entry is the one in backoff, or nil when a
+// conflicting operation runs. Run and Startable both decide through it.
+// e.mu must be held.
+func (e *Executor) admit(key Key, name Op, now time.Time) (reuse *entry, ok bool) {
 	for _, en := range e.byVolume[key.Volume] {
 		if !matches(en.key, key) {
 			continue
 		}
 		if en.pending {
-			return nil, ErrAlreadyExists
+			return nil, false
 		}
 		// A failed entry: prefer the exact key, else the first match.
 		if reuse == nil || (en.key == key && reuse.key != key) {
@@ -173,9 +174,9 @@ func (e *Executor) admit(key Key, name Op, now time.Time) (reuse *entry, err err
 		}
 	}
 	if reuse != nil && reuse.op.Name == name && now.Before(reuse.retryAt()) {
-		return nil, &BackoffError{RetryAt: reuse.retryAt(), LastErr: reuse.lastErr}
+		return reuse, false
 	}
-	return reuse, nil
+	return reuse, true
 }
 
 // Run starts op on key unless a conflicting operation is running
@@ -184,8 +185,12 @@ func (e *Executor) admit(key Key, name Op, now time.Time) (reuse *entry, err err
 func (e *Executor) Run(key Key, op *Operation) error {
 	now := e.opts.Clock.Now()
 	e.mu.Lock()
-	en, err := e.admit(key, op.Name, now)
-	if err != nil {
+	en, ok := e.admit(key, op.Name, now)
+	if !ok {
+		var err error = ErrAlreadyExists
+		if en != nil {
+			err = &BackoffError{RetryAt: en.retryAt(), LastErr: en.lastErr}
+		}
 		e.mu.Unlock()
 		return err
 	}
@@ -354,8 +359,7 @@ func (e *Executor) Startable(cands []Candidate) []bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for i, c := range cands {
-		_, err := e.admit(c.Key, c.Name, now)
-		out[i] = err == nil
+		_, out[i] = e.admit(c.Key, c.Name, now)
 	}
 	return out
 }
