@@ -172,7 +172,6 @@ func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
 	return reconciler.New(reconciler.Options{
 		DSW: a.dsw, ASW: a.asw, Executor: a.executor,
 		Handler:           handler,
-		Adopter:           handler,
 		SetUpWithoutMount: a.setUpWithoutMount,
 		SourcesReady:      a.populator.Ready,
 		SourcesComplete:   a.sourcesComplete,

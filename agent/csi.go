@@ -91,7 +91,7 @@ func (p *csiParts) retryOnChange(exec *operations.Executor, wake *notify.Signal)
 		retry(func(op *operations.Operation) bool { return op.Plugin == csiplugin.Name })
 	})
 	if p.attachments != nil {
-		waitingForAttach := func(op *operations.Operation) bool { return op.Name == "verify_attached" }
+		waitingForAttach := func(op *operations.Operation) bool { return op.Name == operations.OpVerifyAttached }
 		_, _ = p.attachments.informer.AddEventHandler(k8scache.ResourceEventHandlerFuncs{
 			AddFunc:    func(any) { retry(waitingForAttach) },
 			UpdateFunc: func(any, any) { retry(waitingForAttach) },

@@ -93,7 +93,7 @@ func (m *Metrics) registerState(dsw *cache.DesiredStateOfWorld, asw *cache.Actua
 
 // OperationFinished implements operations.Observer.
 func (m *Metrics) OperationFinished(_ operations.Key, op *operations.Operation, took time.Duration, err error, _ time.Duration) {
-	m.operationDuration.WithLabelValues(op.Name, op.Plugin, resultOf(err)).Observe(took.Seconds())
+	m.operationDuration.WithLabelValues(string(op.Name), op.Plugin, resultOf(err)).Observe(took.Seconds())
 }
 
 func resultOf(err error) string {
@@ -120,7 +120,7 @@ func (m *Metrics) PodVolumeError(err *volume.PodVolumeError) {
 // for every pod whose volumes all became mounted, how long that took.
 func (m *Metrics) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, actions []reconciler.Action, took time.Duration) {
 	m.reconcileDuration.Observe(took.Seconds())
-	perOp := map[reconciler.Op]int{}
+	perOp := map[operations.Op]int{}
 	for i := range actions {
 		perOp[actions[i].Op]++
 	}

@@ -30,20 +30,20 @@ type reporter struct {
 }
 
 // failureReasons maps operations to the event reason of their failure.
-var failureReasons = map[string]string{
-	"mount_volume":     events.FailedMount,
-	"mount_device":     events.FailedMount,
-	"verify_attached":  events.FailedAttachVolume,
-	"unmount_volume":   events.FailedUnmount,
-	"unmount_device":   events.FailedUnmountDevice,
-	"volume_fs_resize": events.VolumeResizeFailed,
+var failureReasons = map[operations.Op]string{
+	operations.OpMountVolume:    events.FailedMount,
+	operations.OpMountDevice:    events.FailedMount,
+	operations.OpVerifyAttached: events.FailedAttachVolume,
+	operations.OpUnmountVolume:  events.FailedUnmount,
+	operations.OpUnmountDevice:  events.FailedUnmountDevice,
+	operations.OpExpandVolume:   events.VolumeResizeFailed,
 }
 
 func (r *reporter) OperationFinished(key operations.Key, op *operations.Operation, took time.Duration, err error, retryIn time.Duration) {
 	r.metrics.OperationFinished(key, op, took, err, retryIn)
 	r.trimmer.operationFinished()
 	fields := []zap.Field{
-		zap.String("operation", op.Name), zap.String("volume", string(key.Volume)), zap.String("plugin", op.Plugin),
+		zap.String("operation", string(op.Name)), zap.String("volume", string(key.Volume)), zap.String("plugin", op.Plugin),
 		zap.Duration("took", took),
 	}
 	if key.Pod != "" {

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -370,16 +371,34 @@ func TestActualPodMounts(t *testing.T) {
 	}
 }
 
+// TestActualSnapshotImmutable: a snapshot never changes, whatever is
+// recorded after it was taken. The ASW is built twice the same way; the
+// snapshot of one must stay deeply equal to the other's (every field, the
+// values behind pointers included) while the first records every kind of
+// change.
 func TestActualSnapshotImmutable(t *testing.T) {
-	a, _ := newASW()
-	a.SetAttachState(deviceID, Attached, "/dev/sdb", nil)
-	a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "/g")
-	a.SetPodMount(deviceID, mountOf("p1", Mounted))
-	a.SetPodMount(perPodID, mountOf("p1", MountUncertain))
-	a.SetPodMount(remountID, mountOf("p1", Mounted))
-
+	build := func() *ActualStateOfWorld {
+		a, _ := newASW()
+		a.SetAttachState(deviceID, Attached, "/dev/sdb", map[string]string{"k": "v"})
+		a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "/g")
+		a.SetPodMount(deviceID, mountOf("p1", Mounted))
+		a.SetPodMount(perPodID, mountOf("p1", MountUncertain))
+		a.SetPodMount(remountID, mountOf("p1", Mounted))
+		q := resource.MustParse("1Gi")
+		a.SetSize(deviceID.Name, &q)
+		reconstructed := &ActualVolume{
+			Name: "test/found", Plugin: "test", DeviceState: DeviceGloballyMounted, DeviceReconstructed: true,
+			Pods: map[types.UID]*ActualPodMount{"p3": {Pod: testPod("p3").PodRef, State: MountUncertain, Reconstructed: true}},
+		}
+		a.AddReconstructed([]*ActualVolume{reconstructed})
+		return a
+	}
+	a := build()
 	s1 := a.Snapshot()
-	dump1 := dumpActual(s1)
+	want := build().Snapshot()
+	if !reflect.DeepEqual(s1, want) {
+		t.Fatal("two ASWs built the same way differ")
+	}
 	if a.Snapshot() != s1 {
 		t.Error("snapshot of an unchanged ASW rebuilt")
 	}
@@ -389,13 +408,16 @@ func TestActualSnapshotImmutable(t *testing.T) {
 	a.SetPodMount(deviceID, mountOf("p1", MountUncertain))
 	a.DeletePodMount(perPodID.Name, "p1")
 	a.SetDeviceState(deviceID, DeviceMountUncertain, "/dev/sdc", "/g2")
-	a.SetAttachState(deviceID, AttachUncertain, "", nil)
+	a.SetAttachState(deviceID, AttachUncertain, "", map[string]string{"k": "other"})
 	a.SetSize(deviceID.Name, &q)
 	a.SetResizeBlocked(deviceID.Name, "busy")
+	a.SetExpandAfterPublish(deviceID.Name)
 	a.MarkRemountRequired("p1")
+	a.Adopt(VolumeIdentity{Name: "test/found", Plugin: "test", Spec: &volume.Spec{Name: "found"}}, true,
+		map[types.UID]ActualPodMount{"p3": {Pod: testPod("p3").PodRef}})
 
-	if dump := dumpActual(s1); dump != dump1 {
-		t.Errorf("old snapshot changed:\nbefore: %s\nafter:  %s", dump1, dump)
+	if !reflect.DeepEqual(s1, want) {
+		t.Errorf("old snapshot changed:\nbefore: %s\nafter:  %s", dumpActual(want), dumpActual(s1))
 	}
 	s2 := a.Snapshot()
 	if s2 == s1 || s2.Generation <= s1.Generation {
@@ -404,16 +426,19 @@ func TestActualSnapshotImmutable(t *testing.T) {
 	if _, ok := s2.Volumes[perPodID.Name]; ok {
 		t.Error("new snapshot still has the deleted mount's volume")
 	}
-	if v := s2.Volumes[deviceID.Name]; v.DeviceState != DeviceMountUncertain || len(v.Pods) != 2 || v.Size == nil {
+	if v := s2.Volumes[deviceID.Name]; v.DeviceState != DeviceMountUncertain || len(v.Pods) != 2 || v.Size.Cmp(q) != 0 || !v.ExpandAfterPublish {
 		t.Errorf("new snapshot volume = %+v", v)
+	}
+	if m, _ := s2.PodMount("test/found", "p3"); m == nil || m.State != Mounted || m.Reconstructed {
+		t.Errorf("new snapshot: adopted mount = %+v", m)
 	}
 }
 
+// dumpActual shows a snapshot for failure messages.
 func dumpActual(s *ActualSnapshot) string {
 	var out []string
 	for name, v := range s.Volumes {
-		out = append(out, fmt.Sprintf("V %s %s %+v %p %s %s %s %s %v %s", name, v.Plugin, v.Attributes, v.Spec,
-			v.AttachState, v.DeviceState, v.DevicePath, v.DeviceMountPath, v.Size, v.ResizeBlocked))
+		out = append(out, fmt.Sprintf("V %s %+v", name, *v))
 		for uid, p := range v.Pods {
 			out = append(out, fmt.Sprintf("VP %s %s %+v", name, uid, *p))
 		}
@@ -460,4 +485,30 @@ func TestActualConcurrent(t *testing.T) {
 		}
 	}()
 	wg.Wait()
+
+	// No update was lost: each pod is mounted exactly when its worker's
+	// last word on it was a mount.
+	want := map[types.UID]bool{}
+	for w := range 4 {
+		for i := range 200 {
+			uid := types.UID(fmt.Sprintf("w%d-p%d", w, i%5))
+			switch i % 4 {
+			case 0:
+				want[uid] = true
+			case 3:
+				delete(want, uid)
+			}
+		}
+	}
+	v, ok := a.Volume(deviceID.Name)
+	if !ok || v.DeviceState != DeviceGloballyMounted {
+		t.Fatalf("volume = %+v, want its device mounted", v)
+	}
+	got := map[types.UID]bool{}
+	for uid, m := range v.Pods {
+		got[uid] = m.State == Mounted
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("mounted pods %v, want %v", got, want)
+	}
 }

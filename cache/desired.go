@@ -83,6 +83,12 @@ func (s *DesiredSnapshot) HasPodVolume(name volume.UniqueName, pod types.UID) bo
 	return ok
 }
 
+// HasVolume reports whether any pod wants the volume.
+func (s *DesiredSnapshot) HasVolume(name volume.UniqueName) bool {
+	_, ok := s.Volumes[name]
+	return ok
+}
+
 // DesiredStateOfWorld is the set of volumes the pods on this node want.
 type DesiredStateOfWorld struct {
 	clock   clock.PassiveClock

@@ -3,6 +3,7 @@ package cache
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -531,25 +532,41 @@ func TestDesiredSetPodStoresChanges(t *testing.T) {
 	}
 }
 
+// TestDesiredSnapshotImmutable: a snapshot never changes, whatever is set
+// after it was taken. The DSW is built twice the same way; the snapshot of
+// one must stay deeply equal to the other's (every field, the values behind
+// pointers included) while the first takes every kind of change.
 func TestDesiredSnapshotImmutable(t *testing.T) {
-	d, _ := newDSW()
-	pv := newPV("pv1", "1Gi")
-	shared := localPV(pv, "data")
-	a := emptyDir("A", "a")
-	d.SetPod(testPod("A"), []PodVolume{shared, a}, nil, nil)
-	d.SetPod(testPod("B"), []PodVolume{shared}, nil, nil)
-
+	withSecurity := func(uid string, fsGroup int64) volume.PodInfo {
+		p := testPod(uid)
+		limit := resource.MustParse("64Mi")
+		p.FSGroup, p.MemoryLimit = &fsGroup, &limit
+		return p
+	}
+	build := func() *DesiredStateOfWorld {
+		d, _ := newDSW()
+		pv := newPV("pv1", "1Gi")
+		d.SetPod(withSecurity("A", 1000), []PodVolume{localPV(pv, "data"), emptyDir("A", "a")}, nil, nil)
+		d.SetPod(testPod("B"), []PodVolume{sized(localPV(pv, "data"), "1Gi")}, []*volume.PodVolumeError{pvErr("B", "y", "PVCNotFound")}, []string{"y"})
+		return d
+	}
+	d := build()
 	s1 := d.Snapshot()
-	dump1 := dumpDesired(s1)
+	want := build().Snapshot()
+	if !reflect.DeepEqual(s1, want) {
+		t.Fatal("two DSWs built the same way differ")
+	}
 
 	// Every kind of change.
+	pv := newPV("pv1", "1Gi")
+	shared := localPV(pv, "data")
 	d.SetPod(testPod("C"), []PodVolume{shared, emptyDir("C", "c")}, nil, nil)
-	d.SetPod(testPod("A"), []PodVolume{shared}, []*volume.PodVolumeError{pvErr("A", "x", "PVCNotFound")}, []string{"x"})
+	d.SetPod(withSecurity("A", 2000), []PodVolume{shared}, []*volume.PodVolumeError{pvErr("A", "x", "PVCNotFound")}, []string{"x"})
 	d.DeletePod("B")
 	d.SetPod(testPod("C"), []PodVolume{sized(localPV(pv, "renamed"), "9Gi")}, nil, nil)
 
-	if dump := dumpDesired(s1); dump != dump1 {
-		t.Errorf("old snapshot changed:\nbefore: %s\nafter:  %s", dump1, dump)
+	if !reflect.DeepEqual(s1, want) {
+		t.Errorf("old snapshot changed:\nbefore: %s\nafter:  %s", dumpDesired(want), dumpDesired(s1))
 	}
 	s2 := d.Snapshot()
 	if s2 == s1 || s2.Generation <= s1.Generation {
@@ -558,14 +575,18 @@ func TestDesiredSnapshotImmutable(t *testing.T) {
 	if _, ok := s2.Pods["B"]; ok {
 		t.Error("new snapshot still has pod B")
 	}
-	if _, ok := s2.Volumes[a.Name]; ok {
+	if _, ok := s2.Volumes[volume.PodScopedName(emptyDirPlugin, "A", "a")]; ok {
 		t.Error("new snapshot still has A's emptyDir")
+	}
+	if p := s2.Pods["A"]; p == nil || p.Pod.FSGroup == nil || *p.Pod.FSGroup != 2000 {
+		t.Errorf("new snapshot: pod A = %+v", p)
 	}
 	if !s1.HasPodVolume(shared.Name, "B") || s2.HasPodVolume(shared.Name, "B") {
 		t.Error("HasPodVolume on snapshots does not follow them")
 	}
 }
 
+// dumpDesired shows a snapshot for failure messages.
 func dumpDesired(s *DesiredSnapshot) string {
 	var out []string
 	for name, v := range s.Volumes {

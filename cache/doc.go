@@ -6,4 +6,7 @@
 // Both are copy-on-write: an entry is never modified once published, a change
 // replaces it. A Snapshot is therefore a cheap, consistent, immutable view that
 // the planner can read without locks, and that the debug endpoint can encode.
+//
+// needs.go holds what is left to do for a volume as pure predicates over these
+// types, shared by the planner and the operations' checks when they run.
 package cache

@@ -24,9 +24,9 @@ type Key struct {
 
 // Operation is one attempt at changing the node's state.
 type Operation struct {
-	// Name is the operation kind ("mount_volume", ...), used for backoff
-	// bookkeeping (a different name resets the backoff) and metrics.
-	Name   string
+	// Name is the operation kind, used for backoff bookkeeping (a
+	// different name resets the backoff) and metrics.
+	Name   Op
 	Plugin string
 	Pod    volume.PodRef
 	// Waiting are the pods a volume-wide operation works for, so its
@@ -153,42 +153,56 @@ func NewExecutor(opts ExecutorOptions) *Executor {
 // matches reports whether an entry on the same volume conflicts with key.
 func matches(a, b Key) bool { return a.Pod == "" || b.Pod == "" || a.Pod == b.Pod }
 
-// Run starts op on key unless a conflicting operation is running
-// (ErrAlreadyExists) or the key is in backoff for the same operation
-// (*BackoffError). It does not wait for the operation.
-func (e *Executor) Run(key Key, op *Operation) error {
-	now := e.opts.Clock.Now()
-	e.mu.Lock()
-	entries := e.byVolume[key.Volume]
-	var reuse *entry
-	for _, en := range entries {
+// admit decides whether an operation named name may start on key now: not
+// while a conflicting operation runs, nor while the key is in backoff after
+// the same operation failed. It returns the failed entry the operation
+// carries on (its backoff grows on another failure), if any; when the
+// operation may not start, that entry is the one in backoff, or nil when a
+// conflicting operation runs. Run and Startable both decide through it.
+// e.mu must be held.
+func (e *Executor) admit(key Key, name Op, now time.Time) (reuse *entry, ok bool) {
+	for _, en := range e.byVolume[key.Volume] {
 		if !matches(en.key, key) {
 			continue
 		}
 		if en.pending {
-			e.mu.Unlock()
-			return ErrAlreadyExists
+			return nil, false
 		}
 		// A failed entry: prefer the exact key, else the first match.
 		if reuse == nil || (en.key == key && reuse.key != key) {
 			reuse = en
 		}
 	}
-	if reuse != nil {
-		if reuse.op.Name == op.Name && now.Before(reuse.retryAt()) {
-			err := &BackoffError{RetryAt: reuse.retryAt(), LastErr: reuse.lastErr}
-			e.mu.Unlock()
-			return err
-		}
-		if reuse.op.Name != op.Name {
-			reuse.delay, reuse.lastErr, reuse.lastErrTime = 0, nil, time.Time{}
-		}
-		reuse.key = key
-	} else {
-		reuse = &entry{key: key}
-		e.byVolume[key.Volume] = append(entries, reuse)
+	if reuse != nil && reuse.op.Name == name && now.Before(reuse.retryAt()) {
+		return reuse, false
 	}
-	en := reuse
+	return reuse, true
+}
+
+// Run starts op on key unless a conflicting operation is running
+// (ErrAlreadyExists) or the key is in backoff for the same operation
+// (*BackoffError). It does not wait for the operation.
+func (e *Executor) Run(key Key, op *Operation) error {
+	now := e.opts.Clock.Now()
+	e.mu.Lock()
+	en, ok := e.admit(key, op.Name, now)
+	if !ok {
+		var err error = ErrAlreadyExists
+		if en != nil {
+			err = &BackoffError{RetryAt: en.retryAt(), LastErr: en.lastErr}
+		}
+		e.mu.Unlock()
+		return err
+	}
+	if en != nil {
+		if en.op.Name != op.Name {
+			en.delay, en.lastErr, en.lastErrTime = 0, nil, time.Time{}
+		}
+		en.key = key
+	} else {
+		en = &entry{key: key}
+		e.byVolume[key.Volume] = append(e.byVolume[key.Volume], en)
+	}
 	en.op, en.pending, en.queued, en.timedOut, en.started = op, true, true, false, now
 	e.running++
 	e.queue = append(e.queue, en)
@@ -331,7 +345,7 @@ func (e *Executor) remove(en *entry) {
 // Candidate is an operation the caller would like to start.
 type Candidate struct {
 	Key  Key
-	Name string
+	Name Op
 }
 
 // Startable reports, for each candidate, whether Run would start it now (no
@@ -345,23 +359,7 @@ func (e *Executor) Startable(cands []Candidate) []bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for i, c := range cands {
-		out[i] = true
-		var reuse *entry
-		for _, en := range e.byVolume[c.Key.Volume] {
-			if !matches(en.key, c.Key) {
-				continue
-			}
-			if en.pending {
-				out[i] = false
-				break
-			}
-			if reuse == nil || (en.key == c.Key && reuse.key != c.Key) {
-				reuse = en
-			}
-		}
-		if out[i] && reuse != nil && reuse.op.Name == c.Name && now.Before(reuse.retryAt()) {
-			out[i] = false
-		}
+		_, out[i] = e.admit(c.Key, c.Name, now)
 	}
 	return out
 }
@@ -448,7 +446,7 @@ func (e *Executor) Status() []OperationStatus {
 	var out []OperationStatus
 	for _, entries := range e.byVolume {
 		for _, en := range entries {
-			s := OperationStatus{Volume: en.key.Volume, Operation: en.op.Name, Plugin: en.op.Plugin, Since: en.started}
+			s := OperationStatus{Volume: en.key.Volume, Operation: string(en.op.Name), Plugin: en.op.Plugin, Since: en.started}
 			if en.key.Pod != "" {
 				pod := en.op.Pod
 				s.Pod = &pod

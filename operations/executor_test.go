@@ -3,6 +3,7 @@ package operations
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,7 +22,7 @@ type finished struct {
 
 type result struct {
 	key     Key
-	name    string
+	name    Op
 	err     error
 	retryIn time.Duration
 }
@@ -54,7 +55,7 @@ func newTestExecutor(t *testing.T, opts ExecutorOptions) (*Executor, *clocktesti
 	return NewExecutor(opts), clk, obs
 }
 
-func op(name string, fn func(context.Context) error) *Operation {
+func op(name Op, fn func(context.Context) error) *Operation {
 	return &Operation{Name: name, Plugin: "test", Fn: fn}
 }
 
@@ -247,30 +248,73 @@ func TestExecutorPendingFirst(t *testing.T) {
 	obs.wait(t)
 }
 
+// TestExecutorExactMatchReused: a key's own failed entry decides its
+// backoff even when an entry of the whole volume comes first, and success
+// removes that entry and no other.
 func TestExecutorExactMatchReused(t *testing.T) {
 	const v = volume.UniqueName("plugin/v")
 	e, clk, obs := newTestExecutor(t, ExecutorOptions{})
-	for _, p := range []string{"pod1", "pod2", "pod3"} {
-		if err := e.Run(Key{v, types.UID(p)}, op("unmount_volume", failing)); err != nil {
+	for _, p := range []types.UID{"pod1", "pod2", "pod3"} {
+		if err := e.Run(Key{v, p}, podOp(OpUnmountVolume, p, failing)); err != nil {
 			t.Fatal(err)
 		}
 		obs.wait(t)
 	}
-	// A different operation on the whole volume reuses one failed entry.
-	if err := e.Run(Key{v, ""}, op("mount_device", failing)); err != nil {
+	// A different operation on the whole volume carries on the first
+	// failed entry (pod1's), which now comes first for every key.
+	if err := e.Run(Key{v, ""}, op(OpMountDevice, failing)); err != nil {
 		t.Fatalf("volume-wide Run = %v", err)
 	}
 	obs.wait(t)
+	if got, want := statusLines(e.Status()), []string{
+		"plugin/v mount_device backoff",
+		"plugin/v/pod2 unmount_volume backoff",
+		"plugin/v/pod3 unmount_volume backoff",
+	}; !slices.Equal(got, want) {
+		t.Fatalf("status = %q, want %q", got, want)
+	}
+	// pod2's own entry (unmount_volume, in backoff) decides, not the
+	// volume's (another operation) that comes first.
+	var b *BackoffError
+	if err := e.Run(Key{v, "pod2"}, podOp(OpUnmountVolume, "pod2", noop)); !errors.As(err, &b) {
+		t.Fatalf("pod2 retry during its backoff = %v, want *BackoffError", err)
+	}
 	clk.Step(time.Second)
-	if err := e.Run(Key{v, "pod2"}, op("unmount_volume", noop)); err != nil {
+	if err := e.Run(Key{v, "pod2"}, podOp(OpUnmountVolume, "pod2", noop)); err != nil {
 		t.Fatalf("pod2 retry = %v", err)
 	}
-	obs.wait(t)
-	for _, s := range e.Status() {
-		if s.Pod != nil && s.Pod.UID == "pod2" {
-			t.Fatalf("pod2 entry left after success: %+v", s)
-		}
+	if r := obs.wait(t); r.err != nil || r.key != (Key{v, "pod2"}) {
+		t.Fatalf("finished %v with %v, want pod2's retry to succeed", r.key, r.err)
 	}
+	if got, want := statusLines(e.Status()), []string{
+		"plugin/v mount_device backoff",
+		"plugin/v/pod3 unmount_volume backoff",
+	}; !slices.Equal(got, want) {
+		t.Errorf("after pod2's success, status = %q, want %q", got, want)
+	}
+	if err := e.LastError(Key{v, ""}); !errors.Is(err, errBoom) {
+		t.Errorf("the volume's failure was lost: LastError = %v", err)
+	}
+}
+
+// podOp is an operation for one pod (Status shows its pod).
+func podOp(name Op, pod types.UID, fn func(context.Context) error) *Operation {
+	o := op(name, fn)
+	o.Pod = volume.PodRef{UID: pod}
+	return o
+}
+
+// statusLines summarises Status as "volume[/pod] operation state".
+func statusLines(st []OperationStatus) []string {
+	var out []string
+	for _, s := range st {
+		key := string(s.Volume)
+		if s.Pod != nil {
+			key += "/" + string(s.Pod.UID)
+		}
+		out = append(out, key+" "+s.Operation+" "+s.State)
+	}
+	return out
 }
 
 func TestExecutorBoundedConcurrency(t *testing.T) {
@@ -297,6 +341,9 @@ func TestExecutorBoundedConcurrency(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+	if n := e.workerCount(); n != limit {
+		t.Errorf("%d workers for %d operations, want the limit %d", n, total, limit)
 	}
 	for i := 0; i < limit; i++ {
 		<-started
@@ -372,6 +419,13 @@ func TestExecutorStatusAndWait(t *testing.T) {
 	}
 }
 
+// workerCount is how many workers serve the queue.
+func (e *Executor) workerCount() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.workers
+}
+
 func waitUntil(t *testing.T, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -399,10 +453,14 @@ func TestExecutorStuckOperationDoesNotStarveOthers(t *testing.T) {
 	if err := e.Run(other, op("mount_device", noop)); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case r := <-obs.ch:
-		t.Fatalf("%v finished while the only worker was busy", r.key)
-	default:
+	// The only worker is busy: the operation waits in the queue, and no
+	// other worker was started for it (Run decides that before it returns,
+	// so this needs no waiting).
+	if n := e.workerCount(); n != 1 {
+		t.Fatalf("%d workers with MaxConcurrent 1", n)
+	}
+	if got := statusLines(e.Status()); !slices.Equal(got, []string{"plugin/other mount_device queued", "plugin/stuck mount_device running"}) {
+		t.Fatalf("status = %q, want other queued behind stuck", got)
 	}
 	waitUntil(t, func() bool { return clk.HasWaiters() })
 	clk.Step(2 * time.Hour)

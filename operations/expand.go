@@ -30,11 +30,8 @@ type ClaimStatus interface {
 // (online while pods use it, offline after staging and before any pod
 // does), then reports the new size on the claim.
 func (o *Operator) ExpandVolume(ctx context.Context, t *Target) error {
-	if t.DesiredSize == nil {
-		return ErrStale
-	}
-	av, ok := o.ASW.Volume(t.Volume)
-	if !ok || (av.Size != nil && av.Size.Cmp(*t.DesiredSize) >= 0) {
+	av, needed := o.needed(OpExpandVolume, t)
+	if !needed {
 		return ErrStale
 	}
 	p, err := o.plugin(t.Plugin)
@@ -42,14 +39,11 @@ func (o *Operator) ExpandVolume(ctx context.Context, t *Target) error {
 		return err
 	}
 	pvc := t.Spec.PVC
-	log := o.logger(t, "volume_fs_resize")
+	log := o.logger(t, OpExpandVolume)
 	ex, ok := p.(plugins.Expander)
 	if !ok {
 		log.Info("plugin cannot grow filesystems on the node; expansion counts as done")
 		return o.expansionDone(ctx, t, t.DesiredSize)
-	}
-	if av.Attributes.DeviceMountable && !av.DeviceState.MayBeMounted() {
-		return ErrStale
 	}
 	if pvc != nil && o.Claims != nil {
 		if err := o.Claims.ResizeInProgress(ctx, pvc); err != nil {
@@ -112,7 +106,7 @@ func (o *Operator) expansionFailed(ctx context.Context, t *Target, cause error) 
 	pvc := t.Spec.PVC
 	if pvc != nil && o.Claims != nil {
 		if err := o.Claims.ResizeFailed(ctx, pvc, cause); err != nil {
-			o.logger(t, "volume_fs_resize").Warn("could not record the failure on the claim", zap.Error(err))
+			o.logger(t, OpExpandVolume).Warn("could not record the failure on the claim", zap.Error(err))
 		}
 	}
 	if pvc != nil && o.Events != nil {

@@ -444,6 +444,14 @@ func TestExpandVolumeStale(t *testing.T) {
 		{"device no longer mounted", func(f *expandFixture) {
 			f.asw.SetDeviceState(f.id, cache.DeviceNotMounted, "", "")
 		}},
+		{"blocked until the pods change", func(f *expandFixture) {
+			f.asw.SetResizeBlocked(f.target.Volume, "in use")
+		}},
+		{"grows only once published, and no pod has it mounted", func(f *expandFixture) {
+			f.asw.SetExpandAfterPublish(f.target.Volume)
+			m := cache.ActualPodMount{Pod: f.pod1, SpecName: "pv-1", MountPath: "/var/lib/agent/pods/uid-1/volumes/x/pv-1", State: cache.MountUncertain, Spec: f.target.Spec}
+			f.asw.SetPodMount(f.id, m)
+		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

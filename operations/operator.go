@@ -59,8 +59,8 @@ func (t *Target) identity() cache.VolumeIdentity {
 	return cache.VolumeIdentity{Name: t.Volume, Plugin: t.Plugin, Attributes: t.Attributes, Spec: t.Spec}
 }
 
-func (o *Operator) logger(t *Target, op string) *zap.Logger {
-	l := o.Log.With(zap.String("volume", string(t.Volume)), zap.String("plugin", t.Plugin), zap.String("operation", op))
+func (o *Operator) logger(t *Target, op Op) *zap.Logger {
+	l := o.Log.With(zap.String("volume", string(t.Volume)), zap.String("plugin", t.Plugin), zap.String("operation", string(op)))
 	if t.Pod.UID != "" {
 		l = l.With(zap.String("pod", t.Pod.String()), zap.String("podUID", string(t.Pod.UID)))
 	}
@@ -77,6 +77,10 @@ func (o *Operator) plugin(name string) (plugins.Plugin, error) {
 
 // MountDevice mounts (stages) a shared volume's device at its global path.
 func (o *Operator) MountDevice(ctx context.Context, t *Target) error {
+	av, needed := o.needed(OpMountDevice, t)
+	if !needed {
+		return ErrStale
+	}
 	p, err := o.plugin(t.Plugin)
 	if err != nil {
 		return err
@@ -85,18 +89,11 @@ func (o *Operator) MountDevice(ctx context.Context, t *Target) error {
 	if !ok {
 		return fmt.Errorf("plugin %s cannot mount devices", t.Plugin)
 	}
-	av, _ := o.ASW.Volume(t.Volume)
-	if av != nil && av.DeviceState == cache.DeviceGloballyMounted {
-		return ErrStale
-	}
-	if t.Attributes.Attachable && (av == nil || av.AttachState != cache.Attached) {
-		return ErrStale
-	}
 	req := &plugins.DeviceRequest{
 		VolumeName: t.Volume, Spec: t.Spec, Identity: t.Attributes.Identity, Attachable: t.Attributes.Attachable,
 		DeviceMountPath: o.Paths.DeviceMountPath(t.Plugin, t.Attributes.Identity),
 		DesiredSize:     t.DesiredSize,
-		Log:             o.logger(t, "mount_device"),
+		Log:             o.logger(t, OpMountDevice),
 	}
 	if av != nil {
 		req.DevicePath, req.PublishContext = av.DevicePath, av.PublishContext
@@ -110,7 +107,7 @@ func (o *Operator) MountDevice(ctx context.Context, t *Target) error {
 			// now, the expansion (a no-op by then) and the report run
 			// again as an operation of their own.
 			if err := o.expansionDone(ctx, t, req.Resized); err != nil {
-				o.logger(t, "mount_device").Warn("volume grown offline; reporting it will be retried", zap.Error(err))
+				o.logger(t, OpMountDevice).Warn("volume grown offline; reporting it will be retried", zap.Error(err))
 			}
 		}
 	case volume.IsUncertain(err):
@@ -124,32 +121,27 @@ func (o *Operator) MountDevice(ctx context.Context, t *Target) error {
 
 // MountVolume sets a volume up for one pod.
 func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
+	av, needed := o.needed(OpMountVolume, t)
+	if !needed {
+		// E.g. planned from a snapshot taken before an earlier mount
+		// finished.
+		return ErrStale
+	}
 	p, err := o.plugin(t.Plugin)
 	if err != nil {
 		return err
 	}
-	av, _ := o.ASW.Volume(t.Volume)
 	req := &plugins.SetUpRequest{
 		VolumeName: t.Volume, Spec: t.Spec, Pod: t.Pod,
 		Dir: o.Paths.PodVolumeDir(t.Pod.UID, t.Plugin, t.SpecName),
-		Log: o.logger(t, "mount_volume"),
+		Log: o.logger(t, OpMountVolume),
 	}
 	if t.Attributes.DeviceMountable {
-		if av == nil || av.DeviceState != cache.DeviceGloballyMounted {
-			return ErrStale
-		}
 		req.DeviceMountPath = av.DeviceMountPath
 	}
+	prev := podMount(av, t)
 	if av != nil {
 		req.DevicePath, req.PublishContext = av.DevicePath, av.PublishContext
-	}
-	var prev *cache.ActualPodMount
-	if av != nil {
-		prev = av.Pods[t.Pod.UID]
-	}
-	if prev != nil && prev.State == cache.Mounted && !prev.RemountRequired {
-		// Planned from a snapshot taken before an earlier mount finished.
-		return ErrStale
 	}
 	err = p.SetUp(ctx, req)
 	mount := cache.ActualPodMount{Pod: t.Pod.PodRef, SpecName: t.SpecName, MountPath: req.Dir, Spec: t.Spec}
@@ -172,24 +164,18 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 // UnmountVolume tears a volume down for one pod and removes the pod's
 // directories that are left empty.
 func (o *Operator) UnmountVolume(ctx context.Context, t *Target, mountPath string) error {
-	if o.DSW.HasPodVolume(t.Volume, t.Pod.UID) {
+	av, needed := o.needed(OpUnmountVolume, t)
+	if !needed {
 		return ErrStale
 	}
 	p, err := o.plugin(t.Plugin)
 	if err != nil {
 		return err
 	}
-	av, ok := o.ASW.Volume(t.Volume)
-	if !ok {
-		return ErrStale
-	}
-	prev, ok := av.Pods[t.Pod.UID]
-	if !ok {
-		return ErrStale
-	}
+	prev := podMount(av, t)
 	req := &plugins.TearDownRequest{
 		VolumeName: t.Volume, Spec: prev.Spec, Pod: t.Pod.PodRef, Dir: mountPath,
-		DeviceMountPath: av.DeviceMountPath, Log: o.logger(t, "unmount_volume"),
+		DeviceMountPath: av.DeviceMountPath, Log: o.logger(t, OpUnmountVolume),
 	}
 	if err := p.TearDown(ctx, req); err != nil {
 		if prev.State != cache.MountUncertain {
@@ -218,14 +204,8 @@ func (o *Operator) removePodDirs(t *Target) {
 // UnmountDevice unmounts (unstages) a shared volume's device once no pod
 // uses it.
 func (o *Operator) UnmountDevice(ctx context.Context, t *Target) error {
-	if o.DSW.HasVolume(t.Volume) {
-		return ErrStale
-	}
-	av, ok := o.ASW.Volume(t.Volume)
-	if !ok || !av.DeviceState.MayBeMounted() {
-		return ErrStale
-	}
-	if len(av.Pods) > 0 {
+	av, needed := o.needed(OpUnmountDevice, t)
+	if !needed {
 		return ErrStale
 	}
 	p, err := o.plugin(t.Plugin)
@@ -239,7 +219,7 @@ func (o *Operator) UnmountDevice(ctx context.Context, t *Target) error {
 	req := &plugins.DeviceRequest{
 		VolumeName: t.Volume, Spec: av.Spec, Identity: av.Attributes.Identity,
 		DevicePath: av.DevicePath, DeviceMountPath: av.DeviceMountPath,
-		Log: o.logger(t, "unmount_device"),
+		Log: o.logger(t, OpUnmountDevice),
 	}
 	if req.DeviceMountPath == "" {
 		req.DeviceMountPath = o.Paths.DeviceMountPath(t.Plugin, av.Attributes.Identity)
@@ -259,6 +239,9 @@ func (o *Operator) UnmountDevice(ctx context.Context, t *Target) error {
 // (attaching it when the plugin attaches itself) and records what attaching
 // returned.
 func (o *Operator) VerifyAttached(ctx context.Context, t *Target) error {
+	if _, needed := o.needed(OpVerifyAttached, t); !needed {
+		return ErrStale
+	}
 	p, err := o.plugin(t.Plugin)
 	if err != nil {
 		return err
@@ -267,10 +250,7 @@ func (o *Operator) VerifyAttached(ctx context.Context, t *Target) error {
 	if !ok {
 		return fmt.Errorf("plugin %s cannot attach volumes", t.Plugin)
 	}
-	if av, ok := o.ASW.Volume(t.Volume); ok && av.AttachState == cache.Attached {
-		return ErrStale
-	}
-	res, err := at.Attach(ctx, &plugins.AttachRequest{VolumeName: t.Volume, Spec: t.Spec, Log: o.logger(t, "verify_attached")})
+	res, err := at.Attach(ctx, &plugins.AttachRequest{VolumeName: t.Volume, Spec: t.Spec, Log: o.logger(t, OpVerifyAttached)})
 	switch {
 	case err == nil:
 		o.ASW.SetAttachState(t.identity(), cache.Attached, res.DevicePath, res.PublishContext)
@@ -283,11 +263,8 @@ func (o *Operator) VerifyAttached(ctx context.Context, t *Target) error {
 // DetachVolume detaches a volume that no pod uses and whose device is
 // unmounted.
 func (o *Operator) DetachVolume(ctx context.Context, t *Target) error {
-	if o.DSW.HasVolume(t.Volume) {
-		return ErrStale
-	}
-	av, ok := o.ASW.Volume(t.Volume)
-	if !ok || len(av.Pods) > 0 || av.DeviceState.MayBeMounted() {
+	av, needed := o.needed(OpDetachVolume, t)
+	if !needed {
 		return ErrStale
 	}
 	p, err := o.plugin(t.Plugin)
@@ -298,7 +275,7 @@ func (o *Operator) DetachVolume(ctx context.Context, t *Target) error {
 	if !ok {
 		return fmt.Errorf("plugin %s cannot detach volumes", t.Plugin)
 	}
-	if err := at.Detach(ctx, &plugins.AttachRequest{VolumeName: t.Volume, Spec: av.Spec, Log: o.logger(t, "detach_volume")}); err != nil {
+	if err := at.Detach(ctx, &plugins.AttachRequest{VolumeName: t.Volume, Spec: av.Spec, Log: o.logger(t, OpDetachVolume)}); err != nil {
 		return err
 	}
 	o.ASW.SetAttachState(t.identity(), cache.NotAttached, "", nil)

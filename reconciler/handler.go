@@ -9,41 +9,47 @@ import (
 	"github.com/volume-agent/volume-agent/operations"
 )
 
-// OperatorHandler turns actions into calls of the Operator's bodies.
+// OperatorHandler is the Handler of the agent: it turns actions into calls of
+// the Operator's bodies and adopts through it.
 type OperatorHandler struct {
 	Operator *operations.Operator
 }
 
-// Operation implements Handler.
-func (h *OperatorHandler) Operation(a *Action) *operations.Operation {
-	t := &operations.Target{
+// target is what the operation of an action is about.
+func target(a *Action) *operations.Target {
+	return &operations.Target{
 		Volume: a.Volume, Plugin: a.Plugin, Attributes: a.Attributes,
 		Spec: a.Spec, Pod: a.Pod, SpecName: a.SpecName, DesiredSize: a.DesiredSize, Waiting: a.Pods,
 	}
+}
+
+// Operation implements Handler.
+func (h *OperatorHandler) Operation(a *Action) *operations.Operation {
+	t := target(a)
 	var fn func(context.Context) error
 	switch a.Op {
-	case OpMountDevice:
+	case operations.OpMountDevice:
 		fn = func(ctx context.Context) error { return h.Operator.MountDevice(ctx, t) }
-	case OpMountVolume:
+	case operations.OpMountVolume:
 		fn = func(ctx context.Context) error { return h.Operator.MountVolume(ctx, t) }
-	case OpUnmountVolume:
+	case operations.OpUnmountVolume:
 		mountPath := a.MountPath
 		fn = func(ctx context.Context) error { return h.Operator.UnmountVolume(ctx, t, mountPath) }
-	case OpUnmountDevice:
+	case operations.OpUnmountDevice:
 		fn = func(ctx context.Context) error { return h.Operator.UnmountDevice(ctx, t) }
-	case OpVerifyAttached:
+	case operations.OpVerifyAttached:
 		fn = func(ctx context.Context) error { return h.Operator.VerifyAttached(ctx, t) }
-	case OpDetachVolume:
+	case operations.OpDetachVolume:
 		fn = func(ctx context.Context) error { return h.Operator.DetachVolume(ctx, t) }
-	case OpExpandVolume:
+	case operations.OpExpandVolume:
 		fn = func(ctx context.Context) error { return h.Operator.ExpandVolume(ctx, t) }
 	default:
 		return nil
 	}
-	return &operations.Operation{Name: string(a.Op), Plugin: a.Plugin, Pod: a.Pod.PodRef, Waiting: a.Pods, Spec: a.Spec, Fn: fn}
+	return &operations.Operation{Name: a.Op, Plugin: a.Plugin, Pod: a.Pod.PodRef, Waiting: a.Pods, Spec: a.Spec, Fn: fn}
 }
 
-// Adopt implements Adopter through the Operator.
+// Adopt implements Handler through the Operator.
 func (h *OperatorHandler) Adopt(a Adoption) {
 	pods := make(map[types.UID]cache.ActualPodMount, len(a.Pods))
 	for uid, p := range a.Pods {

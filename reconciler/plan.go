@@ -4,36 +4,19 @@ import (
 	"sort"
 
 	"k8s.io/apimachinery/pkg/api/resource"
-
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
-// Op is the kind of an action; its value is also the operation's name in
-// logs, metrics and the debug endpoint.
-type Op string
-
-const (
-	// Phase 1: pods' mounts that are no longer wanted.
-	OpUnmountVolume Op = "unmount_volume"
-	// Phase 2: what pods want.
-	OpVerifyAttached Op = "verify_attached"
-	OpMountDevice    Op = "mount_device"
-	OpMountVolume    Op = "mount_volume"
-	OpExpandVolume   Op = "volume_fs_resize"
-	// Phase 3: devices no pod uses.
-	OpUnmountDevice Op = "unmount_device"
-	OpDetachVolume  Op = "detach_volume"
-)
-
 // phase orders operations: unmount, then mount, then device teardown.
-func (o Op) phase() int {
-	switch o {
-	case OpUnmountVolume:
+func phase(op operations.Op) int {
+	switch op {
+	case operations.OpUnmountVolume:
 		return 1
-	case OpUnmountDevice, OpDetachVolume:
+	case operations.OpUnmountDevice, operations.OpDetachVolume:
 		return 3
 	}
 	return 2
@@ -42,7 +25,7 @@ func (o Op) phase() int {
 // Action is one thing the node should do, as plain data: the planner's
 // output and the dispatcher's input.
 type Action struct {
-	Op         Op
+	Op         operations.Op
 	Volume     volume.UniqueName
 	Plugin     string
 	Attributes volume.Attributes
@@ -52,9 +35,9 @@ type Action struct {
 	// for teardown (nil if unknown after a restart).
 	Spec     *volume.Spec
 	SpecName string
-	// MountPath is the pod's mount, for OpUnmountVolume.
+	// MountPath is the pod's mount, for unmount_volume.
 	MountPath string
-	// DesiredSize is the size to grow to, for OpExpandVolume and for a
+	// DesiredSize is the size to grow to, for volume_fs_resize and for a
 	// device mount while expansion is pending.
 	DesiredSize *resource.Quantity
 	// Pods are the pods waiting for a volume-wide action (attach, device
@@ -94,7 +77,7 @@ func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOption
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		a, b := &out[i], &out[j]
-		if pa, pb := a.Op.phase(), b.Op.phase(); pa != pb {
+		if pa, pb := phase(a.Op), phase(b.Op); pa != pb {
 			return pa < pb
 		}
 		if a.Volume != b.Volume {
@@ -111,18 +94,15 @@ func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOption
 // volume because its claim could not be read).
 func planUnmounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, orphans bool, out []Action) []Action {
 	for _, av := range asw.Volumes {
-		dv := dsw.Volumes[av.Name]
 		for uid, m := range av.Pods {
-			if dv != nil {
-				if _, wanted := dv.Pods[uid]; wanted {
-					continue
-				}
+			if !cache.PodUnmountNeeded(dsw.HasPodVolume(av.Name, uid), m) {
+				continue
 			}
 			if protectedPod(dsw, uid) || (m.Reconstructed && !orphans) {
 				continue
 			}
 			out = append(out, Action{
-				Op: OpUnmountVolume, Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes,
+				Op: operations.OpUnmountVolume, Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes,
 				Pod: volume.PodInfo{PodRef: m.Pod}, Spec: m.Spec, SpecName: m.SpecName, MountPath: m.MountPath,
 				Reason: "no longer desired (mount " + string(m.State) + ")",
 			})
@@ -146,27 +126,27 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready boo
 		if !ready && av != nil && av.DeviceReconstructed {
 			continue
 		}
-		volumeAction := func(op Op, reason string) Action {
+		volumeAction := func(op operations.Op, reason string) Action {
 			return Action{Op: op, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes, Spec: dv.Spec, SpecName: dv.SpecName,
 				Pods: podRefs(dv), DesiredSize: dv.DesiredSize, Reason: reason}
 		}
-		if dv.Attributes.Attachable && (av == nil || av.AttachState != cache.Attached) {
-			out = append(out, volumeAction(OpVerifyAttached, "not attached"))
+		if cache.AttachNeeded(dv.Attributes, av) {
+			out = append(out, volumeAction(operations.OpVerifyAttached, "not attached"))
 			continue
 		}
-		if dv.Attributes.DeviceMountable && (av == nil || av.DeviceState != cache.DeviceGloballyMounted) {
+		if cache.DeviceMountNeeded(dv.Attributes, av) {
 			reason := "device not mounted"
 			if av != nil && av.DeviceState == cache.DeviceMountUncertain {
 				reason = "device mount uncertain"
 			}
-			out = append(out, volumeAction(OpMountDevice, reason))
+			out = append(out, volumeAction(operations.OpMountDevice, reason))
 			continue
 		}
-		expand := needsExpansion(dv, av)
-		if expand && dv.Attributes.DeviceMountable && !av.ExpandAfterPublish && !anyPodMounted(av) {
+		expand := cache.ExpansionNeeded(dv.DesiredSize, dv.Attributes, av)
+		if expand && dv.Attributes.DeviceMountable && !av.ExpandAfterPublish && !cache.AnyPodMounted(av) {
 			// Offline expansion: grow the staged filesystem before any pod
 			// gets it.
-			out = append(out, volumeAction(OpExpandVolume, expansionReason(dv, av)+" (before publishing)"))
+			out = append(out, volumeAction(operations.OpExpandVolume, expansionReason(dv, av)+" (before publishing)"))
 			continue
 		}
 		for uid, dp := range dv.Pods {
@@ -174,59 +154,29 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready boo
 			if av != nil {
 				m = av.Pods[uid]
 			}
-			reason := ""
+			if !cache.PodMountNeeded(m) {
+				continue
+			}
+			reason := "remount required"
 			switch {
 			case m == nil:
 				reason = "not mounted"
-			case m.State == cache.MountUncertain:
+			case m.State != cache.Mounted:
 				if m.Reconstructed && !ready {
 					continue
 				}
 				reason = "mount uncertain"
-			case m.RemountRequired:
-				reason = "remount required"
-			default:
-				continue
 			}
 			out = append(out, Action{
-				Op: OpMountVolume, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
+				Op: operations.OpMountVolume, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
 				Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, Reason: reason,
 			})
 		}
 		if expand {
-			out = append(out, volumeAction(OpExpandVolume, expansionReason(dv, av)))
+			out = append(out, volumeAction(operations.OpExpandVolume, expansionReason(dv, av)))
 		}
 	}
 	return out
-}
-
-// needsExpansion: node expansion is pending for the volume (the populator
-// set a desired size), the node has not yet made the filesystem fit it,
-// nothing said to stop retrying, and the volume is there to be grown: staged
-// for device-mountable volumes, mounted for some pod otherwise.
-func needsExpansion(dv *cache.DesiredVolume, av *cache.ActualVolume) bool {
-	if dv.DesiredSize == nil || av == nil || av.ResizeBlocked != "" {
-		return false
-	}
-	if av.Size != nil && dv.DesiredSize.Cmp(*av.Size) <= 0 {
-		return false
-	}
-	if dv.Attributes.DeviceMountable && !av.ExpandAfterPublish {
-		return av.DeviceState == cache.DeviceGloballyMounted
-	}
-	return anyPodMounted(av)
-}
-
-func anyPodMounted(av *cache.ActualVolume) bool {
-	if av == nil {
-		return false
-	}
-	for _, m := range av.Pods {
-		if m.State == cache.Mounted {
-			return true
-		}
-	}
-	return false
 }
 
 func expansionReason(dv *cache.DesiredVolume, av *cache.ActualVolume) string {
@@ -241,15 +191,16 @@ func expansionReason(dv *cache.DesiredVolume, av *cache.ActualVolume) string {
 // gets its device unmounted, then is detached.
 func planDeviceTeardown(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, orphans bool, out []Action) []Action {
 	for _, av := range asw.Volumes {
-		if _, wanted := dsw.Volumes[av.Name]; wanted || len(av.Pods) > 0 || (av.DeviceReconstructed && !orphans) {
+		if av.DeviceReconstructed && !orphans {
 			continue
 		}
+		wanted := dsw.HasVolume(av.Name)
 		a := Action{Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes, Spec: av.Spec}
 		switch {
-		case av.DeviceState.MayBeMounted():
-			a.Op, a.Reason = OpUnmountDevice, "no pod uses it (device "+string(av.DeviceState)+")"
-		case av.AttachState == cache.Attached || av.AttachState == cache.AttachUncertain:
-			a.Op, a.Reason = OpDetachVolume, "no pod uses it (attach "+string(av.AttachState)+")"
+		case cache.DeviceUnmountNeeded(wanted, av):
+			a.Op, a.Reason = operations.OpUnmountDevice, "no pod uses it (device "+string(av.DeviceState)+")"
+		case cache.DetachNeeded(wanted, av):
+			a.Op, a.Reason = operations.OpDetachVolume, "no pod uses it (attach "+string(av.AttachState)+")"
 		default:
 			continue
 		}

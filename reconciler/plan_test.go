@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -160,7 +161,7 @@ func actualSnapshot(vols []*cache.ActualVolume) *cache.ActualSnapshot {
 // act is the part of an Action the table compares. An empty reason in a
 // wanted act is not compared.
 type act struct {
-	op     Op
+	op     operations.Op
 	vol    volume.UniqueName
 	pod    types.UID
 	reason string
@@ -240,13 +241,13 @@ func planCases() []planCase {
 		{
 			name: "per-pod volume desired, not mounted",
 			dsw:  []*cache.DesiredVolume{dvol(vA, perPodAttrs, "p1")},
-			want: []act{{OpMountVolume, vA, "p1", "not mounted"}},
+			want: []act{{operations.OpMountVolume, vA, "p1", "not mounted"}},
 		},
 		{
 			name:     "per-pod volume desired, not mounted, before sources ready",
 			dsw:      []*cache.DesiredVolume{dvol(vA, perPodAttrs, "p1")},
 			notReady: true,
-			want:     []act{{OpMountVolume, vA, "p1", "not mounted"}},
+			want:     []act{{operations.OpMountVolume, vA, "p1", "not mounted"}},
 		},
 		{
 			name: "per-pod volume desired and mounted",
@@ -257,17 +258,17 @@ func planCases() []planCase {
 			name: "uncertain mount still desired is retried",
 			dsw:  []*cache.DesiredVolume{dvol(vA, perPodAttrs, "p1")},
 			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, uncertain("p1"))},
-			want: []act{{OpMountVolume, vA, "p1", "mount uncertain"}},
+			want: []act{{operations.OpMountVolume, vA, "p1", "mount uncertain"}},
 		},
 		{
 			name: "mounted but no longer desired",
 			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"))},
-			want: []act{{OpUnmountVolume, vA, "p1", "no longer desired (mount Mounted)"}},
+			want: []act{{operations.OpUnmountVolume, vA, "p1", "no longer desired (mount Mounted)"}},
 		},
 		{
 			name: "uncertain and no longer desired",
 			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, uncertain("p1"))},
-			want: []act{{OpUnmountVolume, vA, "p1", "no longer desired (mount Uncertain)"}},
+			want: []act{{operations.OpUnmountVolume, vA, "p1", "no longer desired (mount Uncertain)"}},
 		},
 		{
 			name:     "mounted, not desired, sources not ready: nothing destructive",
@@ -284,8 +285,8 @@ func planCases() []planCase {
 			dsw:  []*cache.DesiredVolume{dvol(vB, perPodAttrs, "p1")},
 			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"))},
 			want: []act{
-				{OpUnmountVolume, vA, "p1", ""},
-				{OpMountVolume, vB, "p1", "not mounted"},
+				{operations.OpUnmountVolume, vA, "p1", ""},
+				{operations.OpMountVolume, vB, "p1", "not mounted"},
 			},
 		},
 		{
@@ -293,20 +294,20 @@ func planCases() []planCase {
 			dsw:  []*cache.DesiredVolume{dvol(vDir, sharedDirAttrs, "p2")},
 			asw:  []*cache.ActualVolume{avol(vDir, sharedDirAttrs, mounted("p1"))},
 			want: []act{
-				{OpUnmountVolume, vDir, "p1", ""},
-				{OpMountVolume, vDir, "p2", "not mounted"},
+				{operations.OpUnmountVolume, vDir, "p1", ""},
+				{operations.OpMountVolume, vDir, "p2", "not mounted"},
 			},
 		},
 		{
 			name: "remount required",
 			dsw:  []*cache.DesiredVolume{dvol(vA, remountAttrs, "p1")},
 			asw:  []*cache.ActualVolume{avol(vA, remountAttrs, remount("p1"))},
-			want: []act{{OpMountVolume, vA, "p1", "remount required"}},
+			want: []act{{operations.OpMountVolume, vA, "p1", "remount required"}},
 		},
 		{
 			name: "remount required but not desired: unmount, not remount",
 			asw:  []*cache.ActualVolume{avol(vA, remountAttrs, remount("p1"))},
-			want: []act{{OpUnmountVolume, vA, "p1", ""}},
+			want: []act{{operations.OpUnmountVolume, vA, "p1", ""}},
 		},
 
 		// Protected pods.
@@ -325,19 +326,19 @@ func planCases() []planCase {
 			dsw:  []*cache.DesiredVolume{dvol(vB, perPodAttrs, "p1")},
 			pods: []*cache.DesiredPod{protected("p1", "data")},
 			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"))},
-			want: []act{{OpMountVolume, vB, "p1", "not mounted"}},
+			want: []act{{operations.OpMountVolume, vB, "p1", "not mounted"}},
 		},
 		{
 			name: "pod in DSW with no unresolved volumes is not protected",
 			pods: []*cache.DesiredPod{{Pod: podInfo("p1")}},
 			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"))},
-			want: []act{{OpUnmountVolume, vA, "p1", ""}},
+			want: []act{{operations.OpUnmountVolume, vA, "p1", ""}},
 		},
 		{
 			name: "protection is per pod: other pods' mounts are unmounted",
 			pods: []*cache.DesiredPod{protected("p1", "data")},
 			asw:  []*cache.ActualVolume{avol(vDir, sharedDirAttrs, mounted("p1", "p2"))},
-			want: []act{{OpUnmountVolume, vDir, "p2", ""}},
+			want: []act{{operations.OpUnmountVolume, vDir, "p2", ""}},
 		},
 		{
 			name: "protected pod keeps shared device mounted",
@@ -350,8 +351,8 @@ func planCases() []planCase {
 			name: "shared directory volume: one mount per pod, no device mount",
 			dsw:  []*cache.DesiredVolume{dvol(vDir, sharedDirAttrs, "p1", "p2")},
 			want: []act{
-				{OpMountVolume, vDir, "p1", "not mounted"},
-				{OpMountVolume, vDir, "p2", "not mounted"},
+				{operations.OpMountVolume, vDir, "p1", "not mounted"},
+				{operations.OpMountVolume, vDir, "p2", "not mounted"},
 			},
 		},
 
@@ -359,27 +360,27 @@ func planCases() []planCase {
 		{
 			name: "device not mounted: one mount_device for all pods, no mount_volume yet",
 			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1", "p2", "p3")},
-			want: []act{{OpMountDevice, vDev, "", "device not mounted"}},
+			want: []act{{operations.OpMountDevice, vDev, "", "device not mounted"}},
 		},
 		{
 			name: "device recorded NotMounted: mount_device",
 			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceNotMounted), uncertain("p1"))},
-			want: []act{{OpMountDevice, vDev, "", "device not mounted"}},
+			want: []act{{operations.OpMountDevice, vDev, "", "device not mounted"}},
 		},
 		{
 			name: "device mount uncertain: mount_device",
 			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceMountUncertain))},
-			want: []act{{OpMountDevice, vDev, "", "device mount uncertain"}},
+			want: []act{{operations.OpMountDevice, vDev, "", "device mount uncertain"}},
 		},
 		{
 			name: "device mounted: mount_volume for each pod not mounted",
 			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1", "p2", "p3")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p2"))},
 			want: []act{
-				{OpMountVolume, vDev, "p1", "not mounted"},
-				{OpMountVolume, vDev, "p3", "not mounted"},
+				{operations.OpMountVolume, vDev, "p1", "not mounted"},
+				{operations.OpMountVolume, vDev, "p3", "not mounted"},
 			},
 		},
 		{
@@ -391,22 +392,22 @@ func planCases() []planCase {
 			name: "one of two pods gone: unmount it, device stays",
 			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1", "p2"))},
-			want: []act{{OpUnmountVolume, vDev, "p2", ""}},
+			want: []act{{operations.OpUnmountVolume, vDev, "p2", ""}},
 		},
 		{
 			name: "last pod gone: unmount_volume, no unmount_device while it is mounted",
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"))},
-			want: []act{{OpUnmountVolume, vDev, "p1", ""}},
+			want: []act{{operations.OpUnmountVolume, vDev, "p1", ""}},
 		},
 		{
 			name: "no pods left: unmount_device",
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted))},
-			want: []act{{OpUnmountDevice, vDev, "", "no pod uses it (device GloballyMounted)"}},
+			want: []act{{operations.OpUnmountDevice, vDev, "", "no pod uses it (device GloballyMounted)"}},
 		},
 		{
 			name: "no pods left, device uncertain: unmount_device",
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceMountUncertain))},
-			want: []act{{OpUnmountDevice, vDev, "", "no pod uses it (device Uncertain)"}},
+			want: []act{{operations.OpUnmountDevice, vDev, "", "no pod uses it (device Uncertain)"}},
 		},
 		{
 			name:     "no pods left, sources not ready: device kept",
@@ -417,69 +418,69 @@ func planCases() []planCase {
 			name: "device mounted, no pod mounted, still desired: mount pods, no teardown",
 			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted))},
-			want: []act{{OpMountVolume, vDev, "p1", "not mounted"}},
+			want: []act{{operations.OpMountVolume, vDev, "p1", "not mounted"}},
 		},
 		{
 			name: "device uncertain, pod mount uncertain, still desired: mount_device first",
 			dsw:  []*cache.DesiredVolume{dvol(vDev, deviceAttrs, "p1")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceMountUncertain), uncertain("p1"))},
-			want: []act{{OpMountDevice, vDev, "", "device mount uncertain"}},
+			want: []act{{operations.OpMountDevice, vDev, "", "device mount uncertain"}},
 		},
 		{
 			name: "device uncertain, pod mount not desired: unmount the pod first",
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceMountUncertain), uncertain("p1"))},
-			want: []act{{OpUnmountVolume, vDev, "p1", "no longer desired (mount Uncertain)"}},
+			want: []act{{operations.OpUnmountVolume, vDev, "p1", "no longer desired (mount Uncertain)"}},
 		},
 
 		// Attachable volumes.
 		{
 			name: "attachable, not in ASW: verify_attached only",
 			dsw:  []*cache.DesiredVolume{dvol(vDisk, attachableAttrs, "p1", "p2")},
-			want: []act{{OpVerifyAttached, vDisk, "", "not attached"}},
+			want: []act{{operations.OpVerifyAttached, vDisk, "", "not attached"}},
 		},
 		{
 			name: "attachable, NotAttached: verify_attached only",
 			dsw:  []*cache.DesiredVolume{dvol(vDisk, attachableAttrs, "p1")},
 			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.NotAttached))},
-			want: []act{{OpVerifyAttached, vDisk, "", "not attached"}},
+			want: []act{{operations.OpVerifyAttached, vDisk, "", "not attached"}},
 		},
 		{
 			name: "attachable, attach uncertain: verify_attached only",
 			dsw:  []*cache.DesiredVolume{dvol(vDisk, attachableAttrs, "p1")},
 			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.AttachUncertain))},
-			want: []act{{OpVerifyAttached, vDisk, "", "not attached"}},
+			want: []act{{operations.OpVerifyAttached, vDisk, "", "not attached"}},
 		},
 		{
 			name: "attached, device not mounted: mount_device",
 			dsw:  []*cache.DesiredVolume{dvol(vDisk, attachableAttrs, "p1")},
 			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.Attached))},
-			want: []act{{OpMountDevice, vDisk, "", "device not mounted"}},
+			want: []act{{operations.OpMountDevice, vDisk, "", "device not mounted"}},
 		},
 		{
 			name: "attached, device mounted: mount_volume",
 			dsw:  []*cache.DesiredVolume{dvol(vDisk, attachableAttrs, "p1")},
 			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted))},
-			want: []act{{OpMountVolume, vDisk, "p1", "not mounted"}},
+			want: []act{{operations.OpMountVolume, vDisk, "p1", "not mounted"}},
 		},
 		{
 			name: "attached, not wanted, device not mounted: detach_volume",
 			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.Attached))},
-			want: []act{{OpDetachVolume, vDisk, "", "no pod uses it (attach Attached)"}},
+			want: []act{{operations.OpDetachVolume, vDisk, "", "no pod uses it (attach Attached)"}},
 		},
 		{
 			name: "attach uncertain, not wanted: detach_volume",
 			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.AttachUncertain))},
-			want: []act{{OpDetachVolume, vDisk, "", "no pod uses it (attach Uncertain)"}},
+			want: []act{{operations.OpDetachVolume, vDisk, "", "no pod uses it (attach Uncertain)"}},
 		},
 		{
 			name: "attached, not wanted, device mounted: unmount_device before detach",
 			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted))},
-			want: []act{{OpUnmountDevice, vDisk, "", ""}},
+			want: []act{{operations.OpUnmountDevice, vDisk, "", ""}},
 		},
 		{
 			name: "attached, not wanted, pod still mounted: unmount_volume only",
 			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted), mounted("p1"))},
-			want: []act{{OpUnmountVolume, vDisk, "p1", ""}},
+			want: []act{{operations.OpUnmountVolume, vDisk, "p1", ""}},
 		},
 		{
 			name:     "attached, not wanted, sources not ready: not detached",
@@ -490,7 +491,7 @@ func planCases() []planCase {
 			name: "attached, still desired, no pods mounted: no detach",
 			dsw:  []*cache.DesiredVolume{dvol(vDisk, attachableAttrs, "p1")},
 			asw:  []*cache.ActualVolume{avol(vDisk, attachableAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted))},
-			want: []act{{OpMountVolume, vDisk, "p1", ""}},
+			want: []act{{operations.OpMountVolume, vDisk, "p1", ""}},
 		},
 		{
 			name: "attach not needed, not wanted: nothing to detach",
@@ -502,49 +503,49 @@ func planCases() []planCase {
 			name: "desired size larger, all pods mounted: expand_volume",
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1", "p2"), "2Gi")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1", "p2"), size("1Gi"))},
-			want: []act{{OpExpandVolume, vDev, "", "filesystem must grow to 2Gi (node made it fit 1Gi)"}},
+			want: []act{{operations.OpExpandVolume, vDev, "", "filesystem must grow to 2Gi (node made it fit 1Gi)"}},
 		},
 		{
 			name: "per-pod volume larger: expand_volume",
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vA, perPodAttrs, "p1"), "10Gi")},
 			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"), size("5Gi"))},
-			want: []act{{OpExpandVolume, vA, "", "filesystem must grow to 10Gi (node made it fit 5Gi)"}},
+			want: []act{{operations.OpExpandVolume, vA, "", "filesystem must grow to 10Gi (node made it fit 5Gi)"}},
 		},
 		{
 			name: "desired size larger, one pod not mounted: online expansion and mount (the executor serialises them)",
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1", "p2"), "2Gi")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"), size("1Gi"))},
-			want: []act{{OpExpandVolume, vDev, "", ""}, {OpMountVolume, vDev, "p2", "not mounted"}},
+			want: []act{{operations.OpExpandVolume, vDev, "", ""}, {operations.OpMountVolume, vDev, "p2", "not mounted"}},
 		},
 		{
 			name: "desired size larger, one pod mount uncertain: expansion and remount",
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1", "p2"), "2Gi")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"), uncertain("p2"), size("1Gi"))},
-			want: []act{{OpExpandVolume, vDev, "", ""}, {OpMountVolume, vDev, "p2", "mount uncertain"}},
+			want: []act{{operations.OpExpandVolume, vDev, "", ""}, {operations.OpMountVolume, vDev, "p2", "mount uncertain"}},
 		},
 		{
 			name: "offline expansion: staged, no pod mounted yet: grow before publishing",
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1", "p2"), "2Gi")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), size("1Gi"))},
-			want: []act{{OpExpandVolume, vDev, "", "filesystem must grow to 2Gi (node made it fit 1Gi) (before publishing)"}},
+			want: []act{{operations.OpExpandVolume, vDev, "", "filesystem must grow to 2Gi (node made it fit 1Gi) (before publishing)"}},
 		},
 		{
 			name: "offline expansion with the size not known yet",
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1"), "2Gi")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted))},
-			want: []act{{OpExpandVolume, vDev, "", "filesystem must grow to 2Gi (node made it fit unknown) (before publishing)"}},
+			want: []act{{operations.OpExpandVolume, vDev, "", "filesystem must grow to 2Gi (node made it fit unknown) (before publishing)"}},
 		},
 		{
 			name: "per-pod volume not mounted yet: mount first, no expansion",
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vA, perPodAttrs, "p1"), "10Gi")},
 			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, uncertain("p1"), size("5Gi"))},
-			want: []act{{OpMountVolume, vA, "p1", "mount uncertain"}},
+			want: []act{{operations.OpMountVolume, vA, "p1", "mount uncertain"}},
 		},
 		{
 			name: "desired size larger, device not mounted: no expansion",
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1"), "2Gi")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceMountUncertain), size("1Gi"))},
-			want: []act{{OpMountDevice, vDev, "", ""}},
+			want: []act{{operations.OpMountDevice, vDev, "", ""}},
 		},
 		{
 			name: "resize blocked: no expansion",
@@ -565,7 +566,7 @@ func planCases() []planCase {
 			name: "ASW size unknown: expand (growing is idempotent)",
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1"), "2Gi")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1"))},
-			want: []act{{OpExpandVolume, vDev, "", "filesystem must grow to 2Gi (node made it fit unknown)"}},
+			want: []act{{operations.OpExpandVolume, vDev, "", "filesystem must grow to 2Gi (node made it fit unknown)"}},
 		},
 		{
 			name: "desired size unknown: no expansion",
@@ -577,8 +578,8 @@ func planCases() []planCase {
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vDev, deviceAttrs, "p1"), "2Gi")},
 			asw:  []*cache.ActualVolume{avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1", "p2"), size("1Gi"))},
 			want: []act{
-				{OpUnmountVolume, vDev, "p2", ""},
-				{OpExpandVolume, vDev, "", ""},
+				{operations.OpUnmountVolume, vDev, "p2", ""},
+				{operations.OpExpandVolume, vDev, "", ""},
 			},
 		},
 
@@ -597,14 +598,14 @@ func planCases() []planCase {
 				avol(vB, perPodAttrs, uncertain("p2")),
 			},
 			want: []act{
-				{OpUnmountVolume, vA, "p1", ""},
-				{OpUnmountVolume, vA, "p9", ""},
-				{OpMountVolume, vB, "p2", "mount uncertain"},
-				{OpMountVolume, vC, "p1", "not mounted"},
-				{OpMountVolume, vC, "p3", "not mounted"},
-				{OpVerifyAttached, vDisk, "", ""},
-				{OpDetachVolume, "test/plugin/att", "", ""},
-				{OpUnmountDevice, vDev, "", ""},
+				{operations.OpUnmountVolume, vA, "p1", ""},
+				{operations.OpUnmountVolume, vA, "p9", ""},
+				{operations.OpMountVolume, vB, "p2", "mount uncertain"},
+				{operations.OpMountVolume, vC, "p1", "not mounted"},
+				{operations.OpMountVolume, vC, "p3", "not mounted"},
+				{operations.OpVerifyAttached, vDisk, "", ""},
+				{operations.OpDetachVolume, "test/plugin/att", "", ""},
+				{operations.OpUnmountDevice, vDev, "", ""},
 			},
 		},
 		{
@@ -620,9 +621,9 @@ func planCases() []planCase {
 			},
 			notReady: true,
 			want: []act{
-				{OpMountVolume, vC, "p1", ""},
-				{OpMountVolume, vC, "p3", ""},
-				{OpMountVolume, vDev, "p2", ""},
+				{operations.OpMountVolume, vC, "p1", ""},
+				{operations.OpMountVolume, vC, "p3", ""},
+				{operations.OpMountVolume, vDev, "p2", ""},
 			},
 		},
 		{
@@ -631,11 +632,11 @@ func planCases() []planCase {
 			asw: []*cache.ActualVolume{avol(vDir, sharedDirAttrs,
 				mounted("p1"), uncertain("p2"), mounted("p5"), uncertain("p6"))},
 			want: []act{
-				{OpUnmountVolume, vDir, "p5", "no longer desired (mount Mounted)"},
-				{OpUnmountVolume, vDir, "p6", "no longer desired (mount Uncertain)"},
-				{OpMountVolume, vDir, "p2", "mount uncertain"},
-				{OpMountVolume, vDir, "p3", "not mounted"},
-				{OpMountVolume, vDir, "p4", "not mounted"},
+				{operations.OpUnmountVolume, vDir, "p5", "no longer desired (mount Mounted)"},
+				{operations.OpUnmountVolume, vDir, "p6", "no longer desired (mount Uncertain)"},
+				{operations.OpMountVolume, vDir, "p2", "mount uncertain"},
+				{operations.OpMountVolume, vDir, "p3", "not mounted"},
+				{operations.OpMountVolume, vDir, "p4", "not mounted"},
 			},
 		},
 		{
@@ -643,8 +644,8 @@ func planCases() []planCase {
 			dsw:  []*cache.DesiredVolume{withSize(dvol(vA, remountAttrs, "p1"), "2Gi")},
 			asw:  []*cache.ActualVolume{avol(vA, remountAttrs, remount("p1"), size("1Gi"))},
 			want: []act{
-				{OpExpandVolume, vA, "", ""},
-				{OpMountVolume, vA, "p1", "remount required"},
+				{operations.OpExpandVolume, vA, "", ""},
+				{operations.OpMountVolume, vA, "p1", "remount required"},
 			},
 		},
 	}
@@ -718,12 +719,12 @@ func TestPlanActionFields(t *testing.T) {
 			name string
 			dv   *cache.DesiredVolume
 			av   *cache.ActualVolume
-			op   Op
+			op   operations.Op
 		}{
-			{"verify_attached", dvol(vDisk, attachableAttrs, "p3", "p1", "p2"), nil, OpVerifyAttached},
-			{"mount_device", dvol(vDev, deviceAttrs, "p3", "p1", "p2"), nil, OpMountDevice},
+			{"verify_attached", dvol(vDisk, attachableAttrs, "p3", "p1", "p2"), nil, operations.OpVerifyAttached},
+			{"mount_device", dvol(vDev, deviceAttrs, "p3", "p1", "p2"), nil, operations.OpMountDevice},
 			{"volume_fs_resize", withSize(dvol(vDev, deviceAttrs, "p3", "p1", "p2"), "2Gi"),
-				avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1", "p2", "p3"), size("1Gi")), OpExpandVolume},
+				avol(vDev, deviceAttrs, device(cache.DeviceGloballyMounted), mounted("p1", "p2", "p3"), size("1Gi")), operations.OpExpandVolume},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				var avs []*cache.ActualVolume
@@ -748,54 +749,81 @@ func TestPlanActionFields(t *testing.T) {
 	t.Run("device teardown carries the recorded spec", func(t *testing.T) {
 		av := avol(vDisk, attachableAttrs, attach(cache.Attached), device(cache.DeviceMountUncertain))
 		got := Plan(desiredSnapshot(nil, nil), actualSnapshot([]*cache.ActualVolume{av}), PlanOptions{SourcesReady: true})
-		if len(got) != 1 || got[0].Op != OpUnmountDevice || got[0].Spec != av.Spec || got[0].Attributes != attachableAttrs {
+		if len(got) != 1 || got[0].Op != operations.OpUnmountDevice || got[0].Spec != av.Spec || got[0].Attributes != attachableAttrs {
 			t.Fatalf("got %+v", got)
 		}
 	})
 }
 
 // TestPlanDoesNotModifyInputs: Plan is pure; snapshots are shared with other
-// readers.
+// readers. Each world is built twice with nothing shared between the copies
+// (specs included); Plan reads one, and it must still equal the other, values
+// behind pointers included.
 func TestPlanDoesNotModifyInputs(t *testing.T) {
-	c := planCases()
-	var dvs []*cache.DesiredVolume
-	var avs []*cache.ActualVolume
-	for _, tc := range c {
-		dvs = append(dvs, tc.dsw...)
-		avs = append(avs, tc.asw...)
+	var worlds []func() (*cache.DesiredSnapshot, *cache.ActualSnapshot)
+	for _, tc := range planCases() {
+		worlds = append(worlds, func() (*cache.DesiredSnapshot, *cache.ActualSnapshot) {
+			// planCases again: fresh fixtures for every copy.
+			for _, c := range planCases() {
+				if c.name == tc.name {
+					return desiredSnapshot(c.dsw, c.pods), actualSnapshot(c.asw)
+				}
+			}
+			panic("no plan case " + tc.name)
+		})
 	}
-	// Later fixtures of a name replace earlier ones; that is fine here.
-	dsw := desiredSnapshot(dvs, nil)
-	asw := actualSnapshot(avs)
-	before := fmt.Sprintf("%#v %#v", deref(dsw), derefA(asw))
-	Plan(dsw, asw, PlanOptions{SourcesReady: true})
-	if after := fmt.Sprintf("%#v %#v", deref(dsw), derefA(asw)); after != before {
-		t.Errorf("Plan modified its inputs")
+	for i := range 50 {
+		worlds = append(worlds, func() (*cache.DesiredSnapshot, *cache.ActualSnapshot) {
+			r := rand.New(rand.NewPCG(uint64(i), 7))
+			dsw, asw := randomWorld(r, 20, 10)
+			enrichWorld(r, dsw, asw)
+			return dsw, asw
+		})
+	}
+	for i, build := range worlds {
+		for _, opts := range []PlanOptions{{}, {SourcesReady: true}, {SourcesReady: true, OrphanCleanupAllowed: true}} {
+			dsw, asw := buildIsolated(build)
+			wantDSW, wantASW := buildIsolated(build)
+			if !reflect.DeepEqual(dsw, wantDSW) || !reflect.DeepEqual(asw, wantASW) {
+				t.Fatalf("world %d: two builds differ before planning", i)
+			}
+			Plan(dsw, asw, opts)
+			for _, d := range diffWorlds(dsw, asw, wantDSW, wantASW) {
+				t.Errorf("world %d, %+v: Plan modified %s", i, opts, d)
+			}
+		}
 	}
 }
 
-func deref(s *cache.DesiredSnapshot) []string {
-	var out []string
-	for _, v := range s.Volumes {
-		out = append(out, fmt.Sprintf("%+v", *v))
-		for _, p := range v.Pods {
-			out = append(out, fmt.Sprintf("%+v", *p))
-		}
-	}
-	for _, p := range s.Pods {
-		out = append(out, fmt.Sprintf("%+v", *p))
-	}
-	slices.Sort(out)
-	return out
+// buildIsolated builds a world with specs of its own.
+func buildIsolated(build func() (*cache.DesiredSnapshot, *cache.ActualSnapshot)) (*cache.DesiredSnapshot, *cache.ActualSnapshot) {
+	saved := specs
+	defer func() { specs = saved }()
+	specs = map[string]*volume.Spec{}
+	return build()
 }
 
-func derefA(s *cache.ActualSnapshot) []string {
+// diffWorlds names the entries that differ, comparing the values behind
+// every pointer.
+func diffWorlds(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, wantDSW *cache.DesiredSnapshot, wantASW *cache.ActualSnapshot) []string {
 	var out []string
-	for _, v := range s.Volumes {
-		out = append(out, fmt.Sprintf("%+v", *v))
-		for _, p := range v.Pods {
-			out = append(out, fmt.Sprintf("%+v", *p))
+	for name, v := range wantDSW.Volumes {
+		if !reflect.DeepEqual(dsw.Volumes[name], v) {
+			out = append(out, fmt.Sprintf("desired volume %s", name))
 		}
+	}
+	for uid, p := range wantDSW.Pods {
+		if !reflect.DeepEqual(dsw.Pods[uid], p) {
+			out = append(out, fmt.Sprintf("desired pod %s", uid))
+		}
+	}
+	for name, v := range wantASW.Volumes {
+		if !reflect.DeepEqual(asw.Volumes[name], v) {
+			out = append(out, fmt.Sprintf("actual volume %s", name))
+		}
+	}
+	if len(out) == 0 && (!reflect.DeepEqual(dsw, wantDSW) || !reflect.DeepEqual(asw, wantASW)) {
+		out = append(out, "the snapshots")
 	}
 	slices.Sort(out)
 	return out
@@ -863,7 +891,7 @@ func TestPlanInvariants(t *testing.T) {
 			if again := Plan(dsw, asw, PlanOptions{SourcesReady: ready}); !reflect.DeepEqual(got, again) {
 				t.Fatalf("%s: Plan is not deterministic:\n%v\n%v", ctx, summarize(got), summarize(again))
 			}
-			perVolume := map[volume.UniqueName][]Op{}
+			perVolume := map[volume.UniqueName][]operations.Op{}
 			for j, a := range got {
 				if j > 0 {
 					p := got[j-1]
@@ -872,45 +900,45 @@ func TestPlanInvariants(t *testing.T) {
 					}
 				}
 				perVolume[a.Volume] = append(perVolume[a.Volume], a.Op)
-				if !ready && a.Op.phase() != 2 {
+				if !ready && phase(a.Op) != 2 {
 					t.Fatalf("%s: destructive %s before sources are ready", ctx, a.Op)
 				}
 				dv := dsw.Volumes[a.Volume]
 				av := asw.Volumes[a.Volume]
 				switch a.Op {
-				case OpMountVolume:
+				case operations.OpMountVolume:
 					if dv == nil || dv.Pods[a.Pod.UID] == nil {
 						t.Fatalf("%s: %v for a pod that does not want the volume", ctx, a)
 					}
 					if dv.Attributes.DeviceMountable && (av == nil || av.DeviceState != cache.DeviceGloballyMounted) {
 						t.Fatalf("%s: %v before its device is mounted", ctx, a)
 					}
-				case OpUnmountVolume:
+				case operations.OpUnmountVolume:
 					if dsw.HasPodVolume(a.Volume, a.Pod.UID) {
 						t.Fatalf("%s: %v of a wanted mount", ctx, a)
 					}
 					if p := dsw.Pods[a.Pod.UID]; p != nil && len(p.Unresolved) > 0 {
 						t.Fatalf("%s: %v of a protected pod", ctx, a)
 					}
-				case OpUnmountDevice, OpDetachVolume:
+				case operations.OpUnmountDevice, operations.OpDetachVolume:
 					if dv != nil || len(av.Pods) > 0 {
 						t.Fatalf("%s: %v of a volume still wanted or mounted", ctx, a)
 					}
-				case OpVerifyAttached, OpMountDevice, OpExpandVolume:
+				case operations.OpVerifyAttached, operations.OpMountDevice, operations.OpExpandVolume:
 					if dv == nil || a.Pod.UID != "" {
 						t.Fatalf("%s: %v of an unwanted volume or with a pod", ctx, a)
 					}
 				}
 			}
 			for name, ops := range perVolume {
-				mountSide := slices.DeleteFunc(slices.Clone(ops), func(o Op) bool { return o == OpUnmountVolume })
-				if slices.Contains(ops, OpVerifyAttached) && len(mountSide) > 1 {
+				mountSide := slices.DeleteFunc(slices.Clone(ops), func(o operations.Op) bool { return o == operations.OpUnmountVolume })
+				if slices.Contains(ops, operations.OpVerifyAttached) && len(mountSide) > 1 {
 					t.Fatalf("%s: %s: verify_attached together with %v", ctx, name, ops)
 				}
-				if slices.Contains(ops, OpMountDevice) && slices.Contains(ops, OpMountVolume) {
+				if slices.Contains(ops, operations.OpMountDevice) && slices.Contains(ops, operations.OpMountVolume) {
 					t.Fatalf("%s: %s: mount_device together with mount_volume", ctx, name)
 				}
-				if slices.Contains(ops, OpUnmountDevice) && slices.Contains(ops, OpDetachVolume) {
+				if slices.Contains(ops, operations.OpUnmountDevice) && slices.Contains(ops, operations.OpDetachVolume) {
 					t.Fatalf("%s: %s: unmount_device together with detach", ctx, name)
 				}
 			}
@@ -919,7 +947,7 @@ func TestPlanInvariants(t *testing.T) {
 }
 
 func sortKey(a Action) string {
-	return fmt.Sprintf("%d\x00%s\x00%s", a.Op.phase(), a.Volume, a.Pod.UID)
+	return fmt.Sprintf("%d\x00%s\x00%s", phase(a.Op), a.Volume, a.Pod.UID)
 }
 
 // TestPlanDeterministic: the same inputs give exactly the same actions
@@ -959,7 +987,7 @@ func TestPlanDeterministic(t *testing.T) {
 	}
 	seen := map[int]bool{}
 	for _, a := range first {
-		seen[a.Op.phase()] = true
+		seen[phase(a.Op)] = true
 	}
 	if len(seen) != 3 {
 		t.Errorf("fixture should cover all three phases, covers %v", seen)

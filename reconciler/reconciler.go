@@ -14,11 +14,24 @@ import (
 	"github.com/volume-agent/volume-agent/volume"
 )
 
-// Handler performs an action. The reconciler owns when; the handler owns how.
+// Handler performs actions and adoptions. The reconciler owns when; the
+// handler owns how.
 type Handler interface {
 	// Operation returns the executor operation for an action, or nil when
 	// the action needs no operation in this configuration.
 	Operation(a *Action) *operations.Operation
+	// Adopt confirms reconstructed state that pods want, without an
+	// operation.
+	Adopt(a Adoption)
+}
+
+// Executor runs operations: *operations.Executor.
+type Executor interface {
+	// Startable reports, for each candidate, whether Run would start it now.
+	Startable(cands []operations.Candidate) []bool
+	// Run starts op on key, or says why not (operations.IsExpected tells
+	// the refusals that are not failures).
+	Run(key operations.Key, op *operations.Operation) error
 }
 
 // Observer is told about every reconcile pass (metrics, pod readiness).
@@ -30,15 +43,13 @@ type Observer interface {
 type Options struct {
 	DSW      *cache.DesiredStateOfWorld
 	ASW      *cache.ActualStateOfWorld
-	Executor *operations.Executor
+	Executor Executor
 	Handler  Handler
 	// SourcesReady gates destructive phases (see PlanOptions).
 	SourcesReady func() bool
 	// SourcesComplete additionally gates tearing down reconstructed state
 	// (see PlanOptions.OrphanCleanupAllowed); nil means always complete.
 	SourcesComplete func() bool
-	// Adopter confirms reconstructed state that pods want (no operation).
-	Adopter Adopter
 	// SetUpWithoutMount tells, for adoption, which volumes are set up
 	// without a mount.
 	SetUpWithoutMount func(plugin string, spec *volume.Spec) bool
@@ -58,11 +69,6 @@ type Options struct {
 	// Trigger: parts built before the reconciler (the executor, the
 	// populator's observer) wake it through it.
 	Wake *notify.Signal
-}
-
-// Adopter applies adoptions to the actual state.
-type Adopter interface {
-	Adopt(a Adoption)
 }
 
 // Reconciler runs Plan and dispatches its actions.
@@ -124,10 +130,10 @@ func (r *Reconciler) ReconcileOnce() []Action {
 	ready := r.opts.SourcesReady()
 	asw := r.opts.ASW.Snapshot()
 	dsw := r.opts.DSW.Snapshot()
-	if ready && r.opts.Adopter != nil && HasReconstructed(asw) {
+	if ready && HasReconstructed(asw) {
 		adoptions := Adoptions(dsw, asw, r.opts.SetUpWithoutMount)
 		for _, a := range adoptions {
-			r.opts.Adopter.Adopt(a)
+			r.opts.Handler.Adopt(a)
 		}
 		if len(adoptions) > 0 {
 			asw = r.opts.ASW.Snapshot()
@@ -137,7 +143,7 @@ func (r *Reconciler) ReconcileOnce() []Action {
 	actions := Plan(dsw, asw, PlanOptions{SourcesReady: ready, OrphanCleanupAllowed: complete})
 	cands := make([]operations.Candidate, len(actions))
 	for i := range actions {
-		cands[i] = operations.Candidate{Key: operations.Key{Volume: actions[i].Volume, Pod: actions[i].Pod.UID}, Name: string(actions[i].Op)}
+		cands[i] = operations.Candidate{Key: operations.Key{Volume: actions[i].Volume, Pod: actions[i].Pod.UID}, Name: actions[i].Op}
 	}
 	started := 0
 	for i, ok := range r.opts.Executor.Startable(cands) {

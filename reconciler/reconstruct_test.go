@@ -945,11 +945,11 @@ func TestPlanNeverTearsDownReconstructedWithoutOrphanCleanup(t *testing.T) {
 		for _, a := range blocked {
 			av := asw.Volumes[a.Volume]
 			switch a.Op {
-			case OpUnmountVolume:
+			case operations.OpUnmountVolume:
 				if m := av.Pods[a.Pod.UID]; m != nil && m.Reconstructed {
 					t.Fatalf("world %d: %s of a reconstructed mount: %+v", i, a.Op, m)
 				}
-			case OpUnmountDevice, OpDetachVolume:
+			case operations.OpUnmountDevice, operations.OpDetachVolume:
 				if av.DeviceReconstructed {
 					t.Fatalf("world %d: %s of a reconstructed device", i, a.Op)
 				}
@@ -1076,23 +1076,22 @@ func TestPlanLeavesReconstructedStateUntilSourcesReady(t *testing.T) {
 	}
 }
 
-// rcHandler records the actions the reconciler dispatches and runs none.
-type rcHandler struct{ ops []string }
+// rcHandler records the actions the reconciler dispatches and runs none, and
+// adopts through the ASW, as the agent's handler does.
+type rcHandler struct {
+	asw     *cache.ActualStateOfWorld
+	ops     []string
+	adopted []Adoption
+}
 
 func (h *rcHandler) Operation(a *Action) *operations.Operation {
 	h.ops = append(h.ops, rcActs([]Action{*a})[0])
 	return nil
 }
 
-// rcAdopter adopts through the ASW, as the agent's handler does.
-type rcAdopter struct {
-	asw     *cache.ActualStateOfWorld
-	adopted []Adoption
-}
-
-func (r *rcAdopter) Adopt(a Adoption) {
-	r.adopted = append(r.adopted, a)
-	(&OperatorHandler{Operator: &operations.Operator{ASW: r.asw, Log: zap.NewNop()}}).Adopt(a)
+func (h *rcHandler) Adopt(a Adoption) {
+	h.adopted = append(h.adopted, a)
+	(&OperatorHandler{Operator: &operations.Operator{ASW: h.asw, Log: zap.NewNop()}}).Adopt(a)
 }
 
 // The reconciler's passes after a restart: before the sources are ready
@@ -1121,18 +1120,18 @@ func TestReconcilerAdoptsAtFirstReadyPass(t *testing.T) {
 	}, nil, nil)
 
 	ready, complete, housekeeping := false, false, 0
-	h, adopter := &rcHandler{}, &rcAdopter{asw: asw}
+	h := &rcHandler{asw: asw}
 	r := New(Options{
 		DSW: dsw, ASW: asw, Executor: operations.NewExecutor(operations.ExecutorOptions{}),
-		Handler: h, Adopter: adopter, SetUpWithoutMount: rcSetUpWithoutMount,
+		Handler: h, SetUpWithoutMount: rcSetUpWithoutMount,
 		SourcesReady: func() bool { return ready }, SourcesComplete: func() bool { return complete },
 		Housekeeping: func(*cache.DesiredSnapshot, *cache.ActualSnapshot) { housekeeping++ },
 		Clock:        clk,
 	})
 
 	r.ReconcileOnce()
-	if len(h.ops) != 0 || len(adopter.adopted) != 0 {
-		t.Fatalf("before the sources are ready: dispatched %q, adopted %v", h.ops, adopter.adopted)
+	if len(h.ops) != 0 || len(h.adopted) != 0 {
+		t.Fatalf("before the sources are ready: dispatched %q, adopted %v", h.ops, h.adopted)
 	}
 
 	ready = true
@@ -1145,10 +1144,14 @@ func TestReconcilerAdoptsAtFirstReadyPass(t *testing.T) {
 		{Volume: memName, Pods: map[types.UID]AdoptedPod{"p1": {Pod: rcRef("p1")}}},
 		{Volume: localName, Device: true, Pods: map[types.UID]AdoptedPod{"p1": {Pod: rcRef("p1")}}},
 	}
-	if got := stripAdoptions(adopter.adopted); !reflect.DeepEqual(got, want) {
+	if got := stripAdoptions(h.adopted); !reflect.DeepEqual(got, want) {
 		t.Errorf("adopted %s, want %s", rcJSON(got), rcJSON(want))
 	}
-	for _, m := range asw.PodMounts("p1") {
+	mounts := asw.PodMounts("p1")
+	if len(mounts) != 3 {
+		t.Errorf("after adoption, p1 has %d mounts, want 3", len(mounts))
+	}
+	for _, m := range mounts {
 		if m.State != cache.Mounted || m.Reconstructed {
 			t.Errorf("after adoption: %+v", m)
 		}
@@ -1162,8 +1165,8 @@ func TestReconcilerAdoptsAtFirstReadyPass(t *testing.T) {
 	if want := []string{"unmount_volume " + string(goneName) + " gone"}; !reflect.DeepEqual(h.ops, want) {
 		t.Errorf("with complete sources: dispatched %q, want %q", h.ops, want)
 	}
-	if len(adopter.adopted) != 3 {
-		t.Errorf("adopted again: %v", adopter.adopted)
+	if len(h.adopted) != 3 {
+		t.Errorf("adopted again: %v", h.adopted)
 	}
 	if housekeeping != 0 {
 		t.Error("housekeeping ran while reconstructed state was left")

@@ -141,6 +141,12 @@ type injector struct {
 	callsFile  string
 	fileMu     sync.Mutex // serialises writes of callsFile
 	fileErrLog bool
+
+	// hung counts the calls waiting in a hang, by method (guarded by mu).
+	hung map[string]int
+	// exits counts the exits crash-after scheduled that have not happened
+	// yet.
+	exits sync.WaitGroup
 }
 
 func newInjector(log *zap.Logger, exit func(int), callsFile string) *injector {
@@ -148,6 +154,7 @@ func newInjector(log *zap.Logger, exit func(int), callsFile string) *injector {
 		log:       log,
 		faults:    map[string]*faultEntry{},
 		hangs:     map[string]chan struct{}{},
+		hung:      map[string]int{},
 		calls:     map[string]int{},
 		exit:      exit,
 		stopped:   make(chan struct{}),
@@ -307,14 +314,8 @@ func (in *injector) interceptor(countsForCrash bool) grpc.UnaryServerInterceptor
 		in.writeCallsFile()
 
 		if hang != nil {
-			in.log.Info("hanging call", zap.String("method", method))
-			select {
-			case <-ctx.Done():
-				return nil, status.FromContextError(ctx.Err()).Err()
-			case <-in.stopped:
-				return nil, status.Error(codes.Unavailable, "driver is stopping")
-			case <-hang:
-				in.log.Info("hung call released", zap.String("method", method))
+			if err := in.hang(ctx, method, hang); err != nil {
+				return nil, err
 			}
 		}
 
@@ -331,6 +332,36 @@ func (in *injector) interceptor(countsForCrash bool) grpc.UnaryServerInterceptor
 		}
 		return resp, err
 	}
+}
+
+// hang waits until the hang is released (nil), or the call's context ends
+// or the driver stops (the call's error).
+func (in *injector) hang(ctx context.Context, method string, release <-chan struct{}) error {
+	in.log.Info("hanging call", zap.String("method", method))
+	in.mu.Lock()
+	in.hung[method]++
+	in.mu.Unlock()
+	defer func() {
+		in.mu.Lock()
+		in.hung[method]--
+		in.mu.Unlock()
+	}()
+	select {
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	case <-in.stopped:
+		return status.Error(codes.Unavailable, "driver is stopping")
+	case <-release:
+		in.log.Info("hung call released", zap.String("method", method))
+		return nil
+	}
+}
+
+// hungCalls is how many calls of method wait in a hang.
+func (in *injector) hungCalls(method string) int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.hung[method]
 }
 
 // takeFault consumes one injected failure for method, if any.
@@ -363,8 +394,9 @@ func (in *injector) crashLocked(method string, delay time.Duration) {
 		exit(2)
 		return
 	}
-	go func() {
-		time.Sleep(delay)
+	in.exits.Add(1)
+	time.AfterFunc(delay, func() {
+		defer in.exits.Done()
 		exit(2)
-	}()
+	})
 }

@@ -122,11 +122,13 @@ func TestHang(t *testing.T) {
 		_, err := ident.Probe(context.Background(), &csi.ProbeRequest{})
 		done <- err
 	}()
-	waitFor(t, func() bool { return d.CallCount("Probe") == 2 })
+	// The call waits in the hang (it can leave it only when released: its
+	// context never ends and the driver runs).
+	waitFor(t, func() bool { return d.faults.hungCalls("Probe") == 1 })
 	select {
 	case err := <-done:
 		t.Fatalf("hung call returned early: %v", err)
-	case <-time.After(100 * time.Millisecond):
+	default:
 	}
 	mustOK(t, d.SetHang("Probe", false))
 	select {
@@ -168,6 +170,7 @@ func TestCrashAfter(t *testing.T) {
 
 	_, err := ident.Probe(ctx, &csi.ProbeRequest{})
 	mustOK(t, err)
+	d.waitScheduledExits()
 	select {
 	case code := <-exited:
 		t.Fatalf("exited with %d after one call", code)
@@ -187,7 +190,7 @@ func TestCrashAfter(t *testing.T) {
 	// The driver exits only once.
 	d.SetCrashAfter(1)
 	_, _ = ident.Probe(ctx, &csi.ProbeRequest{})
-	time.Sleep(2 * crashFlushDelay)
+	d.waitScheduledExits()
 	select {
 	case code := <-exited:
 		t.Fatalf("exited twice (%d)", code)
@@ -214,8 +217,7 @@ func TestCrashAfterRefusesLateCalls(t *testing.T) {
 	// Immediately after: the process would be gone, so the call is refused.
 	_, err = ident.Probe(ctx, &csi.ProbeRequest{})
 	expectCode(t, err, codes.Unavailable)
-	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(codesSeen) > 0 })
-	time.Sleep(2 * crashFlushDelay)
+	d.waitScheduledExits()
 	mu.Lock()
 	defer mu.Unlock()
 	if len(codesSeen) != 1 || codesSeen[0] != 2 {

@@ -240,3 +240,8 @@ func createVolume(t *testing.T, conn *grpc.ClientConn, name string, size int64) 
 	mustOK(t, err)
 	return resp.GetVolume()
 }
+
+// waitScheduledExits waits until every exit crash-after scheduled has
+// happened, so a test can check that no other exit is coming without
+// sleeping.
+func (d *Driver) waitScheduledExits() { d.faults.exits.Wait() }

@@ -4,41 +4,16 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/volume-agent/volume-agent/test/cluster"
 	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/utils/ptr"
 )
-
-// registrationWired reports whether the agent binary contains the CSI
-// registration watcher (package csi/registration), which --plugin-registry-dir
-// drives. Until it does, the flag has no effect.
-func registrationWired(t *testing.T) bool {
-	t.Helper()
-	root, err := cluster.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "list", "-deps", "./cmd/volume-agent")
-	cmd.Dir = root
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go list -deps ./cmd/volume-agent: %v", err)
-	}
-	for _, pkg := range strings.Fields(string(out)) {
-		if pkg == "github.com/volume-agent/volume-agent/csi/registration" {
-			return true
-		}
-	}
-	return false
-}
 
 // A driver found through its kubelet-style registration socket in the
 // agent's --plugin-registry-dir: a pod whose volume waits with "driver ...
@@ -48,9 +23,6 @@ func registrationWired(t *testing.T) bool {
 func TestDriverRegistrationSocket(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "registration")
-	if !registrationWired(t) {
-		t.Skip("registration watcher not wired yet")
-	}
 	regDir := filepath.Join(e.sock, "registry")
 	if err := os.MkdirAll(regDir, 0o750); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,47 @@
+package operations
+
+import (
+	"github.com/volume-agent/volume-agent/cache"
+)
+
+// Needed reports whether operation op on t still has something to do, with
+// everything it depends on in place, given the volume's actual state (av, nil
+// if the actual state has nothing for it) and the desired state. Every
+// operation body checks it first and returns ErrStale when it does not hold.
+// It is made of the predicates in package cache that the planner plans from,
+// so an action planned from a pair of snapshots is Needed in them (the
+// reconciler's tests check this on random worlds): were it not, the operation
+// would be skipped as stale and planned again, forever.
+func Needed(op Op, t *Target, av *cache.ActualVolume, desired Desired) bool {
+	switch op {
+	case OpVerifyAttached:
+		return cache.AttachNeeded(t.Attributes, av)
+	case OpMountDevice:
+		return !cache.AttachNeeded(t.Attributes, av) && cache.DeviceMountNeeded(t.Attributes, av)
+	case OpMountVolume:
+		return cache.ReadyForPods(t.Attributes, av) && cache.PodMountNeeded(podMount(av, t))
+	case OpExpandVolume:
+		return cache.ExpansionNeeded(t.DesiredSize, t.Attributes, av)
+	case OpUnmountVolume:
+		return cache.PodUnmountNeeded(desired.HasPodVolume(t.Volume, t.Pod.UID), podMount(av, t))
+	case OpUnmountDevice:
+		return cache.DeviceUnmountNeeded(desired.HasVolume(t.Volume), av)
+	case OpDetachVolume:
+		return cache.DetachNeeded(desired.HasVolume(t.Volume), av)
+	}
+	return false
+}
+
+func podMount(av *cache.ActualVolume, t *Target) *cache.ActualPodMount {
+	if av == nil {
+		return nil
+	}
+	return av.Pods[t.Pod.UID]
+}
+
+// needed reads the volume's current actual state and reports whether op on
+// t is Needed in it.
+func (o *Operator) needed(op Op, t *Target) (*cache.ActualVolume, bool) {
+	av, _ := o.ASW.Volume(t.Volume)
+	return av, Needed(op, t, av, o.DSW)
+}

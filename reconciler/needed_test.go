@@ -1,0 +1,92 @@
+package reconciler
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// TestPlannedActionsAreNeeded: every action planned from a pair of snapshots
+// passes, in the same snapshots, the check its operation makes when it starts
+// (operations.Needed). Were one not to, the operation would end as stale and
+// the next pass would plan it again, every few milliseconds, forever.
+func TestPlannedActionsAreNeeded(t *testing.T) {
+	planned := map[operations.Op]int{}
+	check := func(ctx string, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) {
+		t.Helper()
+		for _, a := range Plan(dsw, asw, opts) {
+			planned[a.Op]++
+			if !operations.Needed(a.Op, target(&a), asw.Volumes[a.Volume], dsw) {
+				t.Errorf("%s, %+v: planned %s, but its operation would find nothing to do and skip it as stale\n  actual: %s",
+					ctx, opts, act{a.Op, a.Volume, a.Pod.UID, a.Reason}, describeActual(asw.Volumes[a.Volume]))
+			}
+		}
+	}
+	allOpts := []PlanOptions{{}, {SourcesReady: true}, {SourcesReady: true, OrphanCleanupAllowed: true}}
+	for _, tc := range planCases() {
+		for _, opts := range allOpts {
+			check(tc.name, desiredSnapshot(tc.dsw, tc.pods), actualSnapshot(tc.asw), opts)
+		}
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range 500 {
+		dsw, asw := randomWorld(r, 20, 10)
+		enrichWorld(r, dsw, asw)
+		for _, opts := range allOpts {
+			check(fmt.Sprintf("world %d", i), dsw, asw, opts)
+		}
+	}
+	for _, op := range operations.Ops {
+		if planned[op] == 0 {
+			t.Errorf("no fixture planned %s: the check does not cover it", op)
+		}
+	}
+}
+
+// enrichWorld adds to a random world what randomWorld leaves out: attachable
+// volumes without a device mount, state found after a restart, expansion
+// that waits for a pod or was refused.
+func enrichWorld(r *rand.Rand, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) {
+	publishOnly := volume.Attributes{Identity: "pub", Attachable: true}
+	// In a fixed order, so a seed gives one world.
+	for _, name := range slices.Sorted(maps.Keys(asw.Volumes)) {
+		av := asw.Volumes[name]
+		if r.IntN(6) == 0 {
+			av.Attributes = publishOnly
+			if dv := dsw.Volumes[name]; dv != nil {
+				dv.Attributes = publishOnly
+			}
+		}
+		if r.IntN(5) == 0 {
+			av.DeviceReconstructed = true
+		}
+		if r.IntN(5) == 0 {
+			av.ExpandAfterPublish = true
+		}
+		if r.IntN(8) == 0 {
+			av.ResizeBlocked = "in use"
+		}
+		for _, uid := range slices.Sorted(maps.Keys(av.Pods)) {
+			if r.IntN(4) == 0 {
+				av.Pods[uid].Reconstructed = true
+			}
+		}
+	}
+}
+
+func describeActual(av *cache.ActualVolume) string {
+	if av == nil {
+		return "none"
+	}
+	s := fmt.Sprintf("attach=%q device=%q size=%v expandAfterPublish=%v resizeBlocked=%q", av.AttachState, av.DeviceState, av.Size, av.ExpandAfterPublish, av.ResizeBlocked)
+	for uid, m := range av.Pods {
+		s += fmt.Sprintf(" pod %s: %s remount=%v reconstructed=%v", uid, m.State, m.RemountRequired, m.Reconstructed)
+	}
+	return s
+}
