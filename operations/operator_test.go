@@ -699,12 +699,12 @@ func TestOperatorMissingCapability(t *testing.T) {
 		body    body
 		wantErr string
 	}{
-		{"mount device", opPlainName, "nothing", mountDevice, "cannot mount devices"},
+		{"mount device", opPlainName, "attached", mountDevice, "cannot mount devices"},
 		{"unmount device", opPlainName, "device mounted", unmountDevice, "cannot unmount devices"},
 		{"attach", opPlainName, "nothing", attach, "cannot attach volumes"},
 		{"detach", opPlainName, "attached", detach, "cannot detach volumes"},
-		{"mount device, unknown plugin", "test/missing", "nothing", mountDevice, `"test/missing" is not available`},
-		{"mount volume, unknown plugin", "test/missing", "nothing", mountVolume, `"test/missing" is not available`},
+		{"mount device, unknown plugin", "test/missing", "attached", mountDevice, `"test/missing" is not available`},
+		{"mount volume, unknown plugin", "test/missing", "device mounted", mountVolume, `"test/missing" is not available`},
 		{"unmount volume, unknown plugin", "test/missing", "pod mounted", unmountVolume, `"test/missing" is not available`},
 		{"unmount device, unknown plugin", "test/missing", "device mounted", unmountDevice, `"test/missing" is not available`},
 		{"attach, unknown plugin", "test/missing", "nothing", attach, `"test/missing" is not available`},
