@@ -204,6 +204,11 @@ func (a *ActualStateOfWorld) SetAttachState(id VolumeIdentity, state AttachState
 func (a *ActualStateOfWorld) SetDeviceState(id VolumeIdentity, state DeviceMountState, devicePath, deviceMountPath string) {
 	a.update(id, func(v *ActualVolume) {
 		v.DeviceState = state
+		// An operation has now acted on the device: what it recorded is
+		// the agent's own knowledge, no longer a guess from a restart
+		// (otherwise HasReconstructed would hold housekeeping back until
+		// the volume leaves the ASW).
+		v.DeviceReconstructed, v.DeviceFoundMounted = false, false
 		if devicePath != "" {
 			v.DevicePath = devicePath
 		}
