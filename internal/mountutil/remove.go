@@ -54,6 +54,47 @@ func RemoveContents(dir string) error {
 	return removeChildren(fd, dir, st.Dev)
 }
 
+// RemoveAllAt removes the entry name of the directory open at parentFD and
+// everything below it, with the guarantees of RemoveAll; path names the
+// entry in errors. A missing entry is not an error.
+func RemoveAllAt(parentFD int, name, path string) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(parentFD, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		if err := unix.Unlinkat(parentFD, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			return &os.PathError{Op: "unlink", Path: path, Err: err}
+		}
+		return nil
+	}
+	var parent unix.Stat_t
+	if err := unix.Fstat(parentFD, &parent); err != nil {
+		return &os.PathError{Op: "fstat", Path: filepath.Dir(path), Err: err}
+	}
+	if mountRoot, err := isMountRoot(parentFD, name, st.Dev, parent.Dev); err != nil {
+		return err
+	} else if mountRoot {
+		return fmt.Errorf("%w: %s", ErrMountPointInside, path)
+	}
+	fd, err := unix.Openat(parentFD, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	err = removeChildren(fd, path, st.Dev)
+	unix.Close(fd)
+	if err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(parentFD, name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+		return &os.PathError{Op: "rmdir", Path: path, Err: err}
+	}
+	return nil
+}
+
 func removeChildren(fd int, path string, dev uint64) error {
 	names, err := readDirNames(fd)
 	if err != nil {
