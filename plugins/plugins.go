@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -76,6 +77,10 @@ type SetUpRequest struct {
 	// volumes.
 	DeviceMountPath string
 	Log             *zap.Logger
+	// RefreshAt is set by SetUp when the content it wrote goes stale at a
+	// known time (a token due for refresh, a CSI volume that must be
+	// republished): the volume is set up again then.
+	RefreshAt time.Time
 }
 
 // TearDownRequest asks a plugin to remove a volume from one pod.
