@@ -287,6 +287,32 @@ func (a *ActualStateOfWorld) MarkRemountRequired(pod types.UID) {
 	}
 }
 
+// MarkPodVolumeRemountRequired flags one pod's mount of a volume whose
+// plugin needs a remount when its content's sources change (API volumes,
+// CSI requiresRepublish). It reports whether such a mount was found.
+func (a *ActualStateOfWorld) MarkPodVolumeRemountRequired(name volume.UniqueName, pod types.UID) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	v, ok := a.volumes[name]
+	if !ok || !v.Attributes.RequiresRemount {
+		return false
+	}
+	m, ok := v.Pods[pod]
+	if !ok {
+		return false
+	}
+	if m.RemountRequired {
+		return true
+	}
+	nv := v.clone()
+	mm := *m
+	mm.RemountRequired = true
+	nv.Pods[pod] = &mm
+	a.volumes[name] = nv
+	a.generation++
+	return true
+}
+
 // Volume returns the current entry of a volume.
 func (a *ActualStateOfWorld) Volume(name volume.UniqueName) (*ActualVolume, bool) {
 	a.mu.RLock()
@@ -370,6 +396,10 @@ func (a *ActualStateOfWorld) Adopt(id VolumeIdentity, device bool, pods map[type
 			}
 			mm := *m
 			mm.Pod, mm.Spec, mm.State, mm.Reconstructed = p.Pod, p.Spec, Mounted, false
+			// Content that follows its sources (API volumes, CSI
+			// requiresRepublish) may have gone stale while the agent was
+			// down: it is set up again, which rewrites only what changed.
+			mm.RemountRequired = v.Attributes.RequiresRemount
 			v.Pods[uid] = &mm
 		}
 	})

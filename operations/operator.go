@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -38,6 +39,20 @@ type Operator struct {
 	// API server).
 	Claims ClaimStatus
 	Events events.Recorder
+	// Refresh, when set, learns about every successful set up: whether
+	// the volume's sources changed while it ran, and when the plugin wants
+	// it set up again (refresh.Refresher).
+	Refresh Refresh
+}
+
+// Refresh tracks content that follows its sources (API volumes, CSI
+// requiresRepublish).
+type Refresh interface {
+	// Generation counts the changes the volume was told about.
+	Generation(name volume.UniqueName, pod types.UID) uint64
+	// MountDone: SetUp succeeded, having started at generation gen;
+	// refreshAt is when the plugin wants it set up again (zero: never).
+	MountDone(name volume.UniqueName, pod types.UID, gen uint64, refreshAt time.Time)
 }
 
 // Target is a volume (and, for pod operations, a pod) an operation is about.
@@ -143,12 +158,19 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 	if av != nil {
 		req.DevicePath, req.PublishContext = av.DevicePath, av.PublishContext
 	}
+	var gen uint64
+	if o.Refresh != nil {
+		gen = o.Refresh.Generation(t.Volume, t.Pod.UID)
+	}
 	err = p.SetUp(ctx, req)
 	mount := cache.ActualPodMount{Pod: t.Pod.PodRef, SpecName: t.SpecName, MountPath: req.Dir, Spec: t.Spec}
 	switch {
 	case err == nil:
 		mount.State = cache.Mounted
 		o.ASW.SetPodMount(t.identity(), mount)
+		if o.Refresh != nil {
+			o.Refresh.MountDone(t.Volume, t.Pod.UID, gen, req.RefreshAt)
+		}
 	case volume.IsUncertain(err):
 		mount.State = cache.MountUncertain
 		o.ASW.SetPodMount(t.identity(), mount)

@@ -56,8 +56,20 @@ type Options struct {
 	ResyncPeriod time.Duration
 	Events       events.Recorder
 	Observer     Observer
-	Clock        clock.WithTicker
-	Log          *zap.Logger
+	// Pods, when set, is told about every pod whose volumes the DSW is
+	// given (before they are desired, and again after any change to the
+	// pod) and about pods that left (refresh.Refresher).
+	Pods  PodObserver
+	Clock clock.WithTicker
+	Log   *zap.Logger
+}
+
+// PodObserver follows the pods the populator resolves.
+type PodObserver interface {
+	// PodUpdated: the pod is new or changed; used are the volumes its
+	// containers use.
+	PodUpdated(pod *v1.Pod, used []*v1.Volume)
+	PodRemoved(uid types.UID)
 }
 
 // Populator fills the DSW from a Source.
@@ -157,6 +169,9 @@ func (p *Populator) Sync(force bool) {
 	for uid := range p.state {
 		if !seen[uid] {
 			delete(p.state, uid)
+			if p.opts.Pods != nil {
+				p.opts.Pods.PodRemoved(uid)
+			}
 		}
 	}
 	p.ready.Store(true)
@@ -184,6 +199,9 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 		next.errs = append(next.errs, &volume.PodVolumeError{Pod: info.PodRef, Reason: ReasonPodUIDUnusable, Err: err})
 	} else {
 		usage := volumeUsage(pod)
+		if p.opts.Pods != nil && (st == nil || st.pod != pod) {
+			p.opts.Pods.PodUpdated(pod, usedVolumes(pod, usage))
+		}
 		for i := range pod.Spec.Volumes {
 			vol := &pod.Spec.Volumes[i]
 			use, used := usage[vol.Name]
@@ -241,6 +259,16 @@ func (p *Populator) depsUnchanged(deps []dep) bool {
 		}
 	}
 	return true
+}
+
+func usedVolumes(pod *v1.Pod, usage map[string]usage) []*v1.Volume {
+	var out []*v1.Volume
+	for i := range pod.Spec.Volumes {
+		if _, ok := usage[pod.Spec.Volumes[i].Name]; ok {
+			out = append(out, &pod.Spec.Volumes[i])
+		}
+	}
+	return out
 }
 
 // reportNewErrors emits an event and a metric for errors that are new since

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	v1 "k8s.io/api/core/v1"
@@ -292,8 +293,16 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 			return volume.Uncertain(fmt.Errorf("applying fsGroup: %w", err))
 		}
 	}
+	if remount(drvObj) {
+		req.RefreshAt = time.Now().Add(RepublishPeriod)
+	}
 	return nil
 }
+
+// RepublishPeriod is how often a volume of a driver with requiresRepublish
+// is published again (the kubelet does it on every pod sync, 60-90 s), so
+// the driver can renew what it provides (credentials, tokens).
+const RepublishPeriod = time.Minute
 
 func remount(drv *storagev1.CSIDriver) bool {
 	return drv != nil && drv.Spec.RequiresRepublish != nil && *drv.Spec.RequiresRepublish
