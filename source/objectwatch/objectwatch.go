@@ -201,6 +201,10 @@ func (m *Manager[T]) start(k Key) *keyWatch[T] {
 	w.store, w.ctrl = cache.NewInformerWithOptions(cache.InformerOptions{
 		ListerWatcher: m.kind.ListWatch(k),
 		ObjectType:    newObject[T](),
+		// As the kubelet's watch-based managers: fewer re-watches of many
+		// single-object watches.
+		MinWatchTimeout: 30 * time.Minute,
+		Transform:       dropManagedFields,
 		Handler: cache.ResourceEventHandlerDetailedFuncs{
 			AddFunc: func(obj any, initial bool) {
 				m.observe(w, obj, !initial)
@@ -224,6 +228,14 @@ func (m *Manager[T]) start(k Key) *keyWatch[T] {
 func newObject[T runtime.Object]() runtime.Object {
 	var zero T
 	return reflect.New(reflect.TypeOf(zero).Elem()).Interface().(runtime.Object)
+}
+
+// dropManagedFields: never read, and often the largest part of an object.
+func dropManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
 }
 
 func resourceVersion(obj any) string {
