@@ -33,6 +33,7 @@ import (
 	"github.com/volume-agent/volume-agent/plugins/local"
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/reconciler"
+	"github.com/volume-agent/volume-agent/refresh"
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/status/podstatus"
@@ -55,6 +56,7 @@ type Agent struct {
 	trimmer    *memoryTrimmer
 	podStatus  *podstatus.Reporter
 	csi        *csiParts
+	api        *apiVolumes
 	localPV    *localpv.Provisioner
 	orphans    *reconciler.Orphans
 	paths      volume.Paths
@@ -117,7 +119,12 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	}
 	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot, Log: log.Named("plugins")}
 	a.csi = newCSI(cfg, host, m, a.asw)
-	a.plugins = plugins.NewRegistry(emptydir.New(host), hostpath.New(host), local.New(host), a.csi.plugin)
+	// The refresher acts on the executor, which is built after the
+	// plugins: it reaches it through a.
+	a.api = newAPIVolumes(cfg, host, m, apiVolumeDeps{
+		marker: a.asw, retrier: func() refresh.Retrier { return a.executor }, wake: wake,
+	})
+	a.plugins = plugins.NewRegistry(append([]plugins.Plugin{emptydir.New(host), hostpath.New(host), local.New(host), a.csi.plugin}, a.api.plugins...)...)
 	a.executor = operations.NewExecutor(operations.ExecutorOptions{
 		MaxConcurrent: cfg.MaxConcurrentOperations,
 		Timeout:       cfg.OperationTimeout,
@@ -147,6 +154,7 @@ func (a *Agent) newPopulator(wake *notify.Signal) *populator.Populator {
 		IsTerminated: a.mode.isTerminated,
 		ResyncPeriod: a.cfg.ResyncPeriod,
 		Events:       a.events,
+		Pods:         a.api.refresh,
 		// Every populator pass wakes the reconciler: the first one makes
 		// the sources ready (adoption, orphan cleanup) and a later one may
 		// make them complete, without changing the DSW when no pod wants
@@ -166,7 +174,7 @@ func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
 	}
 	operator := &operations.Operator{
 		Plugins: a.plugins, ASW: a.asw, DSW: a.dsw, Paths: a.paths, Log: a.log.Named("operations"),
-		Claims: a.mode.claims(), Events: a.events,
+		Claims: a.mode.claims(), Events: a.events, Refresh: a.api.refresh,
 	}
 	handler := &reconciler.OperatorHandler{Operator: operator}
 	return reconciler.New(reconciler.Options{
@@ -190,6 +198,7 @@ func (a *Agent) registerMetrics() {
 		Namespace: namespace, Name: "orphans",
 		Help: "Things left on disk the agent cannot clean or account for (see /debug/orphans).",
 	}, func() float64 { return float64(len(a.orphans.List())) }))
+	a.metrics.Registry.MustRegister(a.api.collectors()...)
 	if a.mode.cluster != nil {
 		kubeclient.RegisterMetrics(a.metrics.Registry)
 	}
@@ -336,6 +345,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		l.run("local volume provisioner", a.localPV.Run)
 	}
 	l.run("reconciler", untilDone(a.reconciler.Run))
+	l.run("volume refresh", untilDone(a.api.refresh.Run))
+	// Per-object watches start and stop with the pods that reference
+	// them; whatever is still watched stops with the agent.
+	l.run("object watches", untilDone(func(ctx context.Context) { <-ctx.Done(); a.api.stop() }))
 	if a.podStatus != nil {
 		l.run("pod status", untilDone(func(ctx context.Context) { a.podStatus.Run(ctx, a.cfg.StatusWorkers) }))
 	}

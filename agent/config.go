@@ -23,9 +23,15 @@ type Config struct {
 	PodManifestPath string
 	// Kubeconfig selects cluster mode with a kubeconfig file; without it
 	// and without PodManifestPath, the in-cluster configuration is used.
-	Kubeconfig   string
-	KubeAPIQPS   float32
-	KubeAPIBurst int
+	Kubeconfig string
+	// NodeKubeconfig, in cluster mode, is a kubeconfig with the node's own
+	// identity (system:node:<name>, e.g. the kubelet's): secrets,
+	// configMaps, ClusterTrustBundles and service-account tokens are then
+	// requested with it, and the API server's Node authorizer limits them
+	// to what the node's pods reference, as it does for the kubelet.
+	NodeKubeconfig string
+	KubeAPIQPS     float32
+	KubeAPIBurst   int
 	// StatusWorkers patch pod conditions in parallel (cluster mode).
 	StatusWorkers int
 
@@ -76,6 +82,9 @@ func (c Config) complete() (Config, error) {
 	case "", "controller", "self":
 	default:
 		return c, fmt.Errorf("--attach-mode must be controller or self, not %q", c.AttachMode)
+	}
+	if c.NodeKubeconfig != "" && c.standalone() {
+		return c, errors.New("--node-kubeconfig needs cluster mode: it is the node's identity on the API server")
 	}
 	if c.LocalVolumesConfig != "" && c.standalone() {
 		return c, errors.New("--local-volumes-config needs cluster mode: the local volume provisioner creates PersistentVolumes")

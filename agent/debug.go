@@ -211,6 +211,7 @@ func (a *Agent) debugMux() *http.ServeMux {
 		}
 		writeJSON(w, a.localPV.Status())
 	})
+	mux.HandleFunc("GET /debug/api-volumes", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, a.api.document()) })
 	mux.HandleFunc("GET /debug/orphans", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, OrphansDocument{Orphans: a.orphans.List()})
 	})

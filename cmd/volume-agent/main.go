@@ -43,6 +43,7 @@ func run() error {
 	fs.StringVar(&cfg.HostRoot, "host-root", "/", "where the node's root filesystem is visible (e.g. /host in a container); hostPath and local paths are resolved below it")
 	fs.StringVar(&cfg.PodManifestPath, "pod-manifest-path", "", "standalone mode: directory of Pod, PV, PVC, StorageClass and CSIDriver manifests (YAML or JSON)")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "cluster mode: kubeconfig file (without it and without --pod-manifest-path, the in-cluster configuration is used)")
+	fs.StringVar(&cfg.NodeKubeconfig, "node-kubeconfig", "", "cluster mode: kubeconfig with the node's own identity (system:node:<name>, e.g. the kubelet's /var/lib/kubelet/kubeconfig); secrets, configMaps and service-account tokens for API volumes are requested with it, so the Node authorizer limits them to what this node's pods reference")
 	var qps float64
 	fs.Float64Var(&qps, "kube-api-qps", 20, "cluster mode: sustained requests per second to the API server (watches do not count)")
 	fs.IntVar(&cfg.KubeAPIBurst, "kube-api-burst", 40, "cluster mode: request burst to the API server")

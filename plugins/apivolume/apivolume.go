@@ -231,10 +231,13 @@ func (p *Plugin) validate(vs *v1.VolumeSource) error {
 // leaves an existing volume as it was.
 func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	vs := &req.Spec.Volume.VolumeSource
-	g := &getter{ctx: ctx, ns: req.Pod.Namespace, pod: req.Pod, src: &p.src}
+	g := &getter{ctx: ctx, ns: req.Pod.Namespace, pod: req.Pod, src: &p.src, used: []Input{}}
 	in := payload.Inputs{Pod: p.podMeta(req.Pod), Get: g}
 	if p.src.NodeAllocatable != nil && payload.RefsOf(vs).Resources {
 		in.NodeAllocatable = p.src.NodeAllocatable()
+	}
+	if refs := payload.RefsOf(vs); refs.ReadsPod() {
+		g.used = append(g.used, Input{Kind: "Pod", Name: req.Pod.Name})
 	}
 	files, err := payload.Build(vs, in)
 	if err != nil {

@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
+	"time"
 
 	"go.uber.org/zap"
 	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
@@ -37,8 +39,6 @@ type ClusterOptions struct {
 	// (--node-kubeconfig), which the Node authorizer limits to what the
 	// node's pods reference.
 	Client *kubeclient.Client
-	// TrustBundles: the API server serves ClusterTrustBundles.
-	TrustBundles bool
 	// OnChange is told about changed objects (kind, namespace, name).
 	OnChange func(kind, namespace, name string)
 	Log      *zap.Logger
@@ -46,10 +46,20 @@ type ClusterOptions struct {
 
 // Cluster serves the objects from per-object watches.
 type Cluster struct {
+	opts       ClusterOptions
 	configMaps *objectwatch.Manager[*v1.ConfigMap]
 	secrets    *objectwatch.Manager[*v1.Secret]
-	bundles    *objectwatch.Manager[*certificatesv1beta1.ClusterTrustBundle]
+
+	// ClusterTrustBundles (beta, off by default) are looked for on first
+	// use; until then the bundles pods reference are only remembered.
+	mu          sync.Mutex
+	bundles     *objectwatch.Manager[*certificatesv1beta1.ClusterTrustBundle]
+	notServed   time.Time // when discovery last said no
+	bundleUsers map[types.UID][]objectwatch.Key
 }
+
+// rediscover is how long a "not served" answer is trusted.
+const rediscover = time.Minute
 
 // NewCluster returns a Cluster; nothing is watched until pods register.
 func NewCluster(o ClusterOptions) *Cluster {
@@ -64,6 +74,7 @@ func NewCluster(o ClusterOptions) *Cluster {
 		}
 	}
 	c := &Cluster{
+		opts: o,
 		configMaps: objectwatch.New(objectwatch.Kind[*v1.ConfigMap]{
 			Resource:  v1.Resource("configmaps"),
 			ListWatch: objectwatch.RESTListWatch(o.Client.Core, "configmaps"),
@@ -74,15 +85,45 @@ func NewCluster(o ClusterOptions) *Cluster {
 			ListWatch: objectwatch.RESTListWatch(o.Client.Core, "secrets"),
 			Immutable: func(s *v1.Secret) bool { return s.Immutable != nil && *s.Immutable },
 		}, objectwatch.Options{OnChange: notify(KindSecret), Log: o.Log.Named("secrets")}),
-	}
-	if o.TrustBundles {
-		c.bundles = objectwatch.New(objectwatch.Kind[*certificatesv1beta1.ClusterTrustBundle]{
-			Resource:  certificatesv1beta1.Resource("clustertrustbundles"),
-			ListWatch: objectwatch.RESTListWatch(o.Client.Certificates, "clustertrustbundles"),
-		}, objectwatch.Options{OnChange: notify(KindClusterTrustBundle), Log: o.Log.Named("clustertrustbundles")})
+		bundleUsers: map[types.UID][]objectwatch.Key{},
 	}
 	return c
 }
+
+// bundleManager returns the ClusterTrustBundle watches, discovering first
+// whether the API server serves them.
+func (c *Cluster) bundleManager(ctx context.Context) (*objectwatch.Manager[*certificatesv1beta1.ClusterTrustBundle], error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bundles != nil {
+		return c.bundles, nil
+	}
+	if !c.notServed.IsZero() && time.Since(c.notServed) < rediscover {
+		return nil, errNotServed
+	}
+	served, err := c.opts.Client.ServesClusterTrustBundles(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("looking for ClusterTrustBundles on the API server: %w", err)
+	}
+	if !served {
+		c.notServed = time.Now()
+		return nil, errNotServed
+	}
+	c.bundles = objectwatch.New(objectwatch.Kind[*certificatesv1beta1.ClusterTrustBundle]{
+		Resource:  certificatesv1beta1.Resource("clustertrustbundles"),
+		ListWatch: objectwatch.RESTListWatch(c.opts.Client.Certificates, "clustertrustbundles"),
+	}, objectwatch.Options{OnChange: func(k objectwatch.Key) {
+		if c.opts.OnChange != nil {
+			c.opts.OnChange(KindClusterTrustBundle, k.Namespace, k.Name)
+		}
+	}, Log: c.opts.Log.Named("clustertrustbundles")})
+	for pod, keys := range c.bundleUsers {
+		c.bundles.SetOwner(pod, keys)
+	}
+	return c.bundles, nil
+}
+
+var errNotServed = errors.New("the API server does not serve ClusterTrustBundles (certificates.k8s.io/v1beta1; feature gate ClusterTrustBundle)")
 
 // ConfigMap implements apivolume.Objects.
 func (c *Cluster) ConfigMap(ctx context.Context, namespace, name string) (*v1.ConfigMap, error) {
@@ -106,13 +147,20 @@ func (c *Cluster) SetPodObjects(pod types.UID, namespace string, configMaps, sec
 	}
 	c.configMaps.SetOwner(pod, keys(configMaps))
 	c.secrets.SetOwner(pod, keys(secrets))
-	if c.bundles != nil {
-		var ks []objectwatch.Key
-		for _, p := range bundles {
-			if k, ok := bundleKey(p); ok {
-				ks = append(ks, k)
-			}
+	var ks []objectwatch.Key
+	for _, p := range bundles {
+		if k, ok := bundleKey(p); ok {
+			ks = append(ks, k)
 		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(ks) == 0 {
+		delete(c.bundleUsers, pod)
+	} else {
+		c.bundleUsers[pod] = ks
+	}
+	if c.bundles != nil {
 		c.bundles.SetOwner(pod, ks)
 	}
 }
@@ -121,6 +169,9 @@ func (c *Cluster) SetPodObjects(pod types.UID, namespace string, configMaps, sec
 func (c *Cluster) ForgetPod(pod types.UID) {
 	c.configMaps.ForgetOwner(pod)
 	c.secrets.ForgetOwner(pod)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.bundleUsers, pod)
 	if c.bundles != nil {
 		c.bundles.ForgetOwner(pod)
 	}
@@ -147,8 +198,9 @@ func bundleKey(p *v1.ClusterTrustBundleProjection) (objectwatch.Key, bool) {
 // selected bundles, decoded, deduplicated and sorted (stable content, so an
 // unchanged selection costs no write), as PEM.
 func (c *Cluster) TrustBundle(ctx context.Context, p *v1.ClusterTrustBundleProjection) ([]byte, error) {
-	if c.bundles == nil {
-		return nil, errors.New("the API server does not serve ClusterTrustBundles")
+	bundles, err := c.bundleManager(ctx)
+	if err != nil {
+		return nil, err
 	}
 	notFound := apierrors.NewNotFound(certificatesv1beta1.Resource("clustertrustbundles"), describe(p))
 	if p.Name != nil && p.SignerName != nil {
@@ -163,13 +215,13 @@ func (c *Cluster) TrustBundle(ctx context.Context, p *v1.ClusterTrustBundleProje
 	}
 	var pems []string
 	if p.Name != nil {
-		b, err := c.bundles.Get(ctx, k)
+		b, err := bundles.Get(ctx, k)
 		if err != nil {
 			return nil, err
 		}
 		pems = append(pems, b.Spec.TrustBundle)
 	} else {
-		bs, err := c.bundles.List(ctx, k)
+		bs, err := bundles.List(ctx, k)
 		if err != nil {
 			return nil, err
 		}
@@ -229,16 +281,22 @@ func NormalizePEM(pems ...string) ([]byte, error) {
 func (c *Cluster) Stop() {
 	c.configMaps.Stop()
 	c.secrets.Stop()
-	if c.bundles != nil {
-		c.bundles.Stop()
+	if b := c.bundleWatches(); b != nil {
+		b.Stop()
 	}
+}
+
+func (c *Cluster) bundleWatches() *objectwatch.Manager[*certificatesv1beta1.ClusterTrustBundle] {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.bundles
 }
 
 // Status lists what is watched, never the objects' content.
 func (c *Cluster) Status() []objectwatch.KeyStatus {
 	out := append(c.configMaps.Status(), c.secrets.Status()...)
-	if c.bundles != nil {
-		out = append(out, c.bundles.Status()...)
+	if b := c.bundleWatches(); b != nil {
+		out = append(out, b.Status()...)
 	}
 	return out
 }
@@ -246,8 +304,8 @@ func (c *Cluster) Status() []objectwatch.KeyStatus {
 // Stats counts the watches by resource.
 func (c *Cluster) Stats() map[string]objectwatch.Stats {
 	out := map[string]objectwatch.Stats{"configmaps": c.configMaps.Stats(), "secrets": c.secrets.Stats()}
-	if c.bundles != nil {
-		out["clustertrustbundles"] = c.bundles.Stats()
+	if b := c.bundleWatches(); b != nil {
+		out["clustertrustbundles"] = b.Stats()
 	}
 	return out
 }
