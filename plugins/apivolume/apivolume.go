@@ -120,6 +120,13 @@ type Plugin struct {
 	status *Status
 }
 
+// The agent finds a plugin's capabilities by type assertion: these make a
+// changed signature fail the build instead of a volume at run time.
+var (
+	_ plugins.Plugin        = (*Plugin)(nil)
+	_ plugins.Reconstructor = (*Plugin)(nil)
+)
+
 // New returns the four plugins; they share status (what each volume was
 // built from, for the debug endpoint).
 func New(host plugins.Host, src Sources) ([]plugins.Plugin, *Status) {
