@@ -43,10 +43,11 @@ var suite e2eutil.Suite
 
 func TestMain(m *testing.M) {
 	os.Exit(e2eutil.RunSuite(m, &suite, e2eutil.SuiteOptions{
-		Name:      "cluster",
-		CSIDriver: true,
-		KeepDir:   os.Getenv("VOLUME_AGENT_E2E_KEEP") != "",
-		Check:     checkRBAC,
+		Name:         "cluster",
+		CSIDriver:    true,
+		ControlPlane: e2eutil.ControlPlaneOptions{Nodes: []string{nodeCredsTest + "-node"}},
+		KeepDir:      os.Getenv("VOLUME_AGENT_E2E_KEEP") != "",
+		Check:        checkRBAC,
 	}))
 }
 
@@ -122,6 +123,10 @@ func checkRBAC() bool {
 			continue
 		}
 		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: %s %s by %s was forbidden: %s\n", e.Verb, e.RequestURI, e.UserAgent, d.ResponseStatus.Message)
+		ok = false
+	}
+	if bad := broadReads(events, suite.User); len(bad) > 0 {
+		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: secrets or configMaps listed or watched without a name selector: %v\n", bad)
 		ok = false
 	}
 	var rules []rbacv1.PolicyRule
