@@ -58,7 +58,13 @@ for p in json.load(sys.stdin)["pods"]:
         print("    error: %s" % e["message"])
 ' 2>/dev/null || curl -s "http://$debug/debug/dsw"
 echo
-echo "Explore: curl http://$debug/debug/asw | /debug/operations | /debug/events ; curl http://127.0.0.1:9809/metrics"
+echo "== files of the pod \"configured\" (configMap, secret, downward API)"
+for f in "$base"/root/pods/*/volumes/kubernetes.io~configmap/config/app.conf \
+	"$base"/root/pods/*/volumes/kubernetes.io~downward-api/podinfo/labels; do
+	[ -e "$f" ] && { echo "  $f:"; sed 's/^/    /' "$f"; echo; }
+done
+echo
+echo "Explore: curl http://$debug/debug/asw | /debug/operations | /debug/api-volumes | /debug/events ; curl http://127.0.0.1:9809/metrics"
 echo "Edit or add manifests in $base/manifests and watch the agent follow. Ctrl-C to stop."
 if [ -n "${EXAMPLE_DURATION:-}" ]; then
 	sleep "$EXAMPLE_DURATION"
