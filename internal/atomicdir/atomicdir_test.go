@@ -2,6 +2,7 @@ package atomicdir
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -441,5 +442,39 @@ func TestDataDirectoryName(t *testing.T) {
 	}
 	if !strings.HasPrefix(target, "..2026_11_22_10_00_05.") {
 		t.Errorf("data directory %q, want the kubelet's ..<UTC timestamp>.<n>", target)
+	}
+}
+
+// A refresh whose sources did not change: compare and write nothing.
+func BenchmarkWriteUnchanged(b *testing.B) {
+	dir := b.TempDir()
+	p := Payload{}
+	for i := range 10 {
+		p[fmt.Sprintf("key-%d", i)] = File{Data: []byte(strings.Repeat("x", 1024)), Mode: 0o644}
+	}
+	if _, err := Write(dir, p, Options{}); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		if changed, err := Write(dir, p, Options{}); err != nil || changed {
+			b.Fatal(changed, err)
+		}
+	}
+}
+
+// An update of one key of ten: new data directory, swap, old one removed.
+func BenchmarkWriteChanged(b *testing.B) {
+	dir := b.TempDir()
+	p := Payload{}
+	for i := range 10 {
+		p[fmt.Sprintf("key-%d", i)] = File{Data: []byte(strings.Repeat("x", 1024)), Mode: 0o644}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		p["key-0"] = File{Data: []byte(fmt.Sprint(i)), Mode: 0o644}
+		if _, err := Write(dir, p, Options{}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

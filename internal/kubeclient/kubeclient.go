@@ -224,7 +224,7 @@ func (c *Client) RequestToken(ctx context.Context, namespace, serviceAccount str
 // certificates.k8s.io/v1beta1 ClusterTrustBundles (beta and off by default
 // in Kubernetes 1.36).
 func (c *Client) ServesClusterTrustBundles(ctx context.Context) (bool, error) {
-	raw, err := c.Certificates.Get().AbsPath("/apis/certificates.k8s.io/v1beta1").DoRaw(ctx)
+	raw, err := c.Certificates.Get().AbsPath("/apis/certificates.k8s.io/v1beta1").SetHeader("Accept", "application/json").DoRaw(ctx)
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}

@@ -302,6 +302,12 @@ func TestTokenProjectionWithoutAPIServer(t *testing.T) {
 	if _, err := pl.Attributes(s); err == nil || !strings.Contains(err.Error(), "standalone mode has no API server") {
 		t.Fatalf("Attributes: %v", err)
 	}
+	ctb := spec("trust", v1.VolumeSource{Projected: &v1.ProjectedVolumeSource{Sources: []v1.VolumeProjection{
+		{ClusterTrustBundle: &v1.ClusterTrustBundleProjection{Name: ptr.To("b"), Path: "ca.pem"}},
+	}}})
+	if _, err := pl.Attributes(ctb); err == nil || !strings.Contains(err.Error(), "clusterTrustBundle projection \"ca.pem\" cannot be served") {
+		t.Fatalf("Attributes of a trust bundle projection without an API server: %v", err)
+	}
 }
 
 func TestDownwardAPIFromPodMetadata(t *testing.T) {

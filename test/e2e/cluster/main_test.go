@@ -45,7 +45,15 @@ func TestMain(m *testing.M) {
 	os.Exit(e2eutil.RunSuite(m, &suite, e2eutil.SuiteOptions{
 		Name:         "cluster",
 		CSIDriver:    true,
-		ControlPlane: e2eutil.ControlPlaneOptions{Nodes: []string{nodeCredsTest + "-node"}},
+		ControlPlane: e2eutil.ControlPlaneOptions{
+			Nodes: []string{nodeCredsTest + "-node", trustBundleTest + "-node"},
+			// ClusterTrustBundles and their projection are beta and off by
+			// default in 1.36.
+			APIServerArgs: []string{
+				"--feature-gates=ClusterTrustBundle=true,ClusterTrustBundleProjection=true",
+				"--runtime-config=certificates.k8s.io/v1beta1/clustertrustbundles=true",
+			},
+		},
 		KeepDir:      os.Getenv("VOLUME_AGENT_E2E_KEEP") != "",
 		Check:        checkRBAC,
 	}))
