@@ -38,7 +38,7 @@ func (listOnly) IsWatchListSemanticsUnSupported() bool { return true }
 
 func (f *fakeAPI) listWatch(k Key) cache.ListerWatcher {
 	return listOnly{&cache.ListWatch{
-		ListFunc: func(metav1.ListOptions) (runtime.Object, error) {
+		ListWithContextFunc: func(_ context.Context, _ metav1.ListOptions) (runtime.Object, error) {
 			if f.gate != nil {
 				<-f.gate
 			}
@@ -51,7 +51,7 @@ func (f *fakeAPI) listWatch(k Key) cache.ListerWatcher {
 			}
 			return list, nil
 		},
-		WatchFunc: func(metav1.ListOptions) (watch.Interface, error) {
+		WatchFuncWithContext: func(_ context.Context, _ metav1.ListOptions) (watch.Interface, error) {
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			w := watch.NewRaceFreeFake()

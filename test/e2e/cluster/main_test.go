@@ -43,8 +43,8 @@ var suite e2eutil.Suite
 
 func TestMain(m *testing.M) {
 	os.Exit(e2eutil.RunSuite(m, &suite, e2eutil.SuiteOptions{
-		Name:         "cluster",
-		CSIDriver:    true,
+		Name:      "cluster",
+		CSIDriver: true,
 		ControlPlane: e2eutil.ControlPlaneOptions{
 			Nodes: []string{nodeCredsTest + "-node", trustBundleTest + "-node"},
 			// ClusterTrustBundles and their projection are beta and off by
@@ -54,8 +54,8 @@ func TestMain(m *testing.M) {
 				"--runtime-config=certificates.k8s.io/v1beta1/clustertrustbundles=true",
 			},
 		},
-		KeepDir:      os.Getenv("VOLUME_AGENT_E2E_KEEP") != "",
-		Check:        checkRBAC,
+		KeepDir: os.Getenv("VOLUME_AGENT_E2E_KEEP") != "",
+		Check:   checkRBAC,
 	}))
 }
 
