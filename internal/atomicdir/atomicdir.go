@@ -724,6 +724,54 @@ func (w *writer) removeStaleLinks() error {
 	return nil
 }
 
+// MakeDirs makes directories (relative paths, checked as payload paths are)
+// in dir, never following a link: the mount points of volumes that
+// containers mount beneath this one, which they see read-only. Made before
+// the first Write, such a directory shadows a key of the same top-level
+// name, as in the kubelet.
+func MakeDirs(dir string, rels []string) error {
+	if len(rels) == 0 {
+		return nil
+	}
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(dfd)
+	for _, rel := range rels {
+		if err := ValidatePath(rel); err != nil {
+			return fmt.Errorf("mount point beneath the volume: %w", err)
+		}
+		fd, err := openDirsAt(dfd, path.Clean(rel))
+		if err != nil {
+			return &os.PathError{Op: "mkdir", Path: dir + "/" + rel, Err: err}
+		}
+		if fd != dfd {
+			unix.Close(fd)
+		}
+	}
+	return nil
+}
+
+// openDirsAt is mkdirAllAt for a directory that may already hold entries:
+// an existing link or file in the way is an error, never followed.
+func openDirsAt(root int, rel string) (int, error) {
+	fd := root
+	for _, e := range strings.Split(rel, "/") {
+		if err := unix.Mkdirat(fd, e, dirMode); err != nil && !errors.Is(err, unix.EEXIST) {
+			closeUnlessRoot(fd, root)
+			return -1, err
+		}
+		nfd, err := unix.Openat(fd, e, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		closeUnlessRoot(fd, root)
+		if err != nil {
+			return -1, err
+		}
+		fd = nfd
+	}
+	return fd, nil
+}
+
 func readDirNames(fd int) ([]string, error) {
 	dup, err := unix.Dup(fd)
 	if err != nil {

@@ -478,3 +478,43 @@ func BenchmarkWriteChanged(b *testing.B) {
 		}
 	}
 }
+
+func TestMakeDirsForNestedMounts(t *testing.T) {
+	dir := t.TempDir()
+	if err := MakeDirs(dir, []string{"nested", "deep/er"}); err != nil {
+		t.Fatal(err)
+	}
+	// A key of the same top-level name is shadowed by the mount point.
+	mustWrite(t, dir, files("nested", "key", "deep/x", "y", "other", "z"), Options{})
+	for _, d := range []string{"nested", "deep/er"} {
+		if st, err := os.Lstat(filepath.Join(dir, d)); err != nil || !st.IsDir() {
+			t.Errorf("%s: %v, %v; want a directory", d, st, err)
+		}
+	}
+	if got := visible(t, dir, []string{"other"}); got["other"] != "z" {
+		t.Errorf("other = %q", got["other"])
+	}
+	// Updates keep the mount points; MakeDirs again is a no-op.
+	mustWrite(t, dir, files("other", "z2"), Options{})
+	if err := MakeDirs(dir, []string{"nested", "deep/er"}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Lstat(filepath.Join(dir, "deep", "er")); err != nil || !st.IsDir() {
+		t.Errorf("deep/er after an update: %v, %v", st, err)
+	}
+
+	// Never through a link, never outside.
+	outside := t.TempDir()
+	if err := os.Symlink(outside, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := MakeDirs(dir, []string{"link/x"}); err == nil {
+		t.Error("MakeDirs followed a link")
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Errorf("created outside the volume: %v", entries)
+	}
+	if err := MakeDirs(dir, []string{"../escape"}); err == nil {
+		t.Error("MakeDirs accepted '..'")
+	}
+}

@@ -254,6 +254,15 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	if err != nil {
 		return err
 	}
+	if err := atomicdir.MakeDirs(req.Dir, in.Pod.NestedMounts[req.Spec.Name]); err != nil {
+		err = fmt.Errorf("making the mount points of volumes mounted beneath this one: %w", err)
+		if fresh {
+			if terr := p.remove(req.Dir); terr != nil {
+				return volume.Uncertain(errors.Join(err, terr))
+			}
+		}
+		return err
+	}
 	changed, err := atomicdir.Write(req.Dir, files, atomicdir.Options{FSGroup: req.Pod.FSGroup})
 	if err != nil {
 		err = fmt.Errorf("writing the volume's files: %w", err)

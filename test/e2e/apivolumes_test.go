@@ -48,6 +48,10 @@ func apiPod() *corev1.Pod {
 		}}}},
 	)
 	p.Labels = map[string]string{"tier": "web"}
+	// A volume mounted beneath the configMap's mount point: its mount
+	// point must exist in the (read-only) configMap volume.
+	p.Spec.Volumes = append(p.Spec.Volumes, e2eutil.MemoryVolume("nested"))
+	p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "nested", MountPath: "/mnt/config/cache"})
 	return p
 }
 
@@ -102,6 +106,9 @@ func TestAPIVolumesStandalone(t *testing.T) {
 	waitContent(t, info, map[string]string{"labels": `tier="web"`, "name": "app"})
 	waitContent(t, all, map[string]string{"app.conf": "greeting=hello", "password": "hunter2", "namespace": "default"})
 
+	if st, err := os.Lstat(filepath.Join(config, "cache")); err != nil || !st.IsDir() {
+		t.Errorf("the mount point of the volume mounted beneath the configMap: %v, %v; want a directory", st, err)
+	}
 	// The kubelet's layout: names are links into ..data.
 	if target, err := os.Readlink(filepath.Join(config, "conf")); err != nil || target != "..data/conf" {
 		t.Errorf("conf -> %q, %v; want ..data/conf", target, err)

@@ -10,7 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
+	"slices"
 	"sort"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -49,6 +52,10 @@ type Pod struct {
 	// the same one (the kubelet's FsUser); it owns token files.
 	FSUser  *int64
 	FSGroup *int64
+	// NestedMounts lists, by volume name, where containers mount other
+	// volumes beneath it (relative to it): these directories must exist
+	// in the volume, which containers see read-only.
+	NestedMounts map[string][]string
 }
 
 // Container is a container's name and resources.
@@ -61,7 +68,7 @@ type Container struct {
 // annotations are kept only when want says a downwardAPI item reads them
 // (annotations can be large, and most pods have no such item).
 func FromObject(pod *v1.Pod, labels, annotations bool) *Pod {
-	p := &Pod{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, FSUser: fsUser(pod)}
+	p := &Pod{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, FSUser: fsUser(pod), NestedMounts: nestedMounts(pod)}
 	if labels {
 		p.Labels = pod.Labels
 	}
@@ -77,6 +84,48 @@ func FromObject(pod *v1.Pod, labels, annotations bool) *Pod {
 		}
 	}
 	return p
+}
+
+// nestedMounts finds, for each volume, the mount points of other volumes
+// beneath it in the same container: only the outermost ones (a volume at
+// /a/b beneath one at /a beneath this one at / needs only "a").
+func nestedMounts(pod *v1.Pod) map[string][]string {
+	var out map[string][]string
+	add := func(mounts []v1.VolumeMount) {
+		for _, m := range mounts {
+			base := path.Clean(m.MountPath)
+			prefix := strings.TrimSuffix(base, "/") + "/"
+			var found []string
+			for _, n := range mounts {
+				p := path.Clean(n.MountPath)
+				if strings.HasPrefix(p, prefix) {
+					found = append(found, p[len(prefix):])
+				}
+			}
+			sort.Strings(found)
+			for i, rel := range found {
+				if i > 0 && slices.ContainsFunc(found[:i], func(o string) bool { return o == rel || strings.HasPrefix(rel, o+"/") }) {
+					continue
+				}
+				if out == nil {
+					out = map[string][]string{}
+				}
+				if !slices.Contains(out[m.Name], rel) {
+					out[m.Name] = append(out[m.Name], rel)
+				}
+			}
+		}
+	}
+	for i := range pod.Spec.InitContainers {
+		add(pod.Spec.InitContainers[i].VolumeMounts)
+	}
+	for i := range pod.Spec.Containers {
+		add(pod.Spec.Containers[i].VolumeMounts)
+	}
+	for i := range pod.Spec.EphemeralContainers {
+		add(pod.Spec.EphemeralContainers[i].VolumeMounts)
+	}
+	return out
 }
 
 // fsUser is the user all containers (init, regular, ephemeral) run as, if

@@ -3,6 +3,7 @@ package payload
 import (
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -372,5 +373,32 @@ func TestRefsOf(t *testing.T) {
 	}
 	if kaa := kubeAPIAccess(); RefsOf(&kaa).ReadsPod() {
 		t.Error("kube-api-access reads only the namespace, not labels, annotations or resources")
+	}
+}
+
+func TestNestedMounts(t *testing.T) {
+	pod := &v1.Pod{Spec: v1.PodSpec{
+		InitContainers: []v1.Container{{Name: "init", VolumeMounts: []v1.VolumeMount{
+			{Name: "config", MountPath: "/etc/app"}, {Name: "init-only", MountPath: "/etc/app/init"},
+		}}},
+		Containers: []v1.Container{{Name: "c", VolumeMounts: []v1.VolumeMount{
+			{Name: "config", MountPath: "/etc/app/"},
+			{Name: "certs", MountPath: "/etc/app/tls"},
+			{Name: "deeper", MountPath: "/etc/app/tls/private"},
+			{Name: "sibling", MountPath: "/etc/application"},
+			{Name: "data", MountPath: "/data/x/y"},
+		}}},
+	}}
+	got := FromObject(pod, false, false).NestedMounts
+	want := map[string][]string{"config": {"init", "tls"}, "certs": {"private"}}
+	if len(got) != len(want) {
+		t.Fatalf("nested mounts %v, want %v", got, want)
+	}
+	for k, v := range want {
+		g := slices.Clone(got[k])
+		slices.Sort(g)
+		if !slices.Equal(g, v) {
+			t.Errorf("%s: %v, want %v", k, got[k], v)
+		}
 	}
 }
