@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/localpv"
+	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/source/kube"
 	"github.com/volume-agent/volume-agent/status/events"
@@ -25,6 +27,9 @@ type clusterParts struct {
 	source      *kube.Source
 	broadcaster record.EventBroadcaster
 	recorder    record.EventRecorder
+	// attachmentChanged is told about VolumeAttachment changes; set by
+	// the CSI part, which is built after the source.
+	attachmentChanged atomic.Pointer[func(name string)]
 }
 
 // newCluster watches the API server for this node's pods and what they
@@ -75,13 +80,39 @@ func newClusterParts(cfg Config, log *zap.Logger) (*clusterParts, error) {
 			return nil, fmt.Errorf("--node-kubeconfig: %w", err)
 		}
 	}
-	p.source = kube.New(kube.Options{Client: client, NodeName: cfg.NodeName, Log: log.Named("source")})
+	// Claims, volumes and attachments are read with the agent's own
+	// credentials even with --node-kubeconfig: the Node authorizer lets a
+	// node only GET them, never list or watch (docs/cluster-mode.md).
+	p.source = kube.New(kube.Options{
+		Client: client, NodeName: cfg.NodeName, Log: log.Named("source"),
+		AttachmentName: p.attachmentName(cfg.NodeName),
+		OnAttachmentChange: func(name string) {
+			if f := p.attachmentChanged.Load(); f != nil {
+				(*f)(name)
+			}
+		},
+	})
 	// The broadcaster's correlator aggregates repeated events and rate
 	// limits them per object, so a volume stuck in a retry loop cannot flood
 	// the API server.
 	p.broadcaster = record.NewBroadcaster(record.WithContext(context.Background()))
 	p.recorder = p.broadcaster.NewRecorder(kubeclient.Scheme, v1.EventSource{Component: "volume-agent", Host: cfg.NodeName})
 	return p, nil
+}
+
+// attachmentName names the VolumeAttachment a CSI volume has on this node,
+// unless its CSIDriver says it needs none.
+func (p *clusterParts) attachmentName(node string) func(pv *v1.PersistentVolume) string {
+	return func(pv *v1.PersistentVolume) string {
+		csi := pv.Spec.CSI
+		if csi == nil {
+			return ""
+		}
+		if d, err := p.source.CSIDriver(csi.Driver); err == nil && d.Spec.AttachRequired != nil && !*d.Spec.AttachRequired {
+			return ""
+		}
+		return csiplugin.AttachmentName(csi.VolumeHandle, csi.Driver, node)
+	}
 }
 
 // objectsClient reads Secrets and ConfigMaps and requests tokens: with the
@@ -100,12 +131,12 @@ func (p *clusterParts) startEvents() {
 
 func (p *clusterParts) close() { p.broadcaster.Shutdown() }
 
-// newLocalPV builds the local volume provisioner on the source's informers.
+// newLocalPV builds the local volume provisioner; it shares the source's
+// StorageClass and Node informers and watches its own PVs (by label).
 func (p *clusterParts) newLocalPV(cfg Config, recorder events.Recorder) (*localpv.Provisioner, error) {
 	return localpv.New(localpv.Options{
 		Client: p.client, NodeName: cfg.NodeName, ConfigFile: cfg.LocalVolumesConfig, HostRoot: cfg.HostRoot,
 		Recorder: recorder, Log: cfg.Log.Named("localpv"),
-		PVInformer:    p.source.PVInformer(),
 		ClassInformer: p.source.StorageClassInformer(),
 		NodeInformer:  p.source.NodeInformer(),
 	})

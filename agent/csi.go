@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	storagev1 "k8s.io/api/storage/v1"
-	k8scache "k8s.io/client-go/tools/cache"
 
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/csi/registration"
@@ -65,10 +65,9 @@ func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorl
 			pcfg.AttachMode = csiplugin.AttachController
 		}
 		pcfg.Secrets = c.objectsClient().SecretData
-		inf := k8scache.NewSharedIndexInformer(kubeclient.ListWatch(c.client.Storage, "volumeattachments", "", nil),
-			&storagev1.VolumeAttachment{}, 0, k8scache.Indexers{})
-		c.source.AddInformer(inf)
-		p.attachments = &attachments{client: c.client, informer: inf}
+		// The source watches the attachment of each CSI volume the
+		// node's pods use, by name.
+		p.attachments = &attachments{client: c.client, get: c.source.VolumeAttachment, changed: &c.attachmentChanged}
 		if pcfg.AttachMode == csiplugin.AttachController {
 			p.nodeStatus = nodestatus.New(cfg.NodeName, c.client, c.source.Node, log.Named("nodestatus"))
 			p.attachments.inUse = p.nodeStatus.ReportedInUse
@@ -92,11 +91,8 @@ func (p *csiParts) retryOnChange(exec *operations.Executor, wake *notify.Signal)
 	})
 	if p.attachments != nil {
 		waitingForAttach := func(op *operations.Operation) bool { return op.Name == operations.OpVerifyAttached }
-		_, _ = p.attachments.informer.AddEventHandler(k8scache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { retry(waitingForAttach) },
-			UpdateFunc: func(any, any) { retry(waitingForAttach) },
-			DeleteFunc: func(any) { retry(waitingForAttach) },
-		})
+		onChange := func(string) { retry(waitingForAttach) }
+		p.attachments.changed.Store(&onChange)
 	}
 }
 
@@ -125,21 +121,19 @@ func (p *csiParts) start(l *loops, static []StaticDriver, probePeriod time.Durat
 	}
 }
 
-// attachments is the VolumeAttachment API over the informer cache and the
-// REST client.
+// attachments is the VolumeAttachment API over the source's per-object
+// watches and the REST client.
 type attachments struct {
-	client   *kubeclient.Client
-	informer k8scache.SharedIndexInformer
-	inUse    func(volume.UniqueName) bool
+	client *kubeclient.Client
+	get    func(name string) (*storagev1.VolumeAttachment, bool)
+	// changed is called when a watched attachment changes.
+	changed *atomic.Pointer[func(name string)]
+	inUse   func(volume.UniqueName) bool
 }
 
-func (a *attachments) Get(name string) (*storagev1.VolumeAttachment, bool) {
-	o, ok, err := a.informer.GetStore().GetByKey(name)
-	if err != nil || !ok {
-		return nil, false
-	}
-	return o.(*storagev1.VolumeAttachment), true
-}
+// Get implements csiplugin.Attachments: false until the attachment exists
+// and its watch has read it.
+func (a *attachments) Get(name string) (*storagev1.VolumeAttachment, bool) { return a.get(name) }
 
 func (a *attachments) Create(ctx context.Context, va *storagev1.VolumeAttachment) error {
 	return a.client.CreateVolumeAttachment(ctx, va)

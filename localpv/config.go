@@ -211,6 +211,9 @@ func parseClass(file, name string, raw json.RawMessage) (*Class, *ConfigError) {
 	}
 
 	for k, v := range fc.Labels {
+		if k == LabelNode {
+			return nil, bad("labels", "%s is the provisioner's own label", LabelNode)
+		}
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
 			return nil, bad("labels", "key %q: %s", k, strings.Join(errs, "; "))
 		}

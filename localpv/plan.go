@@ -1,6 +1,8 @@
 package localpv
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
@@ -12,6 +14,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // AnnProvisionedBy is the annotation naming who provisioned a PV. The PV
@@ -22,6 +25,30 @@ const AnnProvisionedBy = "pv.kubernetes.io/provisioned-by"
 // ProvisionerName is the AnnProvisionedBy value of a node's PVs. It names
 // the node so that each agent only ever touches its own node's PVs.
 func ProvisionerName(node string) string { return "volume-agent.io/" + node }
+
+// LabelNode is the label every PV the provisioner makes carries, with
+// NodeLabelValue(node): each node's provisioner watches only its own PVs
+// (label selector), never every PV of the cluster.
+const LabelNode = "local.volume-agent.io/node"
+
+// NodeLabelValue is the LabelNode value of a node's PVs: the node name, or,
+// when that is no valid label value (longer than 63 characters), "h-"
+// followed by 60 hex digits of its SHA-256.
+func NodeLabelValue(node string) string {
+	if len(validation.IsValidLabelValue(node)) == 0 {
+		return node
+	}
+	sum := sha256.Sum256([]byte(node))
+	return "h-" + hex.EncodeToString(sum[:])[:60]
+}
+
+// NodeSelector selects the PVs of a node's provisioner.
+func NodeSelector(node string) string { return LabelNode + "=" + NodeLabelValue(node) }
+
+// labelled reports whether a PV carries the node's label.
+func labelled(pv *v1.PersistentVolume, node string) bool {
+	return pv.Labels[LabelNode] == NodeLabelValue(node)
+}
 
 // entry is one name found in a class's discovery directory.
 type entry struct {
@@ -66,12 +93,18 @@ type planInput struct {
 	Seen       map[string]seenEntry
 	Settle     time.Duration
 	CreateErrs map[string]string
+	// Foreign are names of PVs the provisioner did not make (found when a
+	// create collided): taken, though not watched.
+	Foreign map[string]bool
 }
 
 type createRequest struct {
 	PV    *v1.PersistentVolume
 	Class string
 	Path  string
+	// Names are the names the entry's PV may have (see PVName): where
+	// to look for a PV an earlier version made without LabelNode.
+	Names []string
 }
 
 type deleteRequest struct {
@@ -111,6 +144,9 @@ func plan(in *planInput) *planOutput {
 	byPath := map[string][]*v1.PersistentVolume{}
 	taken := map[string]bool{}
 	present := map[types.UID]bool{}
+	for name := range in.Foreign {
+		taken[name] = true
+	}
 	for _, pv := range pvs {
 		taken[pv.Name] = true
 		present[pv.UID] = true
@@ -216,7 +252,8 @@ func plan(in *planInput) *planOutput {
 		}
 		taken[name] = true
 		pv := buildPV(name, e, mode, fsType, in.Classes[e.Class.Name], in.Node, in.Hostname)
-		out.Create = append(out.Create, createRequest{PV: pv, Class: e.Class.Name, Path: e.Path})
+		out.Create = append(out.Create, createRequest{PV: pv, Class: e.Class.Name, Path: e.Path,
+			Names: slices.Compact([]string{PVName(e.Class.NamePattern, in.Node, e.Class.Name, e.Name), FallbackName(e.Class.NamePattern, in.Node, e.Class.Name, e.Name)})})
 		v.PV, v.State, v.VolumeMode, v.FSType = name, StatePending, mode, fsType
 		v.ReclaimPolicy = pv.Spec.PersistentVolumeReclaimPolicy
 		v.LastError = in.CreateErrs[e.Path]
@@ -370,10 +407,15 @@ func buildPV(name string, e *entry, mode v1.PersistentVolumeMode, fsType string,
 	if sc != nil && sc.ReclaimPolicy != nil {
 		policy = *sc.ReclaimPolicy
 	}
+	labels := maps.Clone(e.Class.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[LabelNode] = NodeLabelValue(node)
 	pv := &v1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        name,
-			Labels:      maps.Clone(e.Class.Labels),
+			Labels:      labels,
 			Annotations: map[string]string{AnnProvisionedBy: ProvisionerName(node)},
 		},
 		Spec: v1.PersistentVolumeSpec{

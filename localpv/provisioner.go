@@ -2,6 +2,7 @@ package localpv
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -85,10 +86,11 @@ type Options struct {
 	// RequestTimeout bounds each API request. Default 30s.
 	RequestTimeout time.Duration
 
-	// PVInformer, ClassInformer and NodeInformer may be shared with the
-	// agent's own (kube.Source has the same ones) to save memory; the
-	// provisioner then only adds handlers and does not run them. The node
-	// informer must hold this node. Nil: the provisioner runs its own.
+	// ClassInformer and NodeInformer may be shared with the agent's own
+	// (kube.Source has the same ones) to save memory; the provisioner then
+	// only adds handlers and does not run them. The node informer must
+	// hold this node. PVInformer must select NodeSelector(NodeName) (tests
+	// give their own). Nil: the provisioner runs its own.
 	PVInformer    cache.SharedIndexInformer
 	ClassInformer cache.SharedIndexInformer
 	NodeInformer  cache.SharedIndexInformer
@@ -124,6 +126,11 @@ type Provisioner struct {
 	prevState  map[string]Volume // by PV name or path
 	classErrs  map[string]string
 	watched    map[string]bool
+	// foreign are names of PVs someone else made (not watched: they do
+	// not carry the node's label); checked are the paths whose possible
+	// PV names were looked up for a PV an earlier version made.
+	foreign map[string]bool
+	checked map[string]bool
 
 	statusMu sync.Mutex
 	status   Document
@@ -186,6 +193,8 @@ func New(o Options) (*Provisioner, error) {
 		prevState:  map[string]Volume{},
 		classErrs:  map[string]string{},
 		watched:    map[string]bool{},
+		foreign:    map[string]bool{},
+		checked:    map[string]bool{},
 		now:        time.Now,
 	}
 	p.cfgStatus.File = o.ConfigFile
@@ -195,7 +204,12 @@ func New(o Options) (*Provisioner, error) {
 	core, storage := o.Client.Core, o.Client.Storage
 	p.pvs = o.PVInformer
 	if p.pvs == nil {
-		p.pvs = p.ownInformer(kubeclient.ListWatch(core, "persistentvolumes", "", nil), &v1.PersistentVolume{})
+		// Only this node's PVs: the provisioner's memory and watch traffic
+		// do not grow with the cluster's PVs.
+		sel := NodeSelector(o.NodeName)
+		p.pvs = p.ownInformer(cache.NewFilteredListWatchFromClient(core, "persistentvolumes", "", func(lo *metav1.ListOptions) {
+			lo.LabelSelector = sel
+		}), &v1.PersistentVolume{})
 	}
 	p.classes = o.ClassInformer
 	if p.classes == nil {
@@ -440,7 +454,7 @@ func (p *Provisioner) pass(ctx context.Context, dw *dirWatcher) time.Time {
 	in := &planInput{
 		Now: start, Node: p.opts.NodeName, Config: cfg,
 		ClassErr: map[string]string{}, Classes: map[string]*storagev1.StorageClass{},
-		Backing: map[types.UID]probe{}, Recent: p.recent, Seen: p.seen, CreateErrs: p.createErrs,
+		Backing: map[types.UID]probe{}, Recent: p.recent, Seen: p.seen, CreateErrs: p.createErrs, Foreign: p.foreign,
 		Settle: max(p.opts.SettlePeriod, 0),
 	}
 	docErr := ""
@@ -547,6 +561,21 @@ func (p *Provisioner) node() (*v1.Node, string) {
 func (p *Provisioner) create(ctx context.Context, r *createRequest) {
 	ctx, cancel := context.WithTimeout(ctx, p.opts.RequestTimeout)
 	defer cancel()
+	if !p.checked[r.Path] {
+		found, err := p.adoptEarlier(ctx, r.Names)
+		if err != nil {
+			p.createErrs[r.Path] = fmt.Sprintf("looking for an existing PV of %s: %v", r.Path, err)
+			p.log.Error("local volume not created: cannot look for an existing one", zap.String("path", r.Path), zap.Error(err))
+			p.metrics.discoveryErrors.WithLabelValues(r.Class, "create").Inc()
+			return
+		}
+		p.checked[r.Path] = true
+		if found {
+			// The next pass sees what was found (labelled, or a taken name).
+			p.wake.Notify()
+			return
+		}
+	}
 	out := &v1.PersistentVolume{}
 	err := p.opts.Client.Core.Post().Resource("persistentvolumes").Body(r.PV).Do(ctx).Into(out)
 	mode := string(*r.PV.Spec.VolumeMode)
@@ -556,9 +585,15 @@ func (p *Provisioner) create(ctx context.Context, r *createRequest) {
 			zap.String("capacity", storageOf(r.PV)), zap.String("volumeMode", mode))
 		p.metrics.created.WithLabelValues(r.Class, mode).Inc()
 	case apierrors.IsAlreadyExists(err):
-		// Made before a restart, or the cache lags: the name is
-		// deterministic, so this is our PV.
-		p.log.Debug("local volume exists already", zap.String("pv", r.PV.Name))
+		// Made before a restart and the cache lags, or someone else's:
+		// look.
+		if _, err := p.adoptEarlier(ctx, []string{r.PV.Name}); err != nil {
+			p.log.Warn("local volume exists already and cannot be read", zap.String("pv", r.PV.Name), zap.Error(err))
+		}
+		p.wake.Notify()
+		if p.foreign[r.PV.Name] {
+			return // the next pass takes the other name
+		}
 	default:
 		msg := fmt.Sprintf("creating PV %s for %s: %v", r.PV.Name, r.Path, err)
 		p.createErrs[r.Path] = msg
@@ -568,6 +603,45 @@ func (p *Provisioner) create(ctx context.Context, r *createRequest) {
 	}
 	delete(p.createErrs, r.Path)
 	p.recent[r.Path] = recentCreate{Name: r.PV.Name, At: p.now()}
+}
+
+// adoptEarlier looks the names up (GET, never a list): a PV this node's
+// provisioner made (AnnProvisionedBy) without LabelNode — an earlier
+// version made no label — gets it, so that the watch sees it from now on;
+// a PV someone else made has its name remembered as taken. It reports
+// whether any exists.
+func (p *Provisioner) adoptEarlier(ctx context.Context, names []string) (bool, error) {
+	found := false
+	for _, name := range names {
+		pv := &v1.PersistentVolume{}
+		err := p.opts.Client.Core.Get().Resource("persistentvolumes").Name(name).Do(ctx).Into(pv)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return found, err
+		}
+		found = true
+		switch {
+		case !isOurs(pv, ProvisionerName(p.opts.NodeName)):
+			if !p.foreign[name] {
+				p.log.Info("a PV of another provisioner has the name; using the fallback name", zap.String("pv", name))
+			}
+			p.foreign[name] = true
+		case !labelled(pv, p.opts.NodeName):
+			// The resource version makes the patch fail if the PV changed
+			// since it was read; the next pass tries again.
+			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+				"labels": map[string]string{LabelNode: NodeLabelValue(p.opts.NodeName)}, "resourceVersion": pv.ResourceVersion,
+			}})
+			if err := p.opts.Client.Core.Patch(types.MergePatchType).Resource("persistentvolumes").Name(name).Body(patch).Do(ctx).Error(); err != nil {
+				return found, fmt.Errorf("labelling PV %s: %w", name, err)
+			}
+			p.log.Info("labelled a local volume made by an earlier version, so that the node's PV watch sees it",
+				zap.String("pv", name), zap.String("label", NodeSelector(p.opts.NodeName)))
+		}
+	}
+	return found, nil
 }
 
 func (p *Provisioner) delete(ctx context.Context, d deleteRequest) {

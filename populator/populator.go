@@ -8,7 +8,9 @@
 // during an API outage; a PVC manifest was removed under a running pod): the
 // error is reported, the mount stays. And a pod whose volumes never resolved
 // is marked so the reconciler does not unmount what it may have mounted
-// before a restart.
+// before a restart — in particular while its claim or volume is not read
+// yet (source.ErrNotRead: cluster mode reads them as pods need them), which
+// is a wait, not an error: no event, no metric.
 package populator
 
 import (
@@ -282,6 +284,14 @@ func (p *Populator) reportNewErrors(old *podState, errs []*volume.PodVolumeError
 	}
 	for _, e := range errs {
 		if known[e.Error()] {
+			continue
+		}
+		if e.Reason == ReasonNotRead {
+			// Waiting for a watch that started a moment ago: not a
+			// problem of the pod (the source logs one that lasts).
+			if p.opts.Log != nil {
+				p.opts.Log.Debug("pod volume waits for its claim or volume to be read", zap.String("pod", e.Pod.String()), zap.String("volume", e.Volume), zap.Error(e.Err))
+			}
 			continue
 		}
 		if p.opts.Log != nil {

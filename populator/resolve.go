@@ -17,17 +17,21 @@ import (
 
 // Reasons classify pod volume errors (metric label, event text).
 const (
-	ReasonPVCNotFound      = "PVCNotFound"
-	ReasonPVCNotBound      = "PVCNotBound"
-	ReasonPVCBeingDeleted  = "PVCBeingDeleted"
-	ReasonPVCNotOwned      = "EphemeralPVCNotOwned"
-	ReasonPVNotFound       = "PVNotFound"
-	ReasonPVClaimMismatch  = "PVClaimMismatch"
-	ReasonVolumeMode       = "VolumeModeMismatch"
-	ReasonNodeAffinity     = "NodeAffinityMismatch"
-	ReasonUnsupported      = "UnsupportedVolume"
-	ReasonInvalid          = "InvalidVolume"
-	ReasonLookupFailed     = "LookupFailed"
+	ReasonPVCNotFound     = "PVCNotFound"
+	ReasonPVCNotBound     = "PVCNotBound"
+	ReasonPVCBeingDeleted = "PVCBeingDeleted"
+	ReasonPVCNotOwned     = "EphemeralPVCNotOwned"
+	ReasonPVNotFound      = "PVNotFound"
+	ReasonPVClaimMismatch = "PVClaimMismatch"
+	ReasonVolumeMode      = "VolumeModeMismatch"
+	ReasonNodeAffinity    = "NodeAffinityMismatch"
+	ReasonUnsupported     = "UnsupportedVolume"
+	ReasonInvalid         = "InvalidVolume"
+	ReasonLookupFailed    = "LookupFailed"
+	// ReasonNotRead: the claim or volume is not read from the API server
+	// yet (its watch starts with the first pod that uses it). The volume
+	// waits; this is not reported as an error (no event, no metric).
+	ReasonNotRead          = "NotReadYet"
 	ReasonPodUIDUnusable   = "InvalidPodUID"
 	pvcProtectionFinalizer = "kubernetes.io/pvc-protection"
 )
@@ -203,6 +207,9 @@ func (r *resolver) resolve(pod *v1.Pod, podInfo volume.PodInfo, vol *v1.Volume, 
 func (r *resolver) claim(pod *v1.Pod, name string, ephemeral bool) (*v1.PersistentVolumeClaim, *v1.PersistentVolume, string, error) {
 	ns := pod.Namespace
 	pvc, err := r.pvc(ns, name)
+	if errors.Is(err, source.ErrNotRead) {
+		return nil, nil, ReasonNotRead, fmt.Errorf("PVC %s/%s is not read from the API server yet", ns, name)
+	}
 	if apierrors.IsNotFound(err) {
 		return nil, nil, ReasonPVCNotFound, fmt.Errorf("PVC %s/%s not found", ns, name)
 	}
@@ -226,6 +233,9 @@ func (r *resolver) claim(pod *v1.Pod, name string, ephemeral bool) (*v1.Persiste
 		return nil, nil, ReasonPVCNotBound, fmt.Errorf("PVC %s/%s is bound but names no volume", ns, name)
 	}
 	pv, err := r.pv(pvc.Spec.VolumeName)
+	if errors.Is(err, source.ErrNotRead) {
+		return nil, nil, ReasonNotRead, fmt.Errorf("PV %s (bound to PVC %s/%s) is not read from the API server yet", pvc.Spec.VolumeName, ns, name)
+	}
 	if apierrors.IsNotFound(err) {
 		return nil, nil, ReasonPVNotFound, fmt.Errorf("PV %s (bound to PVC %s/%s) not found", pvc.Spec.VolumeName, ns, name)
 	}

@@ -10,6 +10,7 @@ package source
 
 import (
 	"context"
+	"errors"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -17,7 +18,8 @@ import (
 
 // Store is a read-only view of the objects the agent acts on. Returned objects
 // are shared with the store: callers must not modify them. Lookups of missing
-// objects return an error for which apierrors.IsNotFound is true.
+// objects return an error for which apierrors.IsNotFound is true; lookups of
+// objects not read yet one matching ErrNotRead.
 type Store interface {
 	// Pods returns the pods bound to this node (spec.nodeName equal to the
 	// node name, or empty in standalone mode), including terminated ones.
@@ -66,3 +68,18 @@ type ErrorReporter interface {
 type Completeness interface {
 	UnreadInputs() []string
 }
+
+// ErrNotRead is matched (errors.Is) by the error of a lookup of an object
+// the source has not read yet: it may exist. A source that reads objects
+// on demand (cluster mode watches each claim and volume from the moment a
+// pod on the node uses it) answers so until the object's first read is in;
+// nothing may be decided on it, least of all a teardown.
+var ErrNotRead = errors.New("not read yet")
+
+// NotRead marks err as ErrNotRead, keeping its message.
+func NotRead(err error) error { return notRead{err} }
+
+type notRead struct{ error }
+
+func (notRead) Is(target error) bool { return target == ErrNotRead }
+func (e notRead) Unwrap() error      { return e.error }

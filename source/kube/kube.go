@@ -1,14 +1,27 @@
-// Package kube is cluster mode's Source: informers on the API server for the
-// pods bound to this node (field selector on spec.nodeName), the node itself
-// (its labels decide PV node affinity), and the claims, volumes, storage
-// classes and CSI drivers they refer to. Every lookup the populator makes is
-// served from these caches: API traffic does not grow with pods × volumes, and
-// an API server outage leaves the last known state in place instead of making
-// pods look deleted.
+// Package kube is cluster mode's Source. What is scoped to the node or small
+// is watched through informers: the pods bound to the node (field selector
+// spec.nodeName), the Node itself (its labels decide PV node affinity), and
+// the StorageClasses and CSIDrivers of the cluster. Claims, volumes and
+// VolumeAttachments are watched one by one, by name, exactly those the
+// node's pods use (source/objectwatch): a claim from the moment a pod on the
+// node references it, the volume the claim is bound to (its
+// spec.volumeName) from the moment the claim names it, and the
+// VolumeAttachment of a CSI volume on this node from the moment the volume
+// is read; each watch stops when the last pod that led to it goes. The
+// agent's memory and the API server's watch traffic therefore follow what
+// the node uses, not how many claims the cluster holds.
+//
+// Every lookup the populator makes is served from these caches: API
+// traffic does not grow with pods × volumes, and an API server outage leaves
+// the last known state in place instead of making pods look deleted. A
+// claim or volume whose watch has not listed yet is reported as not read
+// (source.ErrNotRead), never as missing.
 package kube
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -21,10 +34,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/notify"
+	"github.com/volume-agent/volume-agent/source"
+	"github.com/volume-agent/volume-agent/source/objectwatch"
 )
 
 // Options configure a Source.
@@ -34,7 +50,21 @@ type Options struct {
 	// ResyncPeriod is the informers' resync period (0: none; changes are
 	// delivered by watches).
 	ResyncPeriod time.Duration
-	Log          *zap.Logger
+	// AttachmentName names the VolumeAttachment a volume has on this node,
+	// "" for none. When set, the attachment of every volume the node's
+	// pods use is watched (by name: VolumeAttachments cannot be selected
+	// by node).
+	AttachmentName func(pv *v1.PersistentVolume) string
+	// OnAttachmentChange is told when a watched VolumeAttachment changed or
+	// was read for the first time.
+	OnAttachmentChange func(name string)
+	// ListWatch lists and watches one kind by key; tests replace it.
+	// Default: the REST resource of Client.
+	ListWatch func(resource string) func(objectwatch.Key) cache.ListerWatcher
+	// WarnAfter is how long a claim, volume or attachment may stay unread
+	// before it is logged (default 10s).
+	WarnAfter time.Duration
+	Log       *zap.Logger
 }
 
 // Source watches the API server.
@@ -43,25 +73,73 @@ type Source struct {
 	changed *notify.Signal
 	synced  atomic.Bool
 
-	pods, nodes, pvcs, pvs, classes, drivers cache.SharedIndexInformer
+	pods, nodes, classes, drivers cache.SharedIndexInformer
 	// extra informers other parts of the agent registered before Run.
 	mu    sync.Mutex
 	extra []cache.SharedIndexInformer
+
+	claims      *objectwatch.Manager[*v1.PersistentVolumeClaim]
+	volumes     *objectwatch.Manager[*v1.PersistentVolume]
+	attachments *objectwatch.Manager[*storagev1.VolumeAttachment] // nil without AttachmentName
+
+	// scope keeps the registrations in step: the claims of each pod (owned
+	// by the pod), the volume of each claim (owned by the claim), the
+	// attachment of each volume (owned by the volume).
+	scope struct {
+		sync.Mutex
+		podClaims      map[types.UID][]objectwatch.Key
+		claimVolume    map[objectwatch.Key]string
+		volumeAttaches map[string]string
+	}
 }
 
-// New builds the informers; Run starts them.
+// New builds the informers and watch managers; Run starts them.
 func New(o Options) *Source {
 	if o.Log == nil {
 		o.Log = zap.NewNop()
 	}
+	if o.WarnAfter <= 0 {
+		o.WarnAfter = 10 * time.Second
+	}
 	s := &Source{opts: o, changed: notify.New()}
+	s.scope.podClaims = map[types.UID][]objectwatch.Key{}
+	s.scope.claimVolume = map[objectwatch.Key]string{}
+	s.scope.volumeAttaches = map[string]string{}
 	core, storage := o.Client.Core, o.Client.Storage
+	if o.ListWatch == nil {
+		o.ListWatch = func(resource string) func(objectwatch.Key) cache.ListerWatcher {
+			if resource == "volumeattachments" {
+				return objectwatch.RESTListWatch(storage, resource)
+			}
+			return objectwatch.RESTListWatch(core, resource)
+		}
+	}
 	s.pods = s.informer(kubeclient.ListWatch(core, "pods", "", fields.OneTermEqualSelector("spec.nodeName", o.NodeName)), &v1.Pod{})
 	s.nodes = s.informer(kubeclient.ListWatch(core, "nodes", "", fields.OneTermEqualSelector("metadata.name", o.NodeName)), &v1.Node{})
-	s.pvcs = s.informer(kubeclient.ListWatch(core, "persistentvolumeclaims", "", nil), &v1.PersistentVolumeClaim{})
-	s.pvs = s.informer(kubeclient.ListWatch(core, "persistentvolumes", "", nil), &v1.PersistentVolume{})
 	s.classes = s.informer(kubeclient.ListWatch(storage, "storageclasses", "", nil), &storagev1.StorageClass{})
 	s.drivers = s.informer(kubeclient.ListWatch(storage, "csidrivers", "", nil), &storagev1.CSIDriver{})
+	_, _ = s.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { s.podChanged(obj) },
+		UpdateFunc: func(_, obj any) { s.podChanged(obj) },
+		DeleteFunc: func(obj any) { s.podChanged(obj) },
+	})
+
+	s.claims = objectwatch.New(objectwatch.Kind[*v1.PersistentVolumeClaim]{
+		Resource: v1.Resource("persistentvolumeclaims"), ListWatch: o.ListWatch("persistentvolumeclaims"),
+	}, objectwatch.Options{OnChange: s.claimChanged, OnSynced: s.claimChanged, Log: o.Log.Named("claims")})
+	s.volumes = objectwatch.New(objectwatch.Kind[*v1.PersistentVolume]{
+		Resource: v1.Resource("persistentvolumes"), ListWatch: o.ListWatch("persistentvolumes"),
+	}, objectwatch.Options{OnChange: s.volumeChanged, OnSynced: s.volumeChanged, Log: o.Log.Named("volumes")})
+	if o.AttachmentName != nil {
+		attached := func(k objectwatch.Key) {
+			if o.OnAttachmentChange != nil {
+				o.OnAttachmentChange(k.Name)
+			}
+		}
+		s.attachments = objectwatch.New(objectwatch.Kind[*storagev1.VolumeAttachment]{
+			Resource: storagev1.Resource("volumeattachments"), ListWatch: o.ListWatch("volumeattachments"),
+		}, objectwatch.Options{OnChange: attached, OnSynced: attached, Log: o.Log.Named("attachments")})
+	}
 	return s
 }
 
@@ -91,8 +169,125 @@ func (s *Source) informer(lw *cache.ListWatch, obj runtime.Object) cache.SharedI
 
 type metav1Object interface{ GetResourceVersion() string }
 
+// podChanged registers the claims a pod on the node uses, and releases
+// them when it terminates or goes. The pod is in the informer's cache
+// before this runs, so the populator may meet a claim that is not
+// registered yet: it is not read yet, and the claim's first list wakes
+// the populator again.
+func (s *Source) podChanged(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	pod, ok := obj.(*v1.Pod)
+	if !ok {
+		return
+	}
+	var keys []objectwatch.Key
+	if _, exists, _ := s.pods.GetStore().Get(pod); exists && !PodTerminated(pod) {
+		keys = ClaimKeys(pod)
+	}
+	s.scope.Lock()
+	defer s.scope.Unlock()
+	old := s.scope.podClaims[pod.UID]
+	if slices.Equal(old, keys) {
+		return
+	}
+	s.claims.SetOwner(pod.UID, keys)
+	if len(keys) == 0 {
+		delete(s.scope.podClaims, pod.UID)
+	} else {
+		s.scope.podClaims[pod.UID] = keys
+	}
+	for _, k := range old {
+		if !slices.Contains(keys, k) {
+			s.claimChangedLocked(k)
+		}
+	}
+}
+
+// ClaimKeys are the claims a pod references: persistentVolumeClaim
+// volumes and the claims of generic ephemeral volumes (<pod>-<volume>),
+// sorted and without duplicates.
+func ClaimKeys(pod *v1.Pod) []objectwatch.Key {
+	var keys []objectwatch.Key
+	for i := range pod.Spec.Volumes {
+		v := &pod.Spec.Volumes[i]
+		switch {
+		case v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName != "":
+			keys = append(keys, objectwatch.Key{Namespace: pod.Namespace, Name: v.PersistentVolumeClaim.ClaimName})
+		case v.Ephemeral != nil:
+			keys = append(keys, objectwatch.Key{Namespace: pod.Namespace, Name: pod.Name + "-" + v.Name})
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].Name < keys[j].Name })
+	return slices.Compact(keys)
+}
+
+// claimChanged: a claim's watch listed, or the claim changed.
+func (s *Source) claimChanged(k objectwatch.Key) {
+	s.scope.Lock()
+	s.claimChangedLocked(k)
+	s.scope.Unlock()
+	s.changed.Notify()
+}
+
+// claimChangedLocked watches the volume the claim names, moving the
+// registration when the name changes and dropping it when the claim is no
+// longer watched, names no volume or is gone.
+func (s *Source) claimChangedLocked(k objectwatch.Key) {
+	owner := types.UID("claim:" + k.Namespace + "/" + k.Name)
+	name := ""
+	if pvc, err := s.claims.CachedGet(k); err == nil {
+		name = pvc.Spec.VolumeName
+	}
+	old := s.scope.claimVolume[k]
+	if name == old {
+		return
+	}
+	if name == "" {
+		s.volumes.ForgetOwner(owner)
+		delete(s.scope.claimVolume, k)
+	} else {
+		s.volumes.SetOwner(owner, []objectwatch.Key{{Name: name}})
+		s.scope.claimVolume[k] = name
+	}
+	if old != "" {
+		s.volumeChangedLocked(old)
+	}
+}
+
+// volumeChanged: a volume's watch listed, or the volume changed.
+func (s *Source) volumeChanged(k objectwatch.Key) {
+	s.scope.Lock()
+	s.volumeChangedLocked(k.Name)
+	s.scope.Unlock()
+	s.changed.Notify()
+}
+
+// volumeChangedLocked watches the attachment of a watched volume.
+func (s *Source) volumeChangedLocked(pvName string) {
+	if s.attachments == nil {
+		return
+	}
+	owner := types.UID("volume:" + pvName)
+	name := ""
+	if pv, err := s.volumes.CachedGet(objectwatch.Key{Name: pvName}); err == nil {
+		name = s.opts.AttachmentName(pv)
+	}
+	if name == s.scope.volumeAttaches[pvName] {
+		return
+	}
+	if name == "" {
+		s.attachments.ForgetOwner(owner)
+		delete(s.scope.volumeAttaches, pvName)
+		return
+	}
+	s.attachments.SetOwner(owner, []objectwatch.Key{{Name: name}})
+	s.scope.volumeAttaches[pvName] = name
+}
+
 // AddInformer registers another informer to run (and to wait for) with the
-// source's own, e.g. VolumeAttachments for CSI attach. Call before Run.
+// source's own. Call before Run.
 func (s *Source) AddInformer(inf cache.SharedIndexInformer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -102,22 +297,24 @@ func (s *Source) AddInformer(inf cache.SharedIndexInformer) {
 func (s *Source) all() []cache.SharedIndexInformer {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]cache.SharedIndexInformer{s.pods, s.nodes, s.pvcs, s.pvs, s.classes, s.drivers}, s.extra...)
+	return append([]cache.SharedIndexInformer{s.pods, s.nodes, s.classes, s.drivers}, s.extra...)
 }
 
-// Run starts the informers and waits until ctx ends, then until they have
-// stopped. Until every informer has listed once, HasSynced is false and the
-// agent tears nothing down; the wait is logged so an unreachable API server
-// is obvious.
+// Run starts the informers and waits until ctx ends, then until they and
+// every per-object watch have stopped. Until every informer has listed
+// once, HasSynced is false and the agent tears nothing down; the wait is
+// logged so an unreachable API server is obvious. Later, claims, volumes
+// and attachments that stay unread are logged the same way.
 func (s *Source) Run(ctx context.Context) error {
 	infs := s.all()
 	var running sync.WaitGroup
 	defer running.Wait()
+	defer s.stopWatches()
 	for _, inf := range infs {
 		running.Go(func() { inf.Run(ctx.Done()) })
 	}
 	start := time.Now()
-	tick := time.NewTicker(10 * time.Second)
+	tick := time.NewTicker(s.opts.WarnAfter)
 	defer tick.Stop()
 	for {
 		synced := true
@@ -142,11 +339,39 @@ func (s *Source) Run(ctx context.Context) error {
 	s.opts.Log.Info("API server caches synced", zap.Duration("took", time.Since(start)))
 	s.synced.Store(true)
 	s.changed.Notify()
-	<-ctx.Done()
-	return nil
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			s.warnUnread()
+		}
+	}
 }
 
-// HasSynced implements source.Source.
+// warnUnread logs the per-object watches that have not listed for
+// WarnAfter: the pods that use them wait (their volumes are neither
+// mounted nor torn down).
+func (s *Source) warnUnread() {
+	for _, w := range s.Watches() {
+		if !w.Synced && time.Since(w.Since) >= s.opts.WarnAfter {
+			s.opts.Log.Warn("still waiting for the API server to list an object the node's pods use; their volumes wait",
+				zap.String("resource", w.Resource), zap.Stringer("key", w.Key), zap.Duration("waited", time.Since(w.Since).Round(time.Second)))
+		}
+	}
+}
+
+func (s *Source) stopWatches() {
+	s.claims.Stop()
+	s.volumes.Stop()
+	if s.attachments != nil {
+		s.attachments.Stop()
+	}
+}
+
+// HasSynced implements source.Source: the informers have listed. Claims
+// and volumes are read as pods need them; until then lookups answer
+// source.ErrNotRead.
 func (s *Source) HasSynced() bool { return s.synced.Load() }
 
 // Changed implements source.Source.
@@ -198,14 +423,34 @@ func get[T runtime.Object](inf cache.SharedIndexInformer, resource, key, name st
 	return o.(T), nil
 }
 
-// PVC implements source.Store.
-func (s *Source) PVC(namespace, name string) (*v1.PersistentVolumeClaim, error) {
-	return get[*v1.PersistentVolumeClaim](s.pvcs, "persistentvolumeclaims", namespace+"/"+name, name)
+// notRead marks the error of a watch that has not listed as
+// source.ErrNotRead.
+func notRead[T any](obj T, err error) (T, error) {
+	if errors.Is(err, objectwatch.ErrNotSynced) {
+		return obj, source.NotRead(err)
+	}
+	return obj, err
 }
 
-// PV implements source.Store.
+// PVC implements source.Store from the claim's own watch.
+func (s *Source) PVC(namespace, name string) (*v1.PersistentVolumeClaim, error) {
+	return notRead(s.claims.CachedGet(objectwatch.Key{Namespace: namespace, Name: name}))
+}
+
+// PV implements source.Store from the volume's own watch.
 func (s *Source) PV(name string) (*v1.PersistentVolume, error) {
-	return get[*v1.PersistentVolume](s.pvs, "persistentvolumes", name, name)
+	return notRead(s.volumes.CachedGet(objectwatch.Key{Name: name}))
+}
+
+// VolumeAttachment returns a watched VolumeAttachment; false if it does
+// not exist or is not read yet (the change callback follows its first
+// read).
+func (s *Source) VolumeAttachment(name string) (*storagev1.VolumeAttachment, bool) {
+	if s.attachments == nil {
+		return nil, false
+	}
+	va, err := s.attachments.CachedGet(objectwatch.Key{Name: name})
+	return va, err == nil
 }
 
 // StorageClass implements source.Store.
@@ -216,6 +461,25 @@ func (s *Source) StorageClass(name string) (*storagev1.StorageClass, error) {
 // CSIDriver implements source.Store.
 func (s *Source) CSIDriver(name string) (*storagev1.CSIDriver, error) {
 	return get[*storagev1.CSIDriver](s.drivers, "csidrivers", name, name)
+}
+
+// Watches lists the per-object watches of claims, volumes and
+// attachments (never their content).
+func (s *Source) Watches() []objectwatch.KeyStatus {
+	out := append(s.claims.Status(), s.volumes.Status()...)
+	if s.attachments != nil {
+		out = append(out, s.attachments.Status()...)
+	}
+	return out
+}
+
+// WatchStats counts the per-object watches by resource.
+func (s *Source) WatchStats() map[string]objectwatch.Stats {
+	out := map[string]objectwatch.Stats{"persistentvolumeclaims": s.claims.Stats(), "persistentvolumes": s.volumes.Stats()}
+	if s.attachments != nil {
+		out["volumeattachments"] = s.attachments.Stats()
+	}
+	return out
 }
 
 // PodTerminated says when a pod's volumes can be torn down in cluster mode:
@@ -243,9 +507,6 @@ func PodTerminated(pod *v1.Pod) bool {
 // Informers for other parts of the agent that watch the same objects (the
 // local volume provisioner), so each object is cached once. They run with
 // the source.
-
-// PVInformer returns the PersistentVolume informer.
-func (s *Source) PVInformer() cache.SharedIndexInformer { return s.pvs }
 
 // StorageClassInformer returns the StorageClass informer.
 func (s *Source) StorageClassInformer() cache.SharedIndexInformer { return s.classes }

@@ -7,8 +7,13 @@
 // node's pods rather than the size of the cluster.
 //
 // Subscribers are told when a watched object changes (that drives the
-// refresh of volumes built from it). An object marked immutable stops its
-// watch once read: it can no longer change.
+// refresh of volumes built from it) and when a key's first list is in
+// (that lets a reader that found the key not read yet try again). An object
+// marked immutable stops its watch once read: it can no longer change.
+//
+// Get and List wait for a key's first list; Cached never waits, and tells
+// "not read yet" (ErrNotSynced) apart from "does not exist" (NotFound), so
+// that nothing is decided on an object that was merely not read.
 //
 // A key can also be a selector (labels and fields, no name) for kinds whose
 // users select several objects, e.g. ClusterTrustBundles by signer.
@@ -16,6 +21,7 @@ package objectwatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"sort"
@@ -97,6 +103,9 @@ type Options struct {
 	// object a key selects was added, changed or deleted, except for the
 	// objects of the key's first list.
 	OnChange func(Key)
+	// OnSynced is called once per watch (from a goroutine of its own), when
+	// its first list is in the cache.
+	OnSynced func(Key)
 	// SyncTimeout bounds how long Get waits for a new watch's first list
 	// (default 10s).
 	SyncTimeout time.Duration
@@ -126,8 +135,20 @@ type keyWatch[T runtime.Object] struct {
 
 	mu        sync.Mutex
 	immutable []T // the objects, once immutable and the watch stopped
+	started   time.Time
 	changed   time.Time
 	changes   int
+}
+
+// synced reports whether the first list is in (or the object was read
+// and is immutable).
+func (w *keyWatch[T]) synced() bool {
+	if w.ctrl.HasSynced() {
+		return true
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.immutable != nil
 }
 
 // New returns a Manager for kind.
@@ -197,7 +218,7 @@ func (m *Manager[T]) release(owner types.UID, k Key) {
 // start begins a watch of k.
 func (m *Manager[T]) start(k Key) *keyWatch[T] {
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &keyWatch[T]{key: k, owners: map[types.UID]struct{}{}, cancel: cancel, done: make(chan struct{})}
+	w := &keyWatch[T]{key: k, owners: map[types.UID]struct{}{}, cancel: cancel, done: make(chan struct{}), started: time.Now()}
 	w.store, w.ctrl = cache.NewInformerWithOptions(cache.InformerOptions{
 		ListerWatcher: m.kind.ListWatch(k),
 		ObjectType:    newObject[T](),
@@ -219,6 +240,19 @@ func (m *Manager[T]) start(k Key) *keyWatch[T] {
 		defer close(w.done)
 		w.ctrl.RunWithContext(ctx)
 	}()
+	if m.opts.OnSynced != nil {
+		listed := w.ctrl.HasSyncedChecker().Done()
+		go func() {
+			select {
+			case <-listed:
+			case <-w.done:
+				if !w.synced() {
+					return
+				}
+			}
+			m.opts.OnSynced(k)
+		}()
+	}
 	m.opts.Log.Debug("watching", zap.String("resource", m.kind.Resource.String()), zap.Stringer("key", k))
 	return w
 }
@@ -318,12 +352,7 @@ func (m *Manager[T]) Get(ctx context.Context, k Key) (T, error) {
 	if err != nil {
 		return zero, err
 	}
-	for _, o := range objs {
-		if acc, err := meta.Accessor(o); err == nil && acc.GetName() == k.Name {
-			return o, nil
-		}
-	}
-	return zero, apierrors.NewNotFound(m.kind.Resource, k.Name)
+	return m.named(objs, k)
 }
 
 func (m *Manager[T]) waitSynced(ctx context.Context, w *keyWatch[T]) error {
@@ -332,24 +361,69 @@ func (m *Manager[T]) waitSynced(ctx context.Context, w *keyWatch[T]) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.opts.SyncTimeout)
 	defer cancel()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !w.ctrl.HasSynced() {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s %s: not read from the API server yet: %w", m.kind.Resource.String(), w.key, ctx.Err())
-		case <-w.done:
-			w.mu.Lock()
-			imm := w.immutable != nil
-			w.mu.Unlock()
-			if imm {
-				return nil
-			}
-			return fmt.Errorf("%s %s: watch stopped", m.kind.Resource.String(), w.key)
-		case <-tick.C:
+	select {
+	case <-w.ctrl.HasSyncedChecker().Done():
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%s %s: not read from the API server yet: %w", m.kind.Resource.String(), w.key, ctx.Err())
+	case <-w.done:
+		if w.synced() {
+			return nil
+		}
+		return fmt.Errorf("%s %s: watch stopped", m.kind.Resource.String(), w.key)
+	}
+}
+
+// ErrNotSynced is wrapped by Cached's errors for a key that is not
+// registered or whose first list is not in yet: the object may exist.
+var ErrNotSynced = errors.New("not read from the API server yet")
+
+// Cached returns what k selects as the cache has it now, never waiting:
+// ErrNotSynced (wrapped) if k is not registered or not listed yet.
+func (m *Manager[T]) Cached(k Key) ([]T, error) {
+	m.mu.Lock()
+	w, ok := m.watches[k]
+	m.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("%s %s: %w (not registered for any pod)", m.kind.Resource.String(), k, ErrNotSynced)
+	}
+	w.mu.Lock()
+	imm := w.immutable
+	w.mu.Unlock()
+	if imm != nil {
+		return imm, nil
+	}
+	if !w.ctrl.HasSynced() {
+		return nil, fmt.Errorf("%s %s: %w", m.kind.Resource.String(), k, ErrNotSynced)
+	}
+	var out []T
+	for _, o := range w.store.List() {
+		if t, ok := o.(T); ok {
+			out = append(out, t)
 		}
 	}
-	return nil
+	return out, nil
+}
+
+// CachedGet is Cached for one object by name: NotFound when k's watch
+// has listed and the object does not exist.
+func (m *Manager[T]) CachedGet(k Key) (T, error) {
+	var zero T
+	objs, err := m.Cached(k)
+	if err != nil {
+		return zero, err
+	}
+	return m.named(objs, k)
+}
+
+func (m *Manager[T]) named(objs []T, k Key) (T, error) {
+	for _, o := range objs {
+		if acc, err := meta.Accessor(o); err == nil && acc.GetName() == k.Name {
+			return o, nil
+		}
+	}
+	var zero T
+	return zero, apierrors.NewNotFound(m.kind.Resource, k.Name)
 }
 
 // Stop ends every watch; the Manager is unusable afterwards.
@@ -400,6 +474,7 @@ type KeyStatus struct {
 	Key       Key       `json:"key"`
 	Owners    int       `json:"owners"`
 	Synced    bool      `json:"synced"`
+	Since     time.Time `json:"since"`
 	Immutable bool      `json:"immutable,omitempty"`
 	Objects   int       `json:"objects"`
 	Changes   int       `json:"changes"`
@@ -412,7 +487,7 @@ func (m *Manager[T]) Status() []KeyStatus {
 	out := make([]KeyStatus, 0, len(m.watches))
 	for k, w := range m.watches {
 		w.mu.Lock()
-		s := KeyStatus{Resource: m.kind.Resource.String(), Key: k, Owners: len(w.owners), Synced: w.ctrl.HasSynced() || w.immutable != nil,
+		s := KeyStatus{Resource: m.kind.Resource.String(), Key: k, Owners: len(w.owners), Synced: w.ctrl.HasSynced() || w.immutable != nil, Since: w.started,
 			Immutable: w.immutable != nil, Changes: w.changes, Changed: w.changed}
 		if w.immutable != nil {
 			s.Objects = len(w.immutable)

@@ -25,6 +25,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/reconciler"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -95,15 +96,19 @@ func New(p Patcher, getPod PodGetter, errs Errors, log *zap.Logger) *Reporter {
 
 // Compute derives the condition of a pod from the snapshots.
 func Compute(p *cache.DesiredPod, asw *cache.ActualSnapshot, errs Errors) Condition {
-	if len(p.Errors) > 0 {
-		msgs := make([]string, 0, len(p.Errors))
-		for _, e := range p.Errors {
-			msgs = append(msgs, fmt.Sprintf("volume %q: %v", e.Volume, e.Err))
+	var msgs, waiting, failed []string
+	for _, e := range p.Errors {
+		if e.Reason == populator.ReasonNotRead {
+			// Its claim or volume is being read: a wait, not an error.
+			waiting = append(waiting, e.Volume)
+			continue
 		}
+		msgs = append(msgs, fmt.Sprintf("volume %q: %v", e.Volume, e.Err))
+	}
+	if len(msgs) > 0 {
 		sort.Strings(msgs)
 		return Condition{Status: v1.ConditionFalse, Reason: ReasonVolumeErrors, Message: strings.Join(msgs, "; ")}
 	}
-	var waiting, failed []string
 	for _, name := range p.Volumes {
 		m, ok := asw.PodMount(name, p.Pod.UID)
 		if ok && m.State == cache.Mounted {
