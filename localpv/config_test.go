@@ -100,6 +100,7 @@ func TestParseConfigClassErrors(t *testing.T) {
 		{"pattern invalid", `{discoveryDir: /d, namePattern: "PV_{node}-{entry}"}`, `f: storage class "c": namePattern: "PV_{node}-{entry}" does not make valid PV names`},
 		{"bad label key", `{discoveryDir: /d, labels: {"a b": x}}`, `f: storage class "c": labels: key "a b"`},
 		{"bad label value", `{discoveryDir: /d, labels: {a: "x y"}}`, `f: storage class "c": labels: value "x y" of "a"`},
+		{"the provisioner's label", `{discoveryDir: /d, labels: {"local.volume-agent.io/node": x}}`, `f: storage class "c": labels: local.volume-agent.io/node is the provisioner's own label`},
 		{"bad access mode", `{discoveryDir: /d, accessModes: [RWO]}`, `f: storage class "c": accessModes: "RWO" is not an access mode`},
 		{"bad timeout", `{discoveryDir: /d, cleanupTimeout: soon}`, `f: storage class "c": cleanupTimeout: "soon" is not a positive duration`},
 		{"negative timeout", `{discoveryDir: /d, cleanupTimeout: -1m}`, `f: storage class "c": cleanupTimeout: "-1m" is not a positive duration`},

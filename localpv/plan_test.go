@@ -10,6 +10,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 )
@@ -146,7 +147,7 @@ func TestPlanCreates(t *testing.T) {
 	}
 	if a.Spec.Local.Path != "/mnt/fast/a" || a.Spec.Local.FSType != nil || *a.Spec.VolumeMode != v1.PersistentVolumeFilesystem ||
 		a.Spec.StorageClassName != "fast" || a.Spec.PersistentVolumeReclaimPolicy != v1.PersistentVolumeReclaimDelete ||
-		a.Annotations[AnnProvisionedBy] != "volume-agent.io/node-1" || a.Labels["tier"] != "fast" ||
+		a.Annotations[AnnProvisionedBy] != "volume-agent.io/node-1" || a.Labels["tier"] != "fast" || a.Labels[LabelNode] != "node-1" ||
 		strings.Join(a.Spec.MountOptions, ",") != "noatime" || a.Spec.AccessModes[0] != v1.ReadWriteOnce {
 		t.Errorf("PV a: %+v", a)
 	}
@@ -170,6 +171,43 @@ func TestPlanCreates(t *testing.T) {
 	}
 	if v := volumeAt(t, out, "/mnt/fast/a"); v.State != StatePending || v.PV != "local-node-1-fast-a" {
 		t.Errorf("a: %+v", v)
+	}
+	// Where an earlier version's unlabelled PV may be: both names.
+	for _, c := range out.Create {
+		if c.Path == "/mnt/fast/a" && strings.Join(c.Names, " ") != "local-node-1-fast-a "+FallbackName(DefaultNamePattern, "node-1", "fast", "a") {
+			t.Errorf("names to look up for a: %v", c.Names)
+		}
+	}
+}
+
+// A name found taken by someone else's PV (which the provisioner does not
+// watch) is not used again.
+func TestPlanForeignNames(t *testing.T) {
+	in := baseInput()
+	in.Entries = []entry{{Class: fsClass, Name: "a", Path: "/mnt/fast/a", Probe: mountedFS(gib)}}
+	in.Foreign = map[string]bool{"local-node-1-fast-a": true}
+	out := plan(in)
+	if len(out.Create) != 1 || out.Create[0].PV.Name != FallbackName(DefaultNamePattern, "node-1", "fast", "a") {
+		t.Fatalf("creates %+v, want the fallback name", out.Create)
+	}
+}
+
+func TestNodeLabelValue(t *testing.T) {
+	long := strings.Repeat("n", 64)
+	for _, node := range []string{"node-1", "a.b.c", strings.Repeat("n", 63), long} {
+		v := NodeLabelValue(node)
+		if len(validation.IsValidLabelValue(v)) != 0 {
+			t.Errorf("NodeLabelValue(%q) = %q: not a label value", node, v)
+		}
+		if (len(node) <= 63) != (v == node) {
+			t.Errorf("NodeLabelValue(%q) = %q", node, v)
+		}
+	}
+	if NodeLabelValue(long) == NodeLabelValue(long+"x") {
+		t.Error("long names collide")
+	}
+	if NodeSelector("node-1") != LabelNode+"=node-1" {
+		t.Errorf("selector %q", NodeSelector("node-1"))
 	}
 }
 

@@ -33,6 +33,7 @@ type fakeSource struct {
 	pvcs    map[string]*v1.PersistentVolumeClaim // "namespace/name"
 	pvs     map[string]*v1.PersistentVolume
 	pvcErr  map[string]error // lookup errors other than NotFound
+	pvErr   map[string]error
 	synced  bool
 	changed chan struct{}
 }
@@ -44,6 +45,7 @@ func newFakeSource() *fakeSource {
 		pvcs:    map[string]*v1.PersistentVolumeClaim{},
 		pvs:     map[string]*v1.PersistentVolume{},
 		pvcErr:  map[string]error{},
+		pvErr:   map[string]error{},
 		synced:  true,
 		changed: make(chan struct{}, 1),
 	}
@@ -77,6 +79,9 @@ func (f *fakeSource) PVC(namespace, name string) (*v1.PersistentVolumeClaim, err
 func (f *fakeSource) PV(name string) (*v1.PersistentVolume, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.pvErr[name]; err != nil {
+		return nil, err
+	}
 	if v, ok := f.pvs[name]; ok {
 		return v, nil
 	}
@@ -163,6 +168,17 @@ func (f *fakeSource) SetPVCError(namespace, name string, err error) {
 		delete(f.pvcErr, namespace+"/"+name)
 	} else {
 		f.pvcErr[namespace+"/"+name] = err
+	}
+	f.mu.Unlock()
+	f.notify()
+}
+
+func (f *fakeSource) SetPVError(name string, err error) {
+	f.mu.Lock()
+	if err == nil {
+		delete(f.pvErr, name)
+	} else {
+		f.pvErr[name] = err
 	}
 	f.mu.Unlock()
 	f.notify()

@@ -17,6 +17,7 @@ import (
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/plugins/emptydir"
 	"github.com/volume-agent/volume-agent/plugins/local"
+	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -703,5 +704,52 @@ func TestSyncTellsPodObserver(t *testing.T) {
 	h.pop.Sync(false)
 	if !slices.Equal(rec.removed, []types.UID{pod.UID}) {
 		t.Errorf("removed %v, want the terminated pod", rec.removed)
+	}
+}
+
+// A claim or volume not read yet (cluster mode starts its watch with the
+// first pod that uses it) is a wait: the volume is unresolved (protected,
+// never torn down), the reason says so, and nothing is reported as an
+// error; a volume that was resolved keeps its last resolution.
+func TestSyncNotReadYet(t *testing.T) {
+	h := newHarness(t)
+	dir := t.TempDir()
+	pod := newPod("web", withVolume(claimVol("data", "claim")))
+	pvc, pv := boundPair("claim", "pv-1", dir)
+	h.src.Add(pod, pvc, pv)
+	h.src.SetPVCError(testNS, "claim", source.NotRead(errors.New("persistentvolumeclaims ns/claim: not read from the API server yet")))
+	h.pop.Sync(false)
+	p := h.pod(t, pod)
+	if !slices.Equal(p.Unresolved, []string{"data"}) || len(p.Volumes) != 0 {
+		t.Errorf("claim not read: unresolved %v, volumes %v; want the volume unresolved", p.Unresolved, p.Volumes)
+	}
+	if got := reasons(p.Errors); !slices.Equal(got, []string{"data:" + ReasonNotRead}) {
+		t.Errorf("errors = %v", got)
+	}
+	// The claim is read; its volume is not yet.
+	h.src.SetPVCError(testNS, "claim", nil)
+	h.src.SetPVError("pv-1", source.NotRead(errors.New("persistentvolumes pv-1: not read from the API server yet")))
+	h.pop.Sync(false)
+	p = h.pod(t, pod)
+	if got := reasons(p.Errors); !slices.Equal(got, []string{"data:" + ReasonNotRead}) || len(p.Unresolved) != 1 {
+		t.Errorf("volume not read: errors %v, unresolved %v", got, p.Unresolved)
+	}
+	h.src.SetPVError("pv-1", nil)
+	h.pop.Sync(false)
+	p = h.pod(t, pod)
+	if len(p.Errors) != 0 || len(p.Unresolved) != 0 || len(p.Volumes) != 1 {
+		t.Fatalf("read: errors %v, unresolved %v, volumes %v", reasons(p.Errors), p.Unresolved, p.Volumes)
+	}
+	// Not read again (its watch restarted): the resolution sticks.
+	h.src.SetPVCError(testNS, "claim", source.NotRead(errors.New("not read")))
+	h.pop.Sync(false)
+	if p = h.pod(t, pod); len(p.Volumes) != 1 || len(p.Unresolved) != 0 {
+		t.Errorf("resolved, then not read: volumes %v, unresolved %v; want the last resolution kept", p.Volumes, p.Unresolved)
+	}
+	if evs := h.events.list(); len(evs) != 0 {
+		t.Errorf("events for a wait: %v", evs)
+	}
+	if errs := h.obs.errors(); len(errs) != 0 {
+		t.Errorf("observed errors for a wait: %v", reasons(errs))
 	}
 }

@@ -58,8 +58,9 @@ type Options struct {
 	// OnAttachmentChange is told when a watched VolumeAttachment changed or
 	// was read for the first time.
 	OnAttachmentChange func(name string)
-	// ListWatch lists and watches one kind by key; tests replace it.
-	// Default: the REST resource of Client.
+	// ListWatch lists and watches a resource ("pods", "volumeattachments"...)
+	// by key: one object by name, or what a field selector selects. Tests
+	// replace it. Default: the REST resources of Client.
 	ListWatch func(resource string) func(objectwatch.Key) cache.ListerWatcher
 	// WarnAfter is how long a claim, volume or attachment may stay unread
 	// before it is logged (default 10s).
@@ -105,19 +106,13 @@ func New(o Options) *Source {
 	s.scope.podClaims = map[types.UID][]objectwatch.Key{}
 	s.scope.claimVolume = map[objectwatch.Key]string{}
 	s.scope.volumeAttaches = map[string]string{}
-	core, storage := o.Client.Core, o.Client.Storage
 	if o.ListWatch == nil {
-		o.ListWatch = func(resource string) func(objectwatch.Key) cache.ListerWatcher {
-			if resource == "volumeattachments" {
-				return objectwatch.RESTListWatch(storage, resource)
-			}
-			return objectwatch.RESTListWatch(core, resource)
-		}
+		o.ListWatch = restListWatch(o.Client)
 	}
-	s.pods = s.informer(kubeclient.ListWatch(core, "pods", "", fields.OneTermEqualSelector("spec.nodeName", o.NodeName)), &v1.Pod{})
-	s.nodes = s.informer(kubeclient.ListWatch(core, "nodes", "", fields.OneTermEqualSelector("metadata.name", o.NodeName)), &v1.Node{})
-	s.classes = s.informer(kubeclient.ListWatch(storage, "storageclasses", "", nil), &storagev1.StorageClass{})
-	s.drivers = s.informer(kubeclient.ListWatch(storage, "csidrivers", "", nil), &storagev1.CSIDriver{})
+	s.pods = s.informer(o.ListWatch("pods")(objectwatch.Key{Fields: fields.OneTermEqualSelector("spec.nodeName", o.NodeName).String()}), &v1.Pod{})
+	s.nodes = s.informer(o.ListWatch("nodes")(objectwatch.Key{Name: o.NodeName}), &v1.Node{})
+	s.classes = s.informer(o.ListWatch("storageclasses")(objectwatch.Key{}), &storagev1.StorageClass{})
+	s.drivers = s.informer(o.ListWatch("csidrivers")(objectwatch.Key{}), &storagev1.CSIDriver{})
 	_, _ = s.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { s.podChanged(obj) },
 		UpdateFunc: func(_, obj any) { s.podChanged(obj) },
@@ -143,10 +138,21 @@ func New(o Options) *Source {
 	return s
 }
 
+// restListWatch lists and watches the agent's resources on the API server.
+func restListWatch(c *kubeclient.Client) func(resource string) func(objectwatch.Key) cache.ListerWatcher {
+	return func(resource string) func(objectwatch.Key) cache.ListerWatcher {
+		switch resource {
+		case "storageclasses", "csidrivers", "volumeattachments":
+			return objectwatch.RESTListWatch(c.Storage, resource)
+		}
+		return objectwatch.RESTListWatch(c.Core, resource)
+	}
+}
+
 // informer builds a shared informer whose changes wake the populator.
 // Managed fields are dropped on the way in: the agent never reads them and
 // they are often the largest part of an object.
-func (s *Source) informer(lw *cache.ListWatch, obj runtime.Object) cache.SharedIndexInformer {
+func (s *Source) informer(lw cache.ListerWatcher, obj runtime.Object) cache.SharedIndexInformer {
 	inf := cache.NewSharedIndexInformer(lw, obj, s.opts.ResyncPeriod, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	_ = inf.SetTransform(func(o any) (any, error) {
 		if m, err := meta.Accessor(o); err == nil {

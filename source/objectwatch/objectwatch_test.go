@@ -2,6 +2,7 @@ package objectwatch
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"testing"
@@ -300,5 +301,61 @@ func TestFieldSelector(t *testing.T) {
 		if got := tt.k.fieldSelector(); got != tt.want {
 			t.Errorf("%v: %q, want %q", tt.k, got, tt.want)
 		}
+	}
+}
+
+// Cached never waits: "not read yet" until the first list, then the
+// object or NotFound; OnSynced announces the first list, also when it
+// found nothing.
+func TestCachedAndOnSynced(t *testing.T) {
+	api := newFakeAPI()
+	api.put("ns", "there", "v1", false)
+	api.gate = make(chan struct{})
+	synced := make(chan Key, 10)
+	m := New(Kind[*v1.ConfigMap]{Resource: v1.Resource("configmaps"), ListWatch: api.listWatch},
+		Options{OnSynced: func(k Key) { synced <- k }})
+	t.Cleanup(m.Stop)
+	there, missing := Key{Namespace: "ns", Name: "there"}, Key{Namespace: "ns", Name: "missing"}
+	if _, err := m.CachedGet(there); !errors.Is(err, ErrNotSynced) {
+		t.Fatalf("unregistered: %v, want ErrNotSynced", err)
+	}
+	m.SetOwner("pod", []Key{there, missing})
+	for _, k := range []Key{there, missing} {
+		if _, err := m.CachedGet(k); !errors.Is(err, ErrNotSynced) || apierrors.IsNotFound(err) {
+			t.Fatalf("%v before its list: %v, want ErrNotSynced", k, err)
+		}
+	}
+	close(api.gate)
+	got := map[Key]bool{}
+	for len(got) < 2 {
+		select {
+		case k := <-synced:
+			if got[k] {
+				t.Fatalf("OnSynced twice for %v", k)
+			}
+			got[k] = true
+		case <-time.After(10 * time.Second):
+			t.Fatalf("OnSynced for %v only", got)
+		}
+	}
+	if cm, err := m.CachedGet(there); err != nil || cm.Data["k"] != "v1" {
+		t.Errorf("CachedGet(there) = %v, %v", cm, err)
+	}
+	if _, err := m.CachedGet(missing); !apierrors.IsNotFound(err) {
+		t.Errorf("CachedGet(missing) = %v, want NotFound", err)
+	}
+	for _, s := range m.Status() {
+		if !s.Synced || s.Since.IsZero() {
+			t.Errorf("status %+v: want synced, with its start", s)
+		}
+	}
+	m.ForgetOwner("pod")
+	if _, err := m.CachedGet(there); !errors.Is(err, ErrNotSynced) {
+		t.Errorf("released: %v, want ErrNotSynced", err)
+	}
+	select {
+	case k := <-synced:
+		t.Errorf("OnSynced again for %v", k)
+	default:
 	}
 }

@@ -9,6 +9,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/status/podstatus"
 	"github.com/volume-agent/volume-agent/volume"
@@ -84,6 +85,25 @@ func TestCompute(t *testing.T) {
 			errs:   lastErrors{{Volume: volA, Pod: pod.UID}: boom},
 			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonVolumeErrors,
 				Message: `volume "config": no plugin supports gitRepo volumes; volume "logs": claim "logs" not found`},
+		},
+		{
+			// A claim or volume not read from the API server yet is a
+			// wait, not an error.
+			name:      "claim not read yet",
+			volumes:   []volume.UniqueName{volA},
+			podErrors: []*volume.PodVolumeError{{Pod: pod.PodRef, Volume: "logs", Reason: populator.ReasonNotRead, Err: errors.New("PVC ns/logs is not read from the API server yet")}},
+			mounts:    []mount{{volA, pod.PodRef, cache.Mounted}},
+			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonWaiting,
+				Message: "waiting for volumes to be mounted: logs"},
+		},
+		{
+			name: "errors before waits",
+			podErrors: []*volume.PodVolumeError{
+				{Pod: pod.PodRef, Volume: "logs", Reason: populator.ReasonNotRead, Err: errors.New("not read yet")},
+				{Pod: pod.PodRef, Volume: "config", Reason: "Unsupported", Err: errors.New("no plugin supports gitRepo volumes")},
+			},
+			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonVolumeErrors,
+				Message: `volume "config": no plugin supports gitRepo volumes`},
 		},
 		{
 			// A volume the pod has no mount of is named by its unique

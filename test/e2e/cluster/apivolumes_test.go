@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,7 +19,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
-	"github.com/volume-agent/volume-agent/test/cluster"
 	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
@@ -296,38 +294,18 @@ func TestConfigMapAndSecretVolumes(t *testing.T) {
 	checkNoBroadReads(t, suite.User)
 }
 
-// checkNoBroadReads fails if user ever listed or watched Secrets or
-// ConfigMaps without selecting one object by name.
+// checkNoBroadReads fails if user ever listed or watched Secrets,
+// ConfigMaps, claims, volumes or attachments without selecting one object
+// by name (e2eutil.UnscopedReads).
 func checkNoBroadReads(t *testing.T, user string) {
 	t.Helper()
 	events, err := suite.Cluster.AuditEvents()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bad := broadReads(events, user); len(bad) > 0 {
-		t.Errorf("%s listed or watched secrets or configMaps without a name selector: %v", user, bad)
+	if bad := e2eutil.UnscopedReads(events, user, "volume-agent/"); len(bad) > 0 {
+		t.Errorf("%s listed or watched objects of the cluster without a name selector: %v", user, bad)
 	}
-}
-
-// broadReads lists the requests an agent (user agent volume-agent/...)
-// made as user that list or watch secrets or configMaps without
-// fieldSelector=metadata.name=<name>. Tests' own clients, which show what
-// a user may do, do not count.
-func broadReads(events []cluster.AuditEvent, user string) []string {
-	var bad []string
-	for _, ev := range events {
-		if ev.User.Username != user || !strings.HasPrefix(ev.UserAgent, "volume-agent/") || (ev.Verb != "list" && ev.Verb != "watch") || ev.ObjectRef == nil {
-			continue
-		}
-		if ev.ObjectRef.Resource != "secrets" && ev.ObjectRef.Resource != "configmaps" {
-			continue
-		}
-		u, err := url.Parse(ev.RequestURI)
-		if err != nil || !strings.HasPrefix(u.Query().Get("fieldSelector"), "metadata.name=") || ev.ObjectRef.Namespace == "" {
-			bad = append(bad, ev.Verb+" "+ev.RequestURI)
-		}
-	}
-	return bad
 }
 
 // With --node-kubeconfig the agent reads secrets and configMaps and
@@ -341,11 +319,16 @@ func TestNodeCredentials(t *testing.T) {
 	e.createSecret("other-secret", map[string]string{"k": "v"})
 	e.createConfigMap("other-config", map[string]string{"k": "v"}, false)
 	nodeKubeconfig := suite.Cluster.NodeKubeconfig(e.node)
+	pv, _ := e.createLocalPV("data", "data")
+	e.createClaim("data")
+	e.waitBound("data", pv.Name)
 	e.start("--node-kubeconfig=" + nodeKubeconfig)
 	pod := e.createPod(automounted(e.pod("app",
-		corev1.Volume{Name: "creds", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "app-secret"}}})))
+		corev1.Volume{Name: "creds", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "app-secret"}}},
+		e2eutil.ClaimVolume("data", "data"))))
 	e.waitCondition("app", corev1.ConditionTrue, "VolumesMounted")
 	e.waitFiles(e.volumePath(pod.UID, e2eutil.SecretPlugin, "creds"), map[string]string{"password": "hunter2"})
+	e.waitMounted(e.volumePath(pod.UID, e2eutil.LocalPlugin, pv.Name))
 	token, err := os.ReadFile(filepath.Join(e.volumePath(pod.UID, e2eutil.ProjectedPlugin, kubeAPIAccess(t, pod)), "token"))
 	if err != nil || len(token) == 0 {
 		t.Fatalf("token: %v", err)
@@ -366,11 +349,25 @@ func TestNodeCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	claimWatches := 0
 	for _, ev := range events {
 		if ev.User.Username == suite.User && ev.UserAgent == "volume-agent/"+e.node && ev.ObjectRef != nil &&
 			(ev.ObjectRef.Resource == "secrets" || ev.ObjectRef.Resource == "configmaps" || ev.ObjectRef.Subresource == "token") {
 			t.Errorf("with --node-kubeconfig the agent still used its own credentials: %s %s", ev.Verb, ev.RequestURI)
 		}
+		// The Node authorizer lets a node only GET claims and volumes
+		// (checked below): the agent watches them, one by one, with its
+		// own credentials.
+		if ev.UserAgent == "volume-agent/"+e.node && ev.ObjectRef != nil && ev.Verb == "watch" &&
+			ev.ObjectRef.Resource == "persistentvolumeclaims" && ev.ObjectRef.Namespace == e.ns {
+			if ev.User.Username != suite.User {
+				t.Errorf("claim watched as %s, want the agent's ServiceAccount: %s", ev.User.Username, ev.RequestURI)
+			}
+			claimWatches++
+		}
+	}
+	if claimWatches == 0 {
+		t.Errorf("no watch of the pod's claim by the agent in the audit log")
 	}
 
 	// What the node identity may do, asked of the real API server.
@@ -398,6 +395,31 @@ func TestNodeCredentials(t *testing.T) {
 			return err
 		}},
 		{"request a token for its pod", true, func() error { return requestToken(ctx, node, e.ns, pod.Name, pod.UID) }},
+		// Claims and volumes: get only (the graph authorizer's
+		// authorizeGet), so the agent cannot watch them as the node.
+		{"get the claim its pod uses", true, func() error {
+			_, err := node.CoreV1().PersistentVolumeClaims(e.ns).Get(ctx, "data", metav1.GetOptions{})
+			return err
+		}},
+		{"list+watch the claim its pod uses, by name", false, func() error {
+			_, err := node.CoreV1().PersistentVolumeClaims(e.ns).List(ctx, name("data"))
+			return err
+		}},
+		{"watch the claim its pod uses, by name", false, func() error {
+			w, err := node.CoreV1().PersistentVolumeClaims(e.ns).Watch(ctx, name("data"))
+			if err == nil {
+				w.Stop()
+			}
+			return err
+		}},
+		{"get the volume of its pod's claim", true, func() error {
+			_, err := node.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
+			return err
+		}},
+		{"list+watch the volume of its pod's claim, by name", false, func() error {
+			_, err := node.CoreV1().PersistentVolumes().List(ctx, name(pv.Name))
+			return err
+		}},
 		{"request a token for a pod on another node", false, func() error { return requestToken(ctx, node, e.ns, otherNode.Name, otherNode.UID) }},
 		{"request a token bound to no pod", false, func() error { return requestToken(ctx, node, e.ns, "", "") }},
 	}

@@ -141,10 +141,20 @@ func checkRBAC() bool {
 		}
 		e2eutil.PrintRequests(user, counts, nil)
 		used[user] = counts
+		if bad := e2eutil.UnscopedReads(events, user, "volume-agent/"); len(bad) > 0 {
+			fmt.Fprintf(os.Stderr, "RBAC check: FAIL: %s listed or watched objects of the cluster without a name selector: %v\n", user, bad)
+			ok = false
+		}
 	}
 	if e2eutil.FullRun() {
 		for _, g := range e2eutil.Unused(e2eutil.Grants(suite.selfAttachRole.Rules), used[suite.selfAttachUser]) {
 			fmt.Fprintf(os.Stderr, "RBAC check: FAIL: deploy/self-attach grants %q, which the self-attach agent never used\n", g)
+			ok = false
+		}
+		// Attachments are watched one by one, by name (UnscopedReads
+		// below): the cluster suite leaves this grant to this one.
+		if used[suite.User]["watch volumeattachments.storage.k8s.io"] == 0 {
+			fmt.Fprintln(os.Stderr, "RBAC check: FAIL: no agent watched a VolumeAttachment (the attach tests should have)")
 			ok = false
 		}
 		if used[suite.User]["get secrets"] == 0 {

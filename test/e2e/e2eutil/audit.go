@@ -3,6 +3,7 @@ package e2eutil
 import (
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"slices"
 	"sort"
@@ -119,4 +120,48 @@ func groupResource(group, resource, sub string) string {
 		s += "/" + sub
 	}
 	return s
+}
+
+// scopedResources are the resources an agent may list or watch only for
+// what its node uses: one object by name (secrets, configMaps and claims
+// in their namespace), or, for PersistentVolumes, the local volume
+// provisioner's own by its node label.
+var scopedResources = map[string]bool{
+	"secrets": true, "configmaps": true, "persistentvolumeclaims": true, "persistentvolumes": true, "volumeattachments": true,
+}
+
+// UnscopedReads lists the lists and watches of scoped resources that
+// user made from a client whose user agent starts with agentPrefix
+// ("volume-agent/": the agent; tests' own clients, which show what a user
+// may do, do not count) without selecting one object by name
+// (fieldSelector=metadata.name=<name>, and a namespace for namespaced
+// resources) or, for PersistentVolumes, the provisioner's node label: the
+// reads whose cost grows with the cluster instead of the node.
+func UnscopedReads(events []cluster.AuditEvent, user, agentPrefix string) []string {
+	var bad []string
+	for _, ev := range events {
+		if ev.User.Username != user || !strings.HasPrefix(ev.UserAgent, agentPrefix) || (ev.Verb != "list" && ev.Verb != "watch") || ev.ObjectRef == nil {
+			continue
+		}
+		res := ev.ObjectRef.Resource
+		if !scopedResources[res] || ev.ObjectRef.Subresource != "" {
+			continue
+		}
+		u, err := url.Parse(ev.RequestURI)
+		if err != nil {
+			bad = append(bad, ev.Verb+" "+ev.RequestURI)
+			continue
+		}
+		q := u.Query()
+		byName := strings.HasPrefix(q.Get("fieldSelector"), "metadata.name=")
+		namespaced := res == "secrets" || res == "configmaps" || res == "persistentvolumeclaims"
+		if byName && (!namespaced || ev.ObjectRef.Namespace != "") {
+			continue
+		}
+		if res == "persistentvolumes" && strings.HasPrefix(q.Get("labelSelector"), "local.volume-agent.io/node=") {
+			continue
+		}
+		bad = append(bad, ev.Verb+" "+ev.RequestURI)
+	}
+	return bad
 }

@@ -76,8 +76,9 @@ func createStorageClass(ctx context.Context, s *e2eutil.Suite) error {
 }
 
 // checkNothingRefused reads every request the agents' ServiceAccount made
-// and fails if the API server refused any (403): the claim status patches
-// are new in the ClusterRole. (Whether every grant is used is the cluster
+// and fails if the API server refused any (403) — the claim status patches
+// are new in the ClusterRole — or if a claim, volume or attachment was
+// listed or watched other than by name. (Whether every grant is used is the cluster
 // suite's business; these tests use only some.)
 func checkNothingRefused() bool {
 	evs, err := suite.Cluster.AuditEvents()
@@ -90,7 +91,11 @@ func checkNothingRefused() bool {
 		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: %s %s by %s was forbidden\n", e.Verb, e.RequestURI, e.UserAgent)
 	}
 	e2eutil.PrintRequests(suite.User, counts, nil)
-	if len(refused) > 0 {
+	bad := e2eutil.UnscopedReads(evs, suite.User, "volume-agent/")
+	if len(bad) > 0 {
+		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: listed or watched without a name selector: %v\n", bad)
+	}
+	if len(refused) > 0 || len(bad) > 0 {
 		return false
 	}
 	fmt.Fprintln(os.Stderr, "RBAC check: ok: no request refused")

@@ -52,11 +52,13 @@ func TestFilesystemLifecycle(t *testing.T) {
 	blank := mounttest.LoopDevice(t, 64<<20)
 	must(t, os.Symlink(blank, blankLink))
 
-	// A mount point an administrator's PV already uses is left alone.
+	// A mount point an administrator's PV already uses is left alone. The
+	// provisioner watches only PVs with its node label: an administrator
+	// who makes PVs for paths in a discovery directory labels them so.
 	takenDir := filepath.Join(disc, "taken")
 	e.tmpfs(takenDir, "8m")
 	admin := &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: e.name + "-admin"},
+		ObjectMeta: metav1.ObjectMeta{Name: e.name + "-admin", Labels: map[string]string{localpv.LabelNode: localpv.NodeLabelValue(e.node)}},
 		Spec: corev1.PersistentVolumeSpec{
 			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("8Mi")},
 			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
@@ -101,7 +103,8 @@ func TestFilesystemLifecycle(t *testing.T) {
 		}
 		if pv.Name != c.name || q.Value() != c.capacity || fsType != c.fsType || affinityHostname(pv) != e.hostname ||
 			pv.Spec.StorageClassName != class || pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimDelete ||
-			*pv.Spec.VolumeMode != corev1.PersistentVolumeFilesystem || pv.Labels["example.com/tier"] != "fast" {
+			*pv.Spec.VolumeMode != corev1.PersistentVolumeFilesystem || pv.Labels["example.com/tier"] != "fast" ||
+			pv.Labels[localpv.LabelNode] != e.node {
 			t.Errorf("PV %s: capacity %s, fsType %q, affinity %q, spec %+v, labels %v; want name %s, capacity %d, fsType %q, hostname %s",
 				pv.Name, q.String(), fsType, affinityHostname(pv), pv.Spec, pv.Labels, c.name, c.capacity, c.fsType, e.hostname)
 		}
@@ -552,4 +555,82 @@ func atoi(t *testing.T, s string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// PVs made by an earlier version carry no node label, so the label-selected
+// watch does not see them: the provisioner looks their deterministic names
+// up (GET) before it makes a PV for a path, labels its own, and never makes
+// a second PV for the disk. A PV of another provisioner that has the name
+// is left alone, and the fallback name is used.
+func TestUnlabelledPVsOfEarlierVersions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "lpv-migrate")
+	class := e.class("fast")
+	e.storageClass(class, corev1.PersistentVolumeReclaimDelete)
+	disc := e.dir("disks")
+	oldDir, squatDir := filepath.Join(disc, "old"), filepath.Join(disc, "squat")
+	e.tmpfs(oldDir, "16m")
+	e.tmpfs(squatDir, "16m")
+	pv := func(name, path string, ours bool) *corev1.PersistentVolume {
+		p := &corev1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.PersistentVolumeSpec{
+				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("16Mi")},
+				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+				StorageClassName:              class,
+				PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: path}},
+				NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+					MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{e.hostname}}},
+				}}}},
+			},
+		}
+		if ours {
+			p.Annotations = map[string]string{localpv.AnnProvisionedBy: localpv.ProvisionerName(e.node)}
+		}
+		created, err := suite.Admin.CoreV1().PersistentVolumes().Create(t.Context(), p, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return created
+	}
+	// What an earlier version made for "old": no label.
+	old := pv(localpv.PVName(localpv.DefaultNamePattern, e.node, class, "old"), oldDir, true)
+	// Someone else's PV has the name "squat" would get (for another path).
+	squatter := pv(localpv.PVName(localpv.DefaultNamePattern, e.node, class, "squat"), "/elsewhere", false)
+
+	e.writeConfig(fmt.Sprintf("storageClasses:\n  %s:\n    discoveryDir: %s\n", class, disc))
+	pr := e.startProvisioner()
+	e2eutil.Poll(t, 60*time.Second, "the earlier version's PV labelled", func(ctx context.Context) (bool, string) {
+		got, err := suite.Admin.CoreV1().PersistentVolumes().Get(ctx, old.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return got.Labels[localpv.LabelNode] == localpv.NodeLabelValue(e.node), fmt.Sprintf("labels %v", got.Labels)
+	})
+	if v := pr.waitState(oldDir, localpv.StateAvailable); v.PV != old.Name {
+		t.Errorf("old: %+v, want listed as PV %s", v, old.Name)
+	}
+	squat := e.waitAvailable(squatDir, "")
+	if want := localpv.FallbackName(localpv.DefaultNamePattern, e.node, class, "squat"); squat.Name != want {
+		t.Errorf("squat's PV is %s, want the fallback name %s", squat.Name, want)
+	}
+	// Exactly one PV per disk; the other provisioner's PV is untouched.
+	list, err := suite.Admin.CoreV1().PersistentVolumes().List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	perPath := map[string]int{}
+	for _, p := range list.Items {
+		if p.Spec.Local != nil {
+			perPath[p.Spec.Local.Path]++
+		}
+	}
+	if perPath[oldDir] != 1 || perPath[squatDir] != 1 {
+		t.Errorf("PVs per path: %v, want one for each disk", perPath)
+	}
+	got, err := suite.Admin.CoreV1().PersistentVolumes().Get(t.Context(), squatter.Name, metav1.GetOptions{})
+	if err != nil || len(got.Labels) != 0 || got.UID != squatter.UID {
+		t.Errorf("the other provisioner's PV was changed: %v %v", got, err)
+	}
 }

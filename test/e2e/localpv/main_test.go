@@ -32,10 +32,11 @@ import (
 )
 
 // provisionerRules are the permissions the provisioner needs, on top of
-// what the agent already has: the caches (PVs, StorageClasses, its Node),
-// creating and deleting PVs, and events.
+// what the agent already has: the caches (its own PVs by label,
+// StorageClasses, its Node), creating and deleting PVs, reading and
+// labelling by name a PV an earlier version made, and events.
 var provisionerRules = []rbacv1.PolicyRule{
-	{APIGroups: []string{""}, Resources: []string{"persistentvolumes"}, Verbs: []string{"list", "watch", "create", "delete"}},
+	{APIGroups: []string{""}, Resources: []string{"persistentvolumes"}, Verbs: []string{"list", "watch", "create", "delete", "get", "patch"}},
 	{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"storageclasses"}, Verbs: []string{"list", "watch"}},
 	{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "watch"}},
 	{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
@@ -84,8 +85,10 @@ func setupProvisioner(ctx context.Context, s *e2eutil.Suite) error {
 }
 
 // checkRBAC reads the provisioner's requests from the audit log: none may
-// have been refused, and on a full run every granted verb must have been
-// used (a grant never exercised is superfluous or untested).
+// have been refused, no PV may have been listed or watched but its own by
+// label (nor a claim or volume by the agents but by name), and on a full
+// run every granted verb must have been used (a grant never exercised is
+// superfluous or untested).
 func checkRBAC() bool {
 	events, err := suite.Cluster.AuditEvents()
 	if err != nil {
@@ -96,6 +99,14 @@ func checkRBAC() bool {
 	ok := len(refused) == 0
 	for _, e := range refused {
 		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: %s %s was forbidden\n", e.Verb, e.RequestURI)
+	}
+	// The provisioner watches its own PVs by label, the agents what
+	// their pods use by name: nothing grows with the cluster's PVs.
+	for user, prefix := range map[string]string{suite.provUser: "localpv-test/", suite.User: "volume-agent/"} {
+		if bad := e2eutil.UnscopedReads(events, user, prefix); len(bad) > 0 {
+			fmt.Fprintf(os.Stderr, "RBAC check: FAIL: %s listed or watched PVs or claims of the whole cluster: %v\n", user, bad)
+			ok = false
+		}
 	}
 	granted := e2eutil.Grants(provisionerRules)
 	e2eutil.PrintRequests(suite.provUser, counts, granted)
