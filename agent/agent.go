@@ -199,8 +199,16 @@ func (a *Agent) registerMetrics() {
 		Help: "Things left on disk the agent cannot clean or account for (see /debug/orphans).",
 	}, func() float64 { return float64(len(a.orphans.List())) }))
 	a.metrics.Registry.MustRegister(a.api.collectors()...)
+	var watches watchesCollector
+	if a.api.objects != nil {
+		watches = append(watches, a.api.objects.Stats)
+	}
 	if a.mode.cluster != nil {
 		kubeclient.RegisterMetrics(a.metrics.Registry)
+		watches = append(watches, a.mode.cluster.source.WatchStats)
+	}
+	if len(watches) > 0 {
+		a.metrics.Registry.MustRegister(watches)
 	}
 	if a.localPV != nil {
 		a.metrics.Registry.MustRegister(a.localPV.Collectors()...)

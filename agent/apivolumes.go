@@ -104,11 +104,7 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, deps apiVolumeDeps) *
 }
 
 func (a *apiVolumes) collectors() []prometheus.Collector {
-	cs := []prometheus.Collector{a.metrics.refreshSeconds, a.metrics.tokenRequests}
-	if a.objects != nil {
-		cs = append(cs, watchesCollector{a.objects})
-	}
-	return cs
+	return []prometheus.Collector{a.metrics.refreshSeconds, a.metrics.tokenRequests}
 }
 
 func (a *apiVolumes) stop() {
@@ -171,19 +167,23 @@ func (m *apiVolumeMetrics) TokenRequested(err error) {
 	m.tokenRequests.WithLabelValues(result).Inc()
 }
 
-// watchesCollector reports the per-object watches at scrape time.
-type watchesCollector struct{ objects *apiobjects.Cluster }
+// watchesCollector reports the per-object watches (API objects; claims,
+// volumes and attachments) at scrape time.
+type watchesCollector []func() map[string]objectwatch.Stats
 
 var watchedDesc = prometheus.NewDesc(namespace+"_watched_objects",
-	"Objects the agent watches one by one for the pods on its node, by resource and state (watching; immutable: read once, no watch).",
+	"Objects the agent watches one by one for the pods on its node, by resource and state (watching; listing: first list not in yet; immutable: read once, no watch).",
 	[]string{"resource", "state"}, nil)
 
 func (c watchesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- watchedDesc }
 
 func (c watchesCollector) Collect(ch chan<- prometheus.Metric) {
-	for res, s := range c.objects.Stats() {
-		ch <- prometheus.MustNewConstMetric(watchedDesc, prometheus.GaugeValue, float64(s.Watching), res, "watching")
-		ch <- prometheus.MustNewConstMetric(watchedDesc, prometheus.GaugeValue, float64(s.Keys-s.Watching), res, "immutable")
+	for _, stats := range c {
+		for res, s := range stats() {
+			ch <- prometheus.MustNewConstMetric(watchedDesc, prometheus.GaugeValue, float64(s.Watching-s.Listing), res, "watching")
+			ch <- prometheus.MustNewConstMetric(watchedDesc, prometheus.GaugeValue, float64(s.Listing), res, "listing")
+			ch <- prometheus.MustNewConstMetric(watchedDesc, prometheus.GaugeValue, float64(s.Keys-s.Watching), res, "immutable")
+		}
 	}
 }
 

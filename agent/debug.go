@@ -12,6 +12,7 @@ import (
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/reconciler"
 	"github.com/volume-agent/volume-agent/source"
+	"github.com/volume-agent/volume-agent/source/objectwatch"
 	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -167,6 +168,9 @@ func (a *Agent) aswDocument() ASWDocument {
 type SourcesDocument struct {
 	Synced      bool                `json:"synced"`
 	InputErrors []source.InputError `json:"inputErrors"`
+	// Watches are the claims, volumes and attachments watched one by one
+	// for the node's pods (cluster mode).
+	Watches []objectwatch.KeyStatus `json:"watches"`
 }
 
 // OrphansDocument is GET /debug/orphans.
@@ -191,9 +195,12 @@ func (a *Agent) debugMux() *http.ServeMux {
 		writeJSON(w, OperationsDocument{Operations: ops})
 	})
 	mux.HandleFunc("GET /debug/sources", func(w http.ResponseWriter, _ *http.Request) {
-		doc := SourcesDocument{Synced: a.source.HasSynced(), InputErrors: []source.InputError{}}
+		doc := SourcesDocument{Synced: a.source.HasSynced(), InputErrors: []source.InputError{}, Watches: []objectwatch.KeyStatus{}}
 		if r, ok := a.source.(source.ErrorReporter); ok {
 			doc.InputErrors = append(doc.InputErrors, r.InputErrors()...)
+		}
+		if c := a.mode.cluster; c != nil {
+			doc.Watches = append(doc.Watches, c.source.Watches()...)
 		}
 		writeJSON(w, doc)
 	})

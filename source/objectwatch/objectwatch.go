@@ -449,7 +449,9 @@ type Stats struct {
 	Keys int
 	// Watching are keys with a running watch (immutable objects have none).
 	Watching int
-	Owners   int
+	// Listing are the watches whose first list is not in yet.
+	Listing int
+	Owners  int
 }
 
 // Stats returns the current counts.
@@ -458,9 +460,14 @@ func (m *Manager[T]) Stats() Stats {
 	defer m.mu.Unlock()
 	s := Stats{Keys: len(m.watches), Owners: len(m.owners)}
 	for _, w := range m.watches {
+		if !w.ctrl.HasSynced() {
+			s.Listing++
+		}
 		w.mu.Lock()
 		if w.immutable == nil {
 			s.Watching++
+		} else if !w.ctrl.HasSynced() {
+			s.Listing--
 		}
 		w.mu.Unlock()
 	}

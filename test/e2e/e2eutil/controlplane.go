@@ -36,6 +36,10 @@ type ControlPlaneOptions struct {
 	Nodes []string
 	// APIServerArgs are added to kube-apiserver's flags (feature gates).
 	APIServerArgs []string
+	// Controllers replaces cluster.DefaultControllers (e.g. without the
+	// PV binder, for suites that make thousands of claims and bind their
+	// own).
+	Controllers []string
 }
 
 // ControlPlane is a running etcd, kube-apiserver and
@@ -73,7 +77,7 @@ func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (_ *ControlPl
 	if err != nil {
 		return nil, err
 	}
-	c, err := cluster.Start(ctx, cluster.Options{ControllerManager: true, Dir: o.Dir, Nodes: o.Nodes, APIServerArgs: o.APIServerArgs})
+	c, err := cluster.Start(ctx, cluster.Options{ControllerManager: true, Dir: o.Dir, Nodes: o.Nodes, APIServerArgs: o.APIServerArgs, Controllers: o.Controllers})
 	if err != nil {
 		return nil, fmt.Errorf("starting the control plane: %w", err)
 	}
