@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 )
 
 // auditPolicy records the metadata of every request once it has been
@@ -44,6 +45,8 @@ type AuditEvent struct {
 	ResponseStatus *struct {
 		Code int `json:"code"`
 	} `json:"responseStatus"`
+	// Received is when the API server received the request.
+	Received time.Time `json:"requestReceivedTimestamp"`
 }
 
 func (c *Cluster) auditLogPath() string { return c.path("audit.log") }

@@ -147,6 +147,16 @@ type Sources struct {
 		Input string `json:"input"`
 		Error string `json:"error"`
 	} `json:"inputErrors"`
+	// Watches are the claims, volumes and attachments watched one by one.
+	Watches []struct {
+		Resource string `json:"resource"`
+		Key      struct {
+			Namespace string `json:"namespace"`
+			Name      string `json:"name"`
+		} `json:"key"`
+		Owners int  `json:"owners"`
+		Synced bool `json:"synced"`
+	} `json:"watches"`
 }
 
 // Events is GET /debug/events, the agent's recent events.
