@@ -9,8 +9,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/volume-agent/volume-agent/cache"
-	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/status/podstatus"
 	"github.com/volume-agent/volume-agent/volume"
 )
