@@ -116,11 +116,11 @@ func run() error {
 
 	var results []*result
 	designs := []struct{ name, bin string }{{o.designA, o.baseline}, {o.designB, o.agent}}
-	for _, d := range designs {
+	for i, d := range designs {
 		if d.bin == "" {
 			continue
 		}
-		r, err := c.measure(ctx, d.name, d.bin, filepath.Join(work, "run-"+d.name))
+		r, err := c.measure(ctx, d.name, d.bin, fmt.Sprintf("run%d", i), filepath.Join(work, fmt.Sprintf("run%d", i)))
 		if err != nil {
 			return fmt.Errorf("%s: %w", d.name, err)
 		}
@@ -226,6 +226,7 @@ type result struct {
 	apiserverIdleCPU float64
 	apiserverStartup float64
 	churnEvents      float64 // watch events the API server sent for the churn
+	usedChurnEvents  float64 // ... for a change of every claim one node uses
 	churnAgentCPU    float64
 	churnAPICPU      float64
 	bindLatency      []time.Duration
@@ -233,13 +234,12 @@ type result struct {
 
 // apiStats are read from the API server's /metrics.
 type apiStats struct {
-	watchers      map[string]float64 // registered watchers by kind
-	longrunning   float64            // WATCH requests open
-	rssMiB, cpu   float64
-	watchEvents   map[string]float64
-	heapMiB       float64
-	goroutines    float64
-	totalWatchers float64
+	watches     map[string]float64 // WATCH requests open, by resource
+	longrunning float64            // WATCH requests open
+	rssMiB, cpu float64
+	watchEvents map[string]float64 // events sent to watchers, by resource
+	heapMiB     float64
+	goroutines  float64
 }
 
 type agentProc struct {
@@ -254,7 +254,7 @@ type agentProc struct {
 // measure starts one agent per node, waits for every pod's volumes,
 // measures, and stops them (their mount namespaces, with every mount,
 // go with them).
-func (c *clusterState) measure(ctx context.Context, name, bin, dir string) (*result, error) {
+func (c *clusterState) measure(ctx context.Context, name, bin, run, dir string) (*result, error) {
 	o := c.o
 	r := &result{name: name}
 	fmt.Printf("\n%s (%s): starting %d agents...\n", name, bin, o.nodes)
@@ -320,7 +320,7 @@ func (c *clusterState) measure(ctx context.Context, name, bin, dir string) (*res
 	// might); which agents hear of it?
 	if o.churn > 0 {
 		agentCPU0 = agentsCPU(agents)
-		if err := c.churn(ctx, name); err != nil {
+		if err := c.churn(ctx, run); err != nil {
 			return nil, err
 		}
 		time.Sleep(5 * time.Second) // let the events be delivered and handled: part of the measurement window
@@ -328,14 +328,29 @@ func (c *clusterState) measure(ctx context.Context, name, bin, dir string) (*res
 		if err != nil {
 			return nil, err
 		}
-		r.churnEvents = after.watchEvents["PersistentVolumeClaim"] - idle.watchEvents["PersistentVolumeClaim"]
+		r.churnEvents = after.watchEvents["persistentvolumeclaims"] - idle.watchEvents["persistentvolumeclaims"]
 		r.churnAgentCPU = agentsCPU(agents) - agentCPU0
 		r.churnAPICPU = after.cpu - idle.cpu
 	}
 
+	// The claims one node's pods use change: which agents hear of it?
+	before, err = c.apiStats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.annotate(ctx, run, c.usedClaims(0)); err != nil {
+		return nil, err
+	}
+	time.Sleep(5 * time.Second) // let the events be delivered: part of the measurement window
+	after, err := c.apiStats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.usedChurnEvents = after.watchEvents["persistentvolumeclaims"] - before.watchEvents["persistentvolumeclaims"]
+
 	// Bound while waiting → mounted, on the first node.
 	if o.binds > 0 {
-		lat, err := c.bindLatency(ctx, agents[0], name)
+		lat, err := c.bindLatency(ctx, agents[0], run)
 		if err != nil {
 			return nil, err
 		}
@@ -352,9 +367,23 @@ func (c *clusterState) churn(ctx context.Context, run string) error {
 	for i := usedPerNode * o.nodes; i < o.pairs && len(idle) < o.churn; i++ {
 		idle = append(idle, fmt.Sprintf("claim-%06d", i))
 	}
+	return c.annotate(ctx, run, idle)
+}
+
+// usedClaims are the claims the pods of a node use.
+func (c *clusterState) usedClaims(node int) []string {
+	var out []string
+	for _, p := range c.pods[node] {
+		out = append(out, p.claims...)
+	}
+	return out
+}
+
+// annotate changes an annotation of each claim, in parallel.
+func (c *clusterState) annotate(ctx context.Context, run string, claims []string) error {
 	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{"bench/churn":%q}}}`, run+time.Now().Format(time.RFC3339Nano))
-	return parallel(16, len(idle), func(i int) error {
-		_, err := c.admin.CoreV1().PersistentVolumeClaims(namespace).Patch(ctx, idle[i], types.MergePatchType, patch, metav1.PatchOptions{})
+	return parallel(16, len(claims), func(i int) error {
+		_, err := c.admin.CoreV1().PersistentVolumeClaims(namespace).Patch(ctx, claims[i], types.MergePatchType, patch, metav1.PatchOptions{})
 		return err
 	})
 }
@@ -501,7 +530,7 @@ func (c *clusterState) apiStats(ctx context.Context) (apiStats, error) {
 	if err != nil {
 		return apiStats{}, fmt.Errorf("API server metrics: %w", err)
 	}
-	s := apiStats{watchers: map[string]float64{}, watchEvents: map[string]float64{}}
+	s := apiStats{watches: map[string]float64{}, watchEvents: map[string]float64{}}
 	for line := range strings.Lines(string(raw)) {
 		line = strings.TrimSpace(line)
 		if line == "" || line[0] == '#' {
@@ -515,15 +544,13 @@ func (c *clusterState) apiStats(ctx context.Context) (apiStats, error) {
 		series := line[:i]
 		name, labels, _ := strings.Cut(series, "{")
 		switch name {
-		case "apiserver_registered_watchers":
-			s.watchers[label(labels, "kind")] += v
-			s.totalWatchers += v
 		case "apiserver_longrunning_requests":
 			if label(labels, "verb") == "WATCH" {
 				s.longrunning += v
+				s.watches[label(labels, "resource")] += v
 			}
 		case "apiserver_watch_events_total":
-			s.watchEvents[label(labels, "kind")] += v
+			s.watchEvents[label(labels, "resource")] += v
 		case "process_resident_memory_bytes":
 			s.rssMiB = v / (1 << 20)
 		case "process_cpu_seconds_total":
@@ -571,9 +598,8 @@ func report(o options, c *clusterState, rs []*result) {
 	row("every pod's volumes ready after the agents start", func(r *result) string { return fmt.Sprintf("%.1f s", r.readyIn.Seconds()) })
 	row("agents' CPU until then (all agents)", func(r *result) string { return fmt.Sprintf("%.1f s", r.startCPU) })
 	row("API server CPU until then", func(r *result) string { return fmt.Sprintf("%.1f s", r.apiserverStartup) })
-	row("API server watches open (WATCH requests)", func(r *result) string { return fmt.Sprintf("%.0f", r.apiserver.longrunning) })
-	row("API server registered watchers: claims / volumes / total", func(r *result) string {
-		return fmt.Sprintf("%.0f / %.0f / %.0f", r.apiserver.watchers["PersistentVolumeClaim"], r.apiserver.watchers["PersistentVolume"], r.apiserver.totalWatchers)
+	row("API server watches open: claims / volumes / all", func(r *result) string {
+		return fmt.Sprintf("%.0f / %.0f / %.0f", r.apiserver.watches["persistentvolumeclaims"], r.apiserver.watches["persistentvolumes"], r.apiserver.longrunning)
 	})
 	row("API server RSS / heap in use", func(r *result) string {
 		return fmt.Sprintf("%.0f / %.0f MiB", r.apiserver.rssMiB, r.apiserver.heapMiB)
@@ -596,6 +622,9 @@ func report(o options, c *clusterState, rs []*result) {
 			return fmt.Sprintf("%.2f / %.2f s", r.churnAgentCPU, r.churnAPICPU)
 		})
 	}
+	row(fmt.Sprintf("the %d claims one node uses changed: watch events sent", o.podsPerNode*o.claimsPerPod), func(r *result) string {
+		return fmt.Sprintf("%.0f", r.usedChurnEvents)
+	})
 	if o.binds > 0 {
 		row(fmt.Sprintf("claim bound → pod's volume mounted (%d): median / max", o.binds), func(r *result) string {
 			s := slices.Clone(r.bindLatency)
