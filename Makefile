@@ -8,7 +8,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # outside the repo (see test/tools/build.sh); the first build takes minutes.
 TOOLS_BIN    = $(shell test/tools/build.sh)
 
-.PHONY: all build run test unit e2e lint bench tools cluster-up cluster-down clean
+.PHONY: all build run test unit e2e lint bench bench-scale tools cluster-up cluster-down clean
 
 all: build
 
@@ -41,7 +41,8 @@ lint:
 # Planner and executor micro-benchmarks, then the end-to-end standalone
 # benchmark (500 pods x 4 Memory emptyDirs) and the cluster-mode API volumes
 # benchmark (500 pods x kube-api-access + configMap + secret against a real
-# API server; see docs/performance.md).
+# API server; see docs/performance.md). The many-node simulation takes
+# longer: make bench-scale.
 bench: build tools
 	$(GO) test -run '^$$' -bench . -benchmem ./reconciler/ ./operations/ ./source/manifest/ ./internal/atomicdir/
 	$(GO) build -o bin/bench ./test/bench
@@ -49,6 +50,17 @@ bench: build tools
 	bin/bench -agent $(BIN) -pods 1000 -volumes 4 -idle 5s
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500 -kube-qps 50
+
+# Many nodes against one API server (test/bench/manynodes, about 20 minutes
+# on 2 cores): 20 agents, 20,000 PV/PVC pairs spread over their nodes, 50 pods
+# per node; the API server's watches, CPU and memory, each agent's RSS, the
+# watch events claim changes cause, bound → mounted. BASELINE=<an older
+# volume-agent binary> measures it too, on the same cluster, for comparison;
+# SCALE_ARGS adds flags (-pods-per-node 100 -claims-per-pod 10: every claim in
+# use). See docs/performance.md.
+bench-scale: build tools
+	$(GO) build -o bin/bench-manynodes ./test/bench/manynodes
+	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench-manynodes -agent $(BIN) $(if $(BASELINE),-baseline $(BASELINE)) $(SCALE_ARGS)
 
 tools:
 	@test/tools/build.sh >/dev/null
