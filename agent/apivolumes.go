@@ -84,7 +84,7 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, deps apiVolumeDeps) *
 			a.credentials = "the node's (" + cfg.NodeKubeconfig + ")"
 		}
 		client := c.objectsClient()
-		a.objects = apiobjects.NewCluster(apiobjects.ClusterOptions{Client: client, OnChange: changed, Log: log.Named("objects")})
+		a.objects = apiobjects.NewCluster(apiobjects.ClusterOptions{Client: client, OnChange: changed, Limiter: c.listing, Log: log.Named("objects")})
 		a.tokens = tokens.New(tokens.Options{Requester: client, Observer: a.metrics})
 		src.Objects, src.Tokens, src.TrustBundles = a.objects, a.tokens, a.objects
 		src.NodeAllocatable = func() v1.ResourceList {

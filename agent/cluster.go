@@ -15,6 +15,7 @@ import (
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/source/kube"
+	"github.com/volume-agent/volume-agent/source/objectwatch"
 	"github.com/volume-agent/volume-agent/status/events"
 )
 
@@ -30,7 +31,16 @@ type clusterParts struct {
 	// attachmentChanged is told about VolumeAttachment changes; set by
 	// the CSI part, which is built after the source.
 	attachmentChanged atomic.Pointer[func(name string)]
+	// listing bounds the per-object watches (claims, volumes,
+	// attachments, API objects) listing at once.
+	listing *objectwatch.Limiter
 }
+
+// concurrentLists is how many per-object watches list at once: enough to
+// read hundreds of objects in a second or two, few enough that the API
+// server's priority and fairness does not refuse them (429) and send the
+// watches into backoff.
+const concurrentLists = 16
 
 // newCluster watches the API server for this node's pods and what they
 // reference; events go to the API server and the node's labels are read
@@ -67,7 +77,7 @@ func newClusterParts(cfg Config, log *zap.Logger) (*clusterParts, error) {
 	if err != nil {
 		return nil, fmt.Errorf("API client: %w", err)
 	}
-	p := &clusterParts{client: client}
+	p := &clusterParts{client: client, listing: objectwatch.NewLimiter(concurrentLists)}
 	if cfg.NodeKubeconfig != "" {
 		nodeCfg, err := kubeclient.LoadConfig(kubeclient.Options{
 			Kubeconfig: cfg.NodeKubeconfig, QPS: cfg.KubeAPIQPS, Burst: cfg.KubeAPIBurst,
@@ -84,7 +94,7 @@ func newClusterParts(cfg Config, log *zap.Logger) (*clusterParts, error) {
 	// credentials even with --node-kubeconfig: the Node authorizer lets a
 	// node only GET them, never list or watch (docs/cluster-mode.md).
 	p.source = kube.New(kube.Options{
-		Client: client, NodeName: cfg.NodeName, Log: log.Named("source"),
+		Client: client, NodeName: cfg.NodeName, Log: log.Named("source"), Limiter: p.listing,
 		AttachmentName: p.attachmentName(cfg.NodeName),
 		OnAttachmentChange: func(name string) {
 			if f := p.attachmentChanged.Load(); f != nil {

@@ -41,7 +41,10 @@ type ClusterOptions struct {
 	Client *kubeclient.Client
 	// OnChange is told about changed objects (kind, namespace, name).
 	OnChange func(kind, namespace, name string)
-	Log      *zap.Logger
+	// Limiter bounds the watches listing at once (shared with the
+	// source's). Nil: no bound.
+	Limiter *objectwatch.Limiter
+	Log     *zap.Logger
 }
 
 // Cluster serves the objects from per-object watches.
@@ -79,12 +82,12 @@ func NewCluster(o ClusterOptions) *Cluster {
 			Resource:  v1.Resource("configmaps"),
 			ListWatch: objectwatch.RESTListWatch(o.Client.Core, "configmaps"),
 			Immutable: func(cm *v1.ConfigMap) bool { return cm.Immutable != nil && *cm.Immutable },
-		}, objectwatch.Options{OnChange: notify(KindConfigMap), Log: o.Log.Named("configmaps")}),
+		}, objectwatch.Options{OnChange: notify(KindConfigMap), Limiter: o.Limiter, Log: o.Log.Named("configmaps")}),
 		secrets: objectwatch.New(objectwatch.Kind[*v1.Secret]{
 			Resource:  v1.Resource("secrets"),
 			ListWatch: objectwatch.RESTListWatch(o.Client.Core, "secrets"),
 			Immutable: func(s *v1.Secret) bool { return s.Immutable != nil && *s.Immutable },
-		}, objectwatch.Options{OnChange: notify(KindSecret), Log: o.Log.Named("secrets")}),
+		}, objectwatch.Options{OnChange: notify(KindSecret), Limiter: o.Limiter, Log: o.Log.Named("secrets")}),
 		bundleUsers: map[types.UID][]objectwatch.Key{},
 	}
 	return c
@@ -116,7 +119,7 @@ func (c *Cluster) bundleManager(ctx context.Context) (*objectwatch.Manager[*cert
 		if c.opts.OnChange != nil {
 			c.opts.OnChange(KindClusterTrustBundle, k.Namespace, k.Name)
 		}
-	}, Log: c.opts.Log.Named("clustertrustbundles")})
+	}, Limiter: c.opts.Limiter, Log: c.opts.Log.Named("clustertrustbundles")})
 	for pod, keys := range c.bundleUsers {
 		c.bundles.SetOwner(pod, keys)
 	}

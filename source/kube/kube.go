@@ -62,6 +62,9 @@ type Options struct {
 	// by key: one object by name, or what a field selector selects. Tests
 	// replace it. Default: the REST resources of Client.
 	ListWatch func(resource string) func(objectwatch.Key) cache.ListerWatcher
+	// Limiter bounds the per-object watches listing at once (shared with
+	// the API volumes' watches). Nil: no bound.
+	Limiter *objectwatch.Limiter
 	// WarnAfter is how long a claim, volume or attachment may stay unread
 	// before it is logged (default 10s).
 	WarnAfter time.Duration
@@ -121,10 +124,10 @@ func New(o Options) *Source {
 
 	s.claims = objectwatch.New(objectwatch.Kind[*v1.PersistentVolumeClaim]{
 		Resource: v1.Resource("persistentvolumeclaims"), ListWatch: o.ListWatch("persistentvolumeclaims"),
-	}, objectwatch.Options{OnChange: s.claimChanged, OnSynced: s.claimChanged, Log: o.Log.Named("claims")})
+	}, objectwatch.Options{OnChange: s.claimChanged, OnSynced: s.claimChanged, Limiter: o.Limiter, Log: o.Log.Named("claims")})
 	s.volumes = objectwatch.New(objectwatch.Kind[*v1.PersistentVolume]{
 		Resource: v1.Resource("persistentvolumes"), ListWatch: o.ListWatch("persistentvolumes"),
-	}, objectwatch.Options{OnChange: s.volumeChanged, OnSynced: s.volumeChanged, Log: o.Log.Named("volumes")})
+	}, objectwatch.Options{OnChange: s.volumeChanged, OnSynced: s.volumeChanged, Limiter: o.Limiter, Log: o.Log.Named("volumes")})
 	if o.AttachmentName != nil {
 		attached := func(k objectwatch.Key) {
 			if o.OnAttachmentChange != nil {
@@ -133,7 +136,7 @@ func New(o Options) *Source {
 		}
 		s.attachments = objectwatch.New(objectwatch.Kind[*storagev1.VolumeAttachment]{
 			Resource: storagev1.Resource("volumeattachments"), ListWatch: o.ListWatch("volumeattachments"),
-		}, objectwatch.Options{OnChange: attached, OnSynced: attached, Log: o.Log.Named("attachments")})
+		}, objectwatch.Options{OnChange: attached, OnSynced: attached, Limiter: o.Limiter, Log: o.Log.Named("attachments")})
 	}
 	return s
 }
@@ -357,13 +360,24 @@ func (s *Source) Run(ctx context.Context) error {
 
 // warnUnread logs the per-object watches that have not listed for
 // WarnAfter: the pods that use them wait (their volumes are neither
-// mounted nor torn down).
+// mounted nor torn down). The first few are named one by one, the rest
+// counted in one line: a node with thousands of claims waiting on an
+// overloaded API server must not flood its log.
 func (s *Source) warnUnread() {
+	const named = 5
+	unread := 0
 	for _, w := range s.Watches() {
-		if !w.Synced && time.Since(w.Since) >= s.opts.WarnAfter {
+		if w.Synced || time.Since(w.Since) < s.opts.WarnAfter {
+			continue
+		}
+		if unread++; unread <= named {
 			s.opts.Log.Warn("still waiting for the API server to list an object the node's pods use; their volumes wait",
 				zap.String("resource", w.Resource), zap.Stringer("key", w.Key), zap.Duration("waited", time.Since(w.Since).Round(time.Second)))
 		}
+	}
+	if unread > named {
+		s.opts.Log.Warn("still waiting for the API server to list more objects the node's pods use; their volumes wait",
+			zap.Int("more", unread-named), zap.Int("unread", unread))
 	}
 }
 

@@ -3,10 +3,14 @@ package kube
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -328,5 +332,48 @@ func TestNoAttachmentsAndClusterWideInformers(t *testing.T) {
 	}
 	if w := watched(s)["volumeattachments.storage.k8s.io"]; len(w) != 0 {
 		t.Errorf("attachments watched: %v", w)
+	}
+}
+
+// Claims that stay unread are logged, the first few by name and the rest
+// counted in one line, however many there are.
+func TestUnreadClaimsLoggedBounded(t *testing.T) {
+	api := newFakeAPI()
+	gate := make(chan struct{})
+	api.gate["persistentvolumeclaims"] = gate
+	core, logs := observer.New(zap.WarnLevel)
+	s := New(Options{NodeName: node, ListWatch: api.listWatch, WarnAfter: 20 * time.Millisecond, Log: zap.New(core)})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		close(gate)
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	var claims []string
+	for i := range 8 {
+		claims = append(claims, fmt.Sprintf("c%d", i))
+	}
+	api.src("pods").Add(pod("app", "uid-app", claims...))
+	waitFor(t, "the summary line", func() bool {
+		return logs.FilterMessageSnippet("more objects").Len() > 0
+	})
+	named := 0
+	for _, e := range logs.All() {
+		if strings.Contains(e.Message, "more objects") {
+			if got := e.ContextMap(); got["more"] != int64(3) || got["unread"] != int64(8) {
+				t.Errorf("summary %v: want 3 more of 8 unread", got)
+			}
+			break
+		}
+		if strings.Contains(e.Message, "to list an object") {
+			named++
+		}
+	}
+	if named != 5 {
+		t.Errorf("%d claims named before the summary, want 5", named)
 	}
 }

@@ -15,6 +15,10 @@
 // "not read yet" (ErrNotSynced) apart from "does not exist" (NotFound), so
 // that nothing is decided on an object that was merely not read.
 //
+// A Limiter, shared by several managers, bounds the watches listing at
+// once, so that a node starting with hundreds of objects does not send the
+// API server a burst its priority and fairness refuses.
+//
 // A key can also be a selector (labels and fields, no name) for kinds whose
 // users select several objects, e.g. ClusterTrustBundles by signer.
 package objectwatch
@@ -109,8 +113,47 @@ type Options struct {
 	// SyncTimeout bounds how long Get waits for a new watch's first list
 	// (default 10s).
 	SyncTimeout time.Duration
-	Log         *zap.Logger
+	// Limiter, if set, bounds the watches that are listing at once (it may
+	// be shared by several managers).
+	Limiter *Limiter
+	Log     *zap.Logger
 }
+
+// Limiter bounds how many watches list at the same time. The API server's
+// priority and fairness answers a burst of list or watch-list requests
+// beyond a few dozen at once with 429 (Too Many Requests), and each
+// refused watch then backs off for up to 30 s: a node whose pods use
+// hundreds of objects would wait for them far longer than it takes to
+// read them a few at a time.
+type Limiter struct {
+	slots chan struct{}
+	// hold is the longest a watch that has not listed keeps its slot.
+	hold time.Duration
+}
+
+// slotHold is the default Limiter hold: far longer than a list takes
+// (milliseconds), short enough that a watch the API server keeps refusing
+// does not hold the others back for long.
+const slotHold = 5 * time.Second
+
+// NewLimiter lets n watches list at once.
+func NewLimiter(n int) *Limiter { return &Limiter{slots: make(chan struct{}, n), hold: slotHold} }
+
+// acquire waits for a slot; false if ctx ended first (then it holds none).
+func (l *Limiter) acquire(ctx context.Context) bool {
+	select {
+	case l.slots <- struct{}{}:
+		if ctx.Err() != nil { // both were ready: select chose at random
+			l.release()
+			return false
+		}
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (l *Limiter) release() { <-l.slots }
 
 // Manager watches the registered keys of one kind. It is safe for
 // concurrent use.
@@ -132,6 +175,8 @@ type keyWatch[T runtime.Object] struct {
 	ctrl   cache.Controller
 	cancel context.CancelFunc
 	done   chan struct{}
+	// listed is closed once the first list is in the store.
+	listed <-chan struct{}
 
 	mu        sync.Mutex
 	immutable []T // the objects, once immutable and the watch stopped
@@ -140,10 +185,35 @@ type keyWatch[T runtime.Object] struct {
 	changes   int
 }
 
+// releaseWhenListed gives w's slot of lim back once the first list is in
+// or the watch stopped, or after lim.hold: a watch that cannot list (the
+// API server refuses it, say) does not hold the others back for long.
+func (w *keyWatch[T]) releaseWhenListed(lim *Limiter) {
+	defer lim.release()
+	hold := time.NewTimer(lim.hold)
+	defer hold.Stop()
+	select {
+	case <-w.listed:
+	case <-w.done:
+	case <-hold.C:
+	}
+}
+
+// hasListed reports whether the first list is in the store; cheaper than
+// the controller's HasSynced, which lookups would call all the time.
+func (w *keyWatch[T]) hasListed() bool {
+	select {
+	case <-w.listed:
+		return true
+	default:
+		return false
+	}
+}
+
 // synced reports whether the first list is in (or the object was read
 // and is immutable).
 func (w *keyWatch[T]) synced() bool {
-	if w.ctrl.HasSynced() {
+	if w.hasListed() {
 		return true
 	}
 	w.mu.Lock()
@@ -236,15 +306,21 @@ func (m *Manager[T]) start(k Key) *keyWatch[T] {
 			DeleteFunc: func(any) { m.observe(w, nil, true) },
 		},
 	})
+	w.listed = w.ctrl.HasSyncedChecker().Done()
 	go func() {
 		defer close(w.done)
+		if lim := m.opts.Limiter; lim != nil {
+			if !lim.acquire(ctx) {
+				return // stopped while waiting for a slot
+			}
+			go w.releaseWhenListed(lim)
+		}
 		w.ctrl.RunWithContext(ctx)
 	}()
 	if m.opts.OnSynced != nil {
-		listed := w.ctrl.HasSyncedChecker().Done()
 		go func() {
 			select {
-			case <-listed:
+			case <-w.listed:
 			case <-w.done:
 				if !w.synced() {
 					return
@@ -356,13 +432,13 @@ func (m *Manager[T]) Get(ctx context.Context, k Key) (T, error) {
 }
 
 func (m *Manager[T]) waitSynced(ctx context.Context, w *keyWatch[T]) error {
-	if w.ctrl.HasSynced() {
+	if w.hasListed() {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.opts.SyncTimeout)
 	defer cancel()
 	select {
-	case <-w.ctrl.HasSyncedChecker().Done():
+	case <-w.listed:
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("%s %s: not read from the API server yet: %w", m.kind.Resource.String(), w.key, ctx.Err())
@@ -393,7 +469,7 @@ func (m *Manager[T]) Cached(k Key) ([]T, error) {
 	if imm != nil {
 		return imm, nil
 	}
-	if !w.ctrl.HasSynced() {
+	if !w.hasListed() {
 		return nil, fmt.Errorf("%s %s: %w", m.kind.Resource.String(), k, ErrNotSynced)
 	}
 	var out []T
@@ -409,11 +485,42 @@ func (m *Manager[T]) Cached(k Key) ([]T, error) {
 // has listed and the object does not exist.
 func (m *Manager[T]) CachedGet(k Key) (T, error) {
 	var zero T
-	objs, err := m.Cached(k)
+	if k.Labels != "" || k.Fields != "" {
+		objs, err := m.Cached(k)
+		if err != nil {
+			return zero, err
+		}
+		return m.named(objs, k)
+	}
+	// One object by name: a map lookup, no copy of the store (the
+	// populator asks for every claim and volume on every pass).
+	m.mu.Lock()
+	w, ok := m.watches[k]
+	m.mu.Unlock()
+	if !ok {
+		return zero, fmt.Errorf("%s %s: %w (not registered for any pod)", m.kind.Resource.String(), k, ErrNotSynced)
+	}
+	w.mu.Lock()
+	imm := w.immutable
+	w.mu.Unlock()
+	if imm != nil {
+		return m.named(imm, k)
+	}
+	if !w.hasListed() {
+		return zero, fmt.Errorf("%s %s: %w", m.kind.Resource.String(), k, ErrNotSynced)
+	}
+	storeKey := k.Name
+	if k.Namespace != "" {
+		storeKey = k.Namespace + "/" + k.Name
+	}
+	o, exists, err := w.store.GetByKey(storeKey)
 	if err != nil {
 		return zero, err
 	}
-	return m.named(objs, k)
+	if t, ok := o.(T); exists && ok {
+		return t, nil
+	}
+	return zero, apierrors.NewNotFound(m.kind.Resource, k.Name)
 }
 
 func (m *Manager[T]) named(objs []T, k Key) (T, error) {
@@ -460,13 +567,13 @@ func (m *Manager[T]) Stats() Stats {
 	defer m.mu.Unlock()
 	s := Stats{Keys: len(m.watches), Owners: len(m.owners)}
 	for _, w := range m.watches {
-		if !w.ctrl.HasSynced() {
+		if !w.hasListed() {
 			s.Listing++
 		}
 		w.mu.Lock()
 		if w.immutable == nil {
 			s.Watching++
-		} else if !w.ctrl.HasSynced() {
+		} else if !w.hasListed() {
 			s.Listing--
 		}
 		w.mu.Unlock()
@@ -494,7 +601,7 @@ func (m *Manager[T]) Status() []KeyStatus {
 	out := make([]KeyStatus, 0, len(m.watches))
 	for k, w := range m.watches {
 		w.mu.Lock()
-		s := KeyStatus{Resource: m.kind.Resource.String(), Key: k, Owners: len(w.owners), Synced: w.ctrl.HasSynced() || w.immutable != nil, Since: w.started,
+		s := KeyStatus{Resource: m.kind.Resource.String(), Key: k, Owners: len(w.owners), Synced: w.hasListed() || w.immutable != nil, Since: w.started,
 			Immutable: w.immutable != nil, Changes: w.changes, Changed: w.changed}
 		if w.immutable != nil {
 			s.Objects = len(w.immutable)

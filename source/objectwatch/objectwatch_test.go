@@ -25,6 +25,10 @@ type fakeAPI struct {
 	lists    map[Key]int
 	watchers map[Key][]*watch.RaceFreeFakeWatcher
 	gate     chan struct{} // when set, List waits for it
+	// blocked keys' lists wait for their channel (or their context).
+	blocked  map[Key]chan struct{}
+	inFlight int // lists in progress
+	maxLists int // most lists in progress at once
 }
 
 func newFakeAPI() *fakeAPI {
@@ -39,9 +43,26 @@ func (listOnly) IsWatchListSemanticsUnSupported() bool { return true }
 
 func (f *fakeAPI) listWatch(k Key) cache.ListerWatcher {
 	return listOnly{&cache.ListWatch{
-		ListWithContextFunc: func(_ context.Context, _ metav1.ListOptions) (runtime.Object, error) {
+		ListWithContextFunc: func(ctx context.Context, _ metav1.ListOptions) (runtime.Object, error) {
+			f.mu.Lock()
+			f.inFlight++
+			f.maxLists = max(f.maxLists, f.inFlight)
+			block := f.blocked[k]
+			f.mu.Unlock()
+			defer func() {
+				f.mu.Lock()
+				f.inFlight--
+				f.mu.Unlock()
+			}()
 			if f.gate != nil {
 				<-f.gate
+			}
+			if block != nil {
+				select {
+				case <-block:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
 			}
 			f.mu.Lock()
 			defer f.mu.Unlock()
@@ -82,6 +103,13 @@ func (f *fakeAPI) put(ns, name, value string, immutable bool) {
 			w.Action(ev, o.DeepCopy())
 		}
 	}
+}
+
+// listing reports the lists in progress and the most at once so far.
+func (f *fakeAPI) listing() (now, most int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.inFlight, f.maxLists
 }
 
 // running counts the key's watches that have not been stopped.
@@ -358,4 +386,78 @@ func TestCachedAndOnSynced(t *testing.T) {
 		t.Errorf("OnSynced again for %v", k)
 	default:
 	}
+}
+
+// A Limiter shared by two managers lets only its number of watches list
+// at once; the others list as slots free up.
+func TestLimiterBoundsListing(t *testing.T) {
+	api := newFakeAPI()
+	api.gate = make(chan struct{})
+	lim := NewLimiter(2)
+	kind := Kind[*v1.ConfigMap]{Resource: v1.Resource("configmaps"), ListWatch: api.listWatch}
+	a, b := New(kind, Options{Limiter: lim}), New(kind, Options{Limiter: lim})
+	t.Cleanup(a.Stop)
+	t.Cleanup(b.Stop)
+	var keys []Key
+	for i := range 6 {
+		k := Key{Namespace: "ns", Name: "cm" + strconv.Itoa(i)}
+		api.put(k.Namespace, k.Name, "v", false)
+		keys = append(keys, k)
+	}
+	a.SetOwner("pod-a", keys[:3])
+	b.SetOwner("pod-b", keys[3:])
+	waitFor(t, "two lists in progress", func() bool { now, _ := api.listing(); return now == 2 })
+	if s := a.Stats().Listing + b.Stats().Listing; s != 6 {
+		t.Errorf("%d watches listing, want all 6 (waiting for a slot counts)", s)
+	}
+	close(api.gate)
+	waitFor(t, "every watch listed", func() bool { return a.Stats().Listing+b.Stats().Listing == 0 })
+	if _, most := api.listing(); most != 2 {
+		t.Errorf("at most %d lists at once, want 2", most)
+	}
+	for i, k := range keys {
+		m := a
+		if i >= 3 {
+			m = b
+		}
+		if _, err := m.CachedGet(k); err != nil {
+			t.Errorf("%v: %v", k, err)
+		}
+	}
+}
+
+// A watch that cannot list gives its slot up after the Limiter's hold; a
+// watch stopped while waiting for a slot takes none.
+func TestLimiterSlotNotHeldForever(t *testing.T) {
+	api := newFakeAPI()
+	stuck, waiting, next := Key{Namespace: "ns", Name: "stuck"}, Key{Namespace: "ns", Name: "waiting"}, Key{Namespace: "ns", Name: "next"}
+	api.blocked = map[Key]chan struct{}{stuck: make(chan struct{})}
+	for _, k := range []Key{stuck, waiting, next} {
+		api.put(k.Namespace, k.Name, "v", false)
+	}
+	lim := NewLimiter(1)
+	lim.hold = time.Second
+	m := New(Kind[*v1.ConfigMap]{Resource: v1.Resource("configmaps"), ListWatch: api.listWatch}, Options{Limiter: lim})
+	t.Cleanup(m.Stop)
+
+	m.SetOwner("stuck", []Key{stuck})
+	waitFor(t, "the stuck list", func() bool { now, _ := api.listing(); return now == 1 })
+	m.SetOwner("gone", []Key{waiting})
+	m.ForgetOwner("gone") // stopped before it had a slot
+	m.SetOwner("next", []Key{next})
+	waitFor(t, "the next watch listed after the stuck one's hold", func() bool { _, err := m.CachedGet(next); return err == nil })
+	if _, err := m.CachedGet(stuck); !errors.Is(err, ErrNotSynced) {
+		t.Errorf("stuck: %v, want ErrNotSynced", err)
+	}
+	api.mu.Lock()
+	lists := api.lists[waiting]
+	api.mu.Unlock()
+	if lists != 0 {
+		t.Errorf("the watch stopped while waiting for a slot listed %d times", lists)
+	}
+	if now, most := api.listing(); now != 1 || most != 2 {
+		t.Errorf("%d lists in progress, at most %d: want the stuck one, and it with the next", now, most)
+	}
+	close(api.blocked[stuck])
+	waitFor(t, "the stuck watch listed once unblocked", func() bool { _, err := m.CachedGet(stuck); return err == nil })
 }
