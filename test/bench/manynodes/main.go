@@ -52,6 +52,8 @@ type options struct {
 	binds            int
 	idle, timeout    time.Duration
 	keep             bool
+	profiles         string
+	verbose          bool
 	agentArgs        string
 	designA, designB string
 }
@@ -78,6 +80,8 @@ func run() error {
 	flag.DurationVar(&o.idle, "idle", 20*time.Second, "how long to measure idle CPU with everything mounted")
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long in any phase")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs, audit log)")
+	flag.BoolVar(&o.verbose, "v", false, "print the agents' watches of claims and volumes every 2 s while they start")
+	flag.StringVar(&o.profiles, "profiles", "", "write the first agent's heap and goroutine profiles, once idle, into this directory")
 	flag.StringVar(&o.agentArgs, "agent-args", "", "more flags for every agent, space separated")
 	flag.Parse()
 	if os.Geteuid() != 0 {
@@ -281,7 +285,29 @@ func (c *clusterState) measure(ctx context.Context, name, bin, run, dir string) 
 		a.pods = len(c.pods[i])
 		agents = append(agents, a)
 	}
+	var startProfile sync.WaitGroup
+	defer startProfile.Wait()
+	if o.profiles != "" {
+		// The first agent's CPU profile from its start.
+		startProfile.Go(func() {
+			_ = waitFor(ctx, 10*time.Second, func() bool {
+				return fetch("http://"+agents[0].debugAddr+"/debug/pprof/profile?seconds=60", filepath.Join(o.profiles, run+"-start-cpu.pb.gz")) == nil
+			})
+		})
+	}
+	watchesListed := false
+	var printed time.Time
 	if err := waitFor(ctx, o.timeout, func() bool {
+		if !watchesListed && o.verbose && time.Since(printed) >= 2*time.Second {
+			printed = time.Now()
+			listing, watching := 0.0, 0.0
+			for _, a := range agents {
+				listing += metricSum(a.metricsAddr, `volume_agent_watched_objects{resource="persistentvolume`, `state="listing"`)
+				watching += metricSum(a.metricsAddr, `volume_agent_watched_objects{resource="persistentvolume`, `state="watching"`)
+			}
+			fmt.Printf("  %5.1f s: claims and volumes watched %.0f, listing %.0f\n", time.Since(start).Seconds(), watching, listing)
+			watchesListed = listing == 0 && watching >= float64(2*o.nodes*o.podsPerNode*o.claimsPerPod)
+		}
 		for _, a := range agents {
 			if metric(a.metricsAddr, "volume_agent_pod_volumes_ready_seconds_count") < float64(a.pods) {
 				return false
@@ -314,6 +340,16 @@ func (c *clusterState) measure(ctx context.Context, name, bin, run, dir string) 
 	r.apiserver = idle
 	for _, a := range agents {
 		r.rss = append(r.rss, rssMiB(a.cmd.Process.Pid))
+	}
+	if o.profiles != "" {
+		for _, prof := range []string{"heap", "goroutine"} {
+			if err := fetch("http://"+agents[0].debugAddr+"/debug/pprof/"+prof, filepath.Join(o.profiles, run+"-"+prof+".pb.gz")); err != nil {
+				return nil, err
+			}
+		}
+		if err := fetch("http://"+agents[0].metricsAddr+"/metrics", filepath.Join(o.profiles, run+"-metrics.txt")); err != nil {
+			return nil, err
+		}
 	}
 
 	// Churn: idle claims change (an annotation, as a controller or a user
@@ -656,6 +692,43 @@ func getDSW(addr string) (*DSW, error) {
 	defer resp.Body.Close()
 	var d DSW
 	return &d, json.NewDecoder(resp.Body).Decode(&d)
+}
+
+func fetch(url, file string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	return err
+}
+
+// metricSum adds the values of the series that start with prefix and
+// contain label.
+func metricSum(addr, prefix, label string) float64 {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	sum := 0.0
+	for line := range strings.Lines(string(b)) {
+		if strings.HasPrefix(line, prefix) && strings.Contains(line, label) {
+			v, _ := strconv.ParseFloat(strings.TrimSpace(line[strings.LastIndexByte(line, ' ')+1:]), 64)
+			sum += v
+		}
+	}
+	return sum
 }
 
 func metric(addr, name string) float64 {
