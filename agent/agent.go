@@ -37,6 +37,8 @@ import (
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/status/podstatus"
+	"github.com/volume-agent/volume-agent/ui"
+	"github.com/volume-agent/volume-agent/ui/timeline"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -59,6 +61,8 @@ type Agent struct {
 	api        *apiVolumes
 	localPV    *localpv.Provisioner
 	orphans    *reconciler.Orphans
+	history    *timeline.Ring
+	page       *ui.Server
 	paths      volume.Paths
 	plugins    *plugins.Registry
 	mounter    *mountutil.Mounter
@@ -115,6 +119,7 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 		metrics: NewMetrics(),
 		trimmer: &memoryTrimmer{},
 		orphans: reconciler.NewOrphans(log.Named("orphans")),
+		history: timeline.New(timeline.Options{}),
 		mounter: mountutil.New(),
 	}
 	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot, Log: log.Named("plugins")}
@@ -128,12 +133,13 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	a.executor = operations.NewExecutor(operations.ExecutorOptions{
 		MaxConcurrent: cfg.MaxConcurrentOperations,
 		Timeout:       cfg.OperationTimeout,
-		Observer:      &reporter{log: log.Named("operations"), events: a.events, metrics: a.metrics, trimmer: a.trimmer},
+		Observer:      &reporter{log: log.Named("operations"), events: a.events, metrics: a.metrics, trimmer: a.trimmer, history: a.history},
 		OnStateChange: wake.Notify,
 	})
 	a.csi.retryOnChange(a.executor, wake)
 	a.podStatus = m.podStatus(a.executor, log)
 	a.populator = a.newPopulator(wake)
+	a.page = a.newPage()
 	a.reconciler = a.newReconciler(wake)
 	if cfg.LocalVolumesConfig != "" {
 		var err error
@@ -165,7 +171,7 @@ func (a *Agent) newPopulator(wake *notify.Signal) *populator.Populator {
 }
 
 func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
-	observer := multiObserver{a.metrics, a.trimmer}
+	observer := multiObserver{a.metrics, a.trimmer, pageTrigger{a.page}}
 	if a.podStatus != nil {
 		observer = append(observer, a.podStatus)
 	}
@@ -349,6 +355,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Per-object watches start and stop with the pods that reference
 	// them; whatever is still watched stops with the agent.
 	l.run("object watches", untilDone(func(ctx context.Context) { <-ctx.Done(); a.api.stop() }))
+	l.run("page", untilDone(a.page.Run))
 	if a.podStatus != nil {
 		l.run("pod status", untilDone(func(ctx context.Context) { a.podStatus.Run(ctx, a.cfg.StatusWorkers) }))
 	}

@@ -219,6 +219,8 @@ func (a *Agent) debugMux() *http.ServeMux {
 		writeJSON(w, EventsDocument{Events: a.events.Recent()})
 	})
 	a.healthHandlers(mux)
+	// The operator page: /, /pods/..., /debug/status.
+	a.page.Register(mux)
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/status/events"
+	"github.com/volume-agent/volume-agent/ui/timeline"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -21,6 +22,8 @@ type reporter struct {
 	metrics *Metrics
 
 	trimmer *memoryTrimmer
+	// history is the operation timeline of the operator page.
+	history *timeline.Ring
 
 	// lastErr remembers each key's last failure: a failure that repeats
 	// unchanged is logged at debug level, so a stuck volume does not write
@@ -42,6 +45,9 @@ var failureReasons = map[operations.Op]string{
 func (r *reporter) OperationFinished(key operations.Key, op *operations.Operation, took time.Duration, err error, retryIn time.Duration) {
 	r.metrics.OperationFinished(key, op, took, err, retryIn)
 	r.trimmer.operationFinished()
+	if r.history != nil {
+		r.history.OperationFinished(key, op, took, err, retryIn)
+	}
 	fields := []zap.Field{
 		zap.String("operation", string(op.Name)), zap.String("volume", string(key.Volume)), zap.String("plugin", op.Plugin),
 		zap.Duration("took", took),

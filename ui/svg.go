@@ -111,9 +111,10 @@ func newTreeLayout(d *model.PodDetail) treeLayout {
 			class, title := "mount mount-"+classSafe(m.State), m.Pod.Namespace+"/"+m.Pod.Name
 			if m.This {
 				class += " this"
-				title += " (this pod)"
+				title = "this pod"
 			}
 			b := newBox(cols[2], y+i*treeRowH+(treeRowH-treeBoxH)/2, class, title+" · "+m.State, cmpOr(m.Path, "not mounted"))
+			b.Tooltip = m.Pod.Namespace + "/" + m.Pod.Name + " · " + m.State + "\n" + m.Path
 			if !m.This {
 				b.Href = podURL(m.Pod.Namespace, m.Pod.Name)
 			}

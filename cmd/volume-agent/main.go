@@ -1,9 +1,13 @@
 // Command volume-agent manages the volumes of the pods on its node, the way
 // the kubelet's volume manager does, as a standalone program. See README.md.
+//
+// `volume-agent status` shows what a running agent's page shows, in a
+// terminal (package ui/statuscmd).
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -17,9 +21,23 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/volume-agent/volume-agent/agent"
+	"github.com/volume-agent/volume-agent/ui/statuscmd"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "status" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		err := statuscmd.Main(ctx, os.Args[2:], os.Stdout, os.Stderr)
+		stop()
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "volume-agent status:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "volume-agent:", err)
 		os.Exit(1)

@@ -97,6 +97,10 @@ func summarize(p *Page) Summary {
 			s.PodsReady++
 		case PodError:
 			s.PodsError++
+		case PodWaiting:
+			s.PodsWaiting++
+		case PodTerminating:
+			s.PodsTerminating++
 		}
 		for _, v := range pod.Volumes {
 			s.Volumes++

@@ -86,7 +86,11 @@ type Summary struct {
 	Pods      int `json:"pods"`
 	PodsReady int `json:"podsReady"`
 	PodsError int `json:"podsError"`
-	Volumes   int `json:"volumes"`
+	// PodsWaiting have a volume not ready yet (none failing).
+	PodsWaiting int `json:"podsWaiting"`
+	// PodsTerminating are gone, their volumes being torn down.
+	PodsTerminating int `json:"podsTerminating"`
+	Volumes         int `json:"volumes"`
 	// VolumeStates counts pod volumes by state, in the order of States,
 	// states without volumes left out.
 	VolumeStates      []StateCount `json:"volumeStates"`
@@ -241,8 +245,8 @@ type MountTree struct {
 	// tmpfs, a CSI volume.
 	Origin string `json:"origin"`
 	// GlobalMount is the device (staging) mount, if the volume has one.
-	GlobalMount string      `json:"globalMount,omitempty"`
-	Mounts      []PodMount  `json:"mounts"`
+	GlobalMount string            `json:"globalMount,omitempty"`
+	Mounts      []PodMount        `json:"mounts"`
 	Volume      volume.UniqueName `json:"volume,omitempty"`
 }
 
