@@ -19,10 +19,11 @@ build:
 run: build
 	examples/run.sh
 
-# Every test: lint, unit, real-mount integration, CSI conformance, and the
-# end-to-end suites against a real etcd + kube-apiserver.
+# Every test: lint, unit, real-mount integration, CSI conformance, the
+# end-to-end suites against a real etcd + kube-apiserver, and the operator
+# page in headless Chromium (required here: .ci/run installs it).
 test: lint tools
-	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) $(GO) test -race -timeout 30m ./...
+	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) VOLUME_AGENT_REQUIRE_BROWSER=1 $(GO) test -race -timeout 30m ./...
 
 # Tests that need neither root nor a control plane.
 unit:
