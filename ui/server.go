@@ -68,6 +68,7 @@ type Server struct {
 	hub     *hub
 	streams atomic.Int32
 	tmpl    *templates
+	renders renders
 }
 
 // New returns a Server.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -355,5 +356,35 @@ func TestWriteEvent(t *testing.T) {
 		if buf.String() != tc.want {
 			t.Errorf("%q: %q, want %q", tc.data, buf.String(), tc.want)
 		}
+	}
+}
+
+func TestRendersAreShared(t *testing.T) {
+	var c renders
+	calls := 0
+	render := func(s *snapshot) ([]byte, error) {
+		calls++
+		return []byte(fmt.Sprint(s.seq)), nil
+	}
+	s1, s2 := &snapshot{seq: 1}, &snapshot{seq: 2}
+	for _, step := range []struct {
+		key   string
+		snap  *snapshot
+		calls int
+		want  string
+	}{
+		{"/", s1, 1, "1"},
+		{"/", s1, 1, "1"}, // a second viewer of the same view
+		{"/?state=error", s1, 2, "1"},
+		{"/", s2, 3, "2"}, // a change
+		{"/", s2, 3, "2"},
+	} {
+		got, err := c.get(step.key, step.snap, render)
+		if err != nil || string(got) != step.want || calls != step.calls {
+			t.Errorf("get(%q, seq %d) = %q %v after %d renders, want %q after %d", step.key, step.snap.seq, got, err, calls, step.want, step.calls)
+		}
+	}
+	if len(c.entries) != 1 {
+		t.Errorf("%d renderings kept, want only the current one: %v", len(c.entries), c.entries)
 	}
 }

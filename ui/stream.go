@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -53,13 +54,17 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, event strin
 	}
 	// Reconnect soon after the agent restarts.
 	buf.WriteString("retry: 2000\n\n")
+	// Viewers of the same view share one rendering of each snapshot.
+	q := r.URL.Query()
+	q.Del("watch")
+	key := event + " " + r.URL.Path + "?" + q.Encode()
 	var sent uint64
 	send := func() error {
 		snap := s.hub.latest(false)
 		if snap.seq == sent {
 			return nil
 		}
-		data, err := render(snap)
+		data, err := s.renders.get(key, snap, render)
 		if err != nil {
 			return err
 		}
@@ -114,4 +119,41 @@ func writeEvent(buf *bytes.Buffer, event string, id uint64, data []byte) {
 		buf.WriteByte('\n')
 	}
 	buf.WriteByte('\n')
+}
+
+// renders keeps the last rendering of each view streamed, for the snapshot
+// it was made from.
+type renders struct {
+	mu      sync.Mutex
+	entries map[string]rendering
+}
+
+type rendering struct {
+	seq  uint64
+	data []byte
+}
+
+// get returns the rendering of view key for snap, rendering it if no
+// viewer did yet. Renderings of older snapshots are dropped, so there are
+// no more than views being streamed.
+func (c *renders) get(key string, snap *snapshot, render func(*snapshot) ([]byte, error)) ([]byte, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r, ok := c.entries[key]; ok && r.seq == snap.seq {
+		return r.data, nil
+	}
+	data, err := render(snap)
+	if err != nil {
+		return nil, err
+	}
+	if c.entries == nil {
+		c.entries = map[string]rendering{}
+	}
+	for k, r := range c.entries {
+		if r.seq < snap.seq {
+			delete(c.entries, k)
+		}
+	}
+	c.entries[key] = rendering{seq: snap.seq, data: data}
+	return data, nil
 }

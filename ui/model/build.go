@@ -127,10 +127,19 @@ func summarize(p *Page) Summary {
 	return s
 }
 
-// indexed is the input with its operations by key.
+// indexed is the input with its operations by key and the actual
+// state's mounts by pod.
 type indexed struct {
 	Input
-	ops map[operations.Key]*operations.OperationStatus
+	ops    map[operations.Key]*operations.OperationStatus
+	mounts map[types.UID][]actualMount
+}
+
+// actualMount is one pod's mount of a volume in the actual state.
+type actualMount struct {
+	name volume.UniqueName
+	vol  *cache.ActualVolume
+	pod  *cache.ActualPodMount
 }
 
 func index(in Input) *indexed {
@@ -149,6 +158,12 @@ func index(in Input) *indexed {
 		}
 		ix.ops[k] = o
 	}
+	ix.mounts = map[types.UID][]actualMount{}
+	for name, av := range in.ASW.Volumes {
+		for uid, m := range av.Pods {
+			ix.mounts[uid] = append(ix.mounts[uid], actualMount{name: name, vol: av, pod: m})
+		}
+	}
 	return ix
 }
 
@@ -160,18 +175,15 @@ func (ix *indexed) pods() []Pod {
 		out = append(out, ix.desiredPod(dp))
 	}
 	gone := map[types.UID]*Pod{}
-	for name, av := range ix.ASW.Volumes {
-		for uid, m := range av.Pods {
-			if _, ok := ix.DSW.Pods[uid]; ok {
-				continue // listed with the pod (desiredPod)
-			}
-			p := gone[uid]
-			if p == nil {
-				p = &Pod{PodRef: m.Pod, State: PodTerminating, Reason: "gone from the desired state: its volumes are unmounted"}
-				gone[uid] = p
-			}
-			p.Volumes = append(p.Volumes, ix.unwanted(name, av, m))
+	for uid, mounts := range ix.mounts {
+		if _, ok := ix.DSW.Pods[uid]; ok {
+			continue // listed with the pod (desiredPod)
 		}
+		p := &Pod{PodRef: mounts[0].pod.Pod, State: PodTerminating, Reason: "gone from the desired state: its volumes are unmounted"}
+		for _, m := range mounts {
+			p.Volumes = append(p.Volumes, ix.unwanted(m.name, m.vol, m.pod))
+		}
+		gone[uid] = p
 	}
 	for _, p := range gone {
 		sortVolumes(p.Volumes)
@@ -241,9 +253,9 @@ func (ix *indexed) desiredPod(dp *cache.DesiredPod) Pod {
 		}
 	}
 	// Mounts of volumes the pod no longer wants.
-	for name, av := range ix.ASW.Volumes {
-		if m := av.Pods[uid]; m != nil && !ix.DSW.HasPodVolume(name, uid) {
-			p.Volumes = append(p.Volumes, ix.unwanted(name, av, m))
+	for _, m := range ix.mounts[uid] {
+		if !ix.DSW.HasPodVolume(m.name, uid) {
+			p.Volumes = append(p.Volumes, ix.unwanted(m.name, m.vol, m.pod))
 		}
 	}
 	sortVolumes(p.Volumes)

@@ -306,6 +306,16 @@ func TestPage(t *testing.T) {
 	// The page, live.
 	page := b.tab()
 	b.do(page, chromedp.Navigate(url+"/"), live)
+	// Every pod the agent has is on the page.
+	known, err := client.New(url).Page(t.Context(), model.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range known.Pods {
+		if row := b.text(page, fmt.Sprintf(`tbody[data-pod="%s/%s"] td.podcell`, p.Namespace, p.Name)); !strings.Contains(row, p.Name) {
+			t.Errorf("pod %s/%s: its row says %q", p.Namespace, p.Name, row)
+		}
+	}
 	pods := b.text(page, "#live table.pods")
 	for _, want := range []string{"waiting-for-claim", "web", "worker", "PVCNotFound: PVC default/does-not-exist not found"} {
 		if !strings.Contains(pods, want) {

@@ -71,9 +71,10 @@
   source.addEventListener("open", function () {
     setStatus("on", "live", "the page updates as the agent's state changes");
   });
+  // The agent's clock is read once, from the page it rendered for this
+  // load: a streamed view may have been rendered earlier for another viewer.
   source.addEventListener("view", function (e) {
     live.innerHTML = e.data;
-    syncClock();
     tick();
     document.dispatchEvent(new CustomEvent("volume-agent:updated"));
   });
