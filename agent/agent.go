@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/internal/blockpin"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/notify"
@@ -66,6 +67,8 @@ type Agent struct {
 	paths      volume.Paths
 	plugins    *plugins.Registry
 	mounter    *mountutil.Mounter
+	// pins keeps raw block devices open under pods' access points.
+	pins *blockpin.Loops
 
 	debugListener   net.Listener
 	metricsListener net.Listener
@@ -120,7 +123,7 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 		trimmer: &memoryTrimmer{},
 		orphans: reconciler.NewOrphans(log.Named("orphans")),
 		history: timeline.New(timeline.Options{}),
-		mounter: mountutil.New(),
+		mounter: mountutil.New(), pins: &blockpin.Loops{},
 	}
 	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot, Log: log.Named("plugins")}
 	a.csi = newCSI(cfg, host, m, a.asw)
@@ -180,7 +183,7 @@ func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
 	}
 	operator := &operations.Operator{
 		Plugins: a.plugins, ASW: a.asw, DSW: a.dsw, Paths: a.paths, Log: a.log.Named("operations"),
-		Claims: a.mode.claims(), Events: a.events, Refresh: a.api.refresh,
+		Claims: a.mode.claims(), Events: a.events, Refresh: a.api.refresh, Pins: a.pins,
 	}
 	handler := &reconciler.OperatorHandler{Operator: operator}
 	return reconciler.New(reconciler.Options{
@@ -269,10 +272,11 @@ func (a *Agent) housekeeping(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsh
 // the first plans see what is already mounted.
 func (a *Agent) reconstruct() error {
 	start := time.Now()
-	r, err := reconciler.Reconstruct(a.paths, a.plugins, a.mounter.IsMountPoint)
+	r, err := reconciler.Reconstruct(a.paths, a.plugins, a.mounter.IsMountPoint, a.blockMapped)
 	if err != nil {
 		return fmt.Errorf("reconstructing state from %s: %w", a.paths.Root, err)
 	}
+	a.sweepPins(r)
 	a.asw.AddReconstructed(r.Volumes)
 	a.orphans.Set("reconstruction", r.Problems)
 	pods, devices := 0, 0
@@ -287,6 +291,40 @@ func (a *Agent) reconstruct() error {
 		zap.Int("podVolumes", pods), zap.Int("deviceMounts", devices), zap.Int("problems", len(r.Problems)),
 		zap.Duration("took", time.Since(start)))
 	return nil
+}
+
+// blockMapped reports whether a raw block volume's access point holds a
+// pinned block device: evidence enough, after a restart, that it is mapped.
+func (a *Agent) blockMapped(path string) (bool, error) {
+	if mounted, err := a.mounter.IsMountPoint(path); err != nil || !mounted {
+		// A driver may make a device node rather than a mount.
+		if info, serr := os.Lstat(path); serr != nil || info.Mode().Type() != os.ModeDevice {
+			return false, err
+		}
+	}
+	return a.pins.Pinned(path)
+}
+
+// sweepPins releases pins below the pods directory that no reconstructed
+// access point accounts for (a pin always sits on an access point, so this
+// finds nothing unless something else removed one).
+func (a *Agent) sweepPins(r *reconciler.Reconstruction) {
+	known := map[string]bool{}
+	for _, v := range r.Volumes {
+		if !v.Attributes.Block {
+			continue
+		}
+		for _, m := range v.Pods {
+			known[m.MountPath] = true
+		}
+	}
+	released, err := a.pins.Sweep(a.paths.PodsDir(), func(p string) bool { return known[p] })
+	if err != nil {
+		a.log.Warn("cannot release pins of access points no volume accounts for", zap.Error(err))
+	}
+	for _, p := range released {
+		a.log.Warn("released the pin of an access point no volume accounts for", zap.String("path", p))
+	}
 }
 
 // populatedTrigger is the populator's observer: the metrics, and a

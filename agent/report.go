@@ -40,6 +40,10 @@ var failureReasons = map[operations.Op]string{
 	operations.OpUnmountVolume:  events.FailedUnmount,
 	operations.OpUnmountDevice:  events.FailedUnmountDevice,
 	operations.OpExpandVolume:   events.VolumeResizeFailed,
+	operations.OpMapDevice:      events.FailedMapVolume,
+	operations.OpMapVolume:      events.FailedMapVolume,
+	operations.OpUnmapVolume:    events.FailedUnmapDevice,
+	operations.OpUnmapDevice:    events.FailedUnmapDevice,
 }
 
 func (r *reporter) OperationFinished(key operations.Key, op *operations.Operation, took time.Duration, err error, retryIn time.Duration) {

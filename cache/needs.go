@@ -51,7 +51,8 @@ func PodUnmountNeeded(wanted bool, m *ActualPodMount) bool {
 // pending and can run now: the node has not yet made the filesystem fit it,
 // nothing said to stop retrying, and the volume is there to be grown (staged
 // for device-mountable volumes, unless the plugin can only grow it once
-// published; mounted for some pod otherwise).
+// published; mounted for some pod otherwise). A raw block volume has no
+// filesystem to grow offline: it is grown once a pod has it mapped.
 func ExpansionNeeded(desired *resource.Quantity, attrs volume.Attributes, av *ActualVolume) bool {
 	if desired == nil || av == nil || av.ResizeBlocked != "" {
 		return false
@@ -59,7 +60,7 @@ func ExpansionNeeded(desired *resource.Quantity, attrs volume.Attributes, av *Ac
 	if av.Size != nil && desired.Cmp(*av.Size) <= 0 {
 		return false
 	}
-	if attrs.DeviceMountable && !av.ExpandAfterPublish {
+	if attrs.DeviceMountable && !attrs.Block && !av.ExpandAfterPublish {
 		return av.DeviceState == DeviceGloballyMounted
 	}
 	return AnyPodMounted(av)

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/internal/blockpin"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/status/events"
@@ -39,6 +40,8 @@ type Operator struct {
 	// API server).
 	Claims ClaimStatus
 	Events events.Recorder
+	// Pins keeps raw block devices open under their access points.
+	Pins blockpin.Pinner
 	// Refresh, when set, learns about every successful set up: whether
 	// the volume's sources changed while it ran, and when the plugin wants
 	// it set up again (refresh.Refresher).

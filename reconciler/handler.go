@@ -43,6 +43,15 @@ func (h *OperatorHandler) Operation(a *Action) *operations.Operation {
 		fn = func(ctx context.Context) error { return h.Operator.DetachVolume(ctx, t) }
 	case operations.OpExpandVolume:
 		fn = func(ctx context.Context) error { return h.Operator.ExpandVolume(ctx, t) }
+	case operations.OpMapDevice:
+		fn = func(ctx context.Context) error { return h.Operator.MapDevice(ctx, t) }
+	case operations.OpMapVolume:
+		fn = func(ctx context.Context) error { return h.Operator.MapVolume(ctx, t) }
+	case operations.OpUnmapVolume:
+		accessPoint := a.MountPath
+		fn = func(ctx context.Context) error { return h.Operator.UnmapVolume(ctx, t, accessPoint) }
+	case operations.OpUnmapDevice:
+		fn = func(ctx context.Context) error { return h.Operator.UnmapDevice(ctx, t) }
 	default:
 		return nil
 	}

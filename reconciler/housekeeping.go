@@ -47,7 +47,7 @@ func CleanPodDirs(paths volume.Paths, dsw *cache.DesiredSnapshot, asw *cache.Act
 		}
 		podDir := paths.PodDir(uid)
 		var left []string
-		for _, sub := range []string{"volumes", "volume-state"} {
+		for _, sub := range []string{"volumes", "volumeDevices", "volume-state"} {
 			left = append(left, removeEmptyTree(filepath.Join(podDir, sub), isMountPoint)...)
 		}
 		if err := unix.Rmdir(podDir); err == nil || errors.Is(err, unix.ENOENT) {
@@ -55,7 +55,7 @@ func CleanPodDirs(paths volume.Paths, dsw *cache.DesiredSnapshot, asw *cache.Act
 		}
 		rest, _ := os.ReadDir(podDir)
 		for _, r := range rest {
-			if r.Name() != "volumes" && r.Name() != "volume-state" {
+			if r.Name() != "volumes" && r.Name() != "volumeDevices" && r.Name() != "volume-state" {
 				left = append(left, filepath.Join(podDir, r.Name()))
 			}
 		}

@@ -63,6 +63,13 @@ func enrichWorld(r *rand.Rand, dsw *cache.DesiredSnapshot, asw *cache.ActualSnap
 				dv.Attributes = publishOnly
 			}
 		}
+		if r.IntN(4) == 0 {
+			// A raw block volume: the same world, with map operations.
+			av.Attributes.Block = true
+			if dv := dsw.Volumes[name]; dv != nil {
+				dv.Attributes.Block = true
+			}
+		}
 		if r.IntN(5) == 0 {
 			av.DeviceReconstructed = true
 		}

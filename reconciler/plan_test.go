@@ -23,6 +23,8 @@ var (
 	sharedDirAttrs  = volume.Attributes{Identity: "dir"} // shared, no device mount (local directory PV)
 	deviceAttrs     = volume.Attributes{Identity: "dev", DeviceMountable: true}
 	attachableAttrs = volume.Attributes{Identity: "disk", DeviceMountable: true, Attachable: true}
+	localBlockAttrs = volume.Attributes{Identity: "lblk", Block: true} // local block PV: nothing staged
+	csiBlockAttrs   = volume.Attributes{Identity: "cblk", DeviceMountable: true, Attachable: true, Block: true}
 )
 
 const testPlugin = "test/plugin"
@@ -221,6 +223,9 @@ const (
 	vDev  volume.UniqueName = "test/plugin/dev"
 	vDisk volume.UniqueName = "test/plugin/disk"
 	vDir  volume.UniqueName = "test/plugin/dir"
+
+	vLocalBlk volume.UniqueName = "test/plugin/lblk"
+	vCSIBlk   volume.UniqueName = "test/plugin/cblk"
 )
 
 type planCase struct {
@@ -647,6 +652,68 @@ func planCases() []planCase {
 				{operations.OpExpandVolume, vA, "", ""},
 				{operations.OpMountVolume, vA, "p1", "remount required"},
 			},
+		},
+
+		// Raw block volumes (volumeMode Block) get the map operations, in
+		// the same order and on the same predicates as mounts.
+		{
+			name: "local block volume: mapped for each pod, no device phase",
+			dsw:  []*cache.DesiredVolume{dvol(vLocalBlk, localBlockAttrs, "p1", "p2")},
+			asw:  []*cache.ActualVolume{avol(vLocalBlk, localBlockAttrs, mounted("p1"))},
+			want: []act{{operations.OpMapVolume, vLocalBlk, "p2", "not mounted"}},
+		},
+		{
+			name: "CSI block volume: attach, then map the device (stage), then each pod",
+			dsw:  []*cache.DesiredVolume{dvol(vCSIBlk, csiBlockAttrs, "p1")},
+			want: []act{{operations.OpVerifyAttached, vCSIBlk, "", "not attached"}},
+		},
+		{
+			name: "CSI block volume attached: map_device",
+			dsw:  []*cache.DesiredVolume{dvol(vCSIBlk, csiBlockAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vCSIBlk, csiBlockAttrs, attach(cache.Attached))},
+			want: []act{{operations.OpMapDevice, vCSIBlk, "", "device not mounted"}},
+		},
+		{
+			name: "CSI block volume staged: map_volume for the pods",
+			dsw:  []*cache.DesiredVolume{dvol(vCSIBlk, csiBlockAttrs, "p1", "p2")},
+			asw:  []*cache.ActualVolume{avol(vCSIBlk, csiBlockAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted), uncertain("p2"))},
+			want: []act{
+				{operations.OpMapVolume, vCSIBlk, "p1", "not mounted"},
+				{operations.OpMapVolume, vCSIBlk, "p2", "mount uncertain"},
+			},
+		},
+		{
+			name: "block volumes no pod wants: unmap_volume, then (next pass) unmap_device and detach",
+			asw: []*cache.ActualVolume{
+				avol(vCSIBlk, csiBlockAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted), mounted("p1")),
+				avol(vLocalBlk, localBlockAttrs, uncertain("p2")),
+			},
+			want: []act{
+				{operations.OpUnmapVolume, vCSIBlk, "p1", "no longer desired (mount Mounted)"},
+				{operations.OpUnmapVolume, vLocalBlk, "p2", "no longer desired (mount Uncertain)"},
+			},
+		},
+		{
+			name: "block device no pod has: unmap_device",
+			asw:  []*cache.ActualVolume{avol(vCSIBlk, csiBlockAttrs, attach(cache.Attached), device(cache.DeviceMountUncertain))},
+			want: []act{{operations.OpUnmapDevice, vCSIBlk, "", "no pod uses it (device Uncertain)"}},
+		},
+		{
+			name: "block device unmapped: detach",
+			asw:  []*cache.ActualVolume{avol(vCSIBlk, csiBlockAttrs, attach(cache.Attached))},
+			want: []act{{operations.OpDetachVolume, vCSIBlk, "", ""}},
+		},
+		{
+			name: "block volume expansion waits for a pod to have it mapped (no offline growth)",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vCSIBlk, csiBlockAttrs, "p1"), "2Gi")},
+			asw:  []*cache.ActualVolume{avol(vCSIBlk, csiBlockAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted), size("1Gi"))},
+			want: []act{{operations.OpMapVolume, vCSIBlk, "p1", "not mounted"}},
+		},
+		{
+			name: "block volume mapped: expanded online",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vCSIBlk, csiBlockAttrs, "p1"), "2Gi")},
+			asw:  []*cache.ActualVolume{avol(vCSIBlk, csiBlockAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted), size("1Gi"), mounted("p1"))},
+			want: []act{{operations.OpExpandVolume, vCSIBlk, "", ""}},
 		},
 	}
 }

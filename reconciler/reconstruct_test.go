@@ -210,7 +210,7 @@ func (w *rcWorld) mountTmpfs(dir string) {
 
 func (w *rcWorld) reconstruct() *Reconstruction {
 	w.t.Helper()
-	r, err := Reconstruct(w.paths, w.plugins, w.isMountPoint)
+	r, err := Reconstruct(w.paths, w.plugins, w.isMountPoint, w.isMountPoint)
 	if err != nil {
 		w.t.Fatalf("Reconstruct: %v", err)
 	}
@@ -579,7 +579,7 @@ func TestReconstructRealMountTable(t *testing.T) {
 	tmpfs := w.podVolume("pod-a", emptydir.Name, "mem", false)
 	mounttest.MountTmpfs(t, tmpfs)
 	dir := w.podVolume("pod-a", emptydir.Name, "disk", false)
-	r, err := Reconstruct(w.paths, w.plugins, w.mounter.IsMountPoint)
+	r, err := Reconstruct(w.paths, w.plugins, w.mounter.IsMountPoint, w.mounter.IsMountPoint)
 	if err != nil {
 		t.Fatal(err)
 	}
