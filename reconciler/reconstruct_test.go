@@ -1197,3 +1197,57 @@ func stripAdoptions(as []Adoption) []Adoption {
 	}
 	return out
 }
+
+// Raw block access points under <root>/pods/<uid>/volumeDevices are
+// reconstructed as Block volumes named as the populator names them; the
+// mapping check (a pinned block device) decides whether they were found in
+// place. A CSI block volume whose access point is gone but whose state is
+// left is reconstructed at its access point path, not a volume directory.
+func TestReconstructBlockAccessPoints(t *testing.T) {
+	w := newRCWorld(t)
+	mapped := w.paths.PodDevicePath("pod-a", local.Name, "pv-blk")
+	notMapped := w.paths.PodDevicePath("pod-b", local.Name, "pv-blk")
+	for _, ap := range []string{mapped, notMapped} {
+		w.writeFile(ap, "")
+	}
+	w.mounted[mapped] = true
+
+	spec := csiSpec("pv-cblk", "handle-b")
+	spec.Mode = v1.PersistentVolumeBlock
+	cname, _, cattrs := w.populatorName("pod-c", spec)
+	st := csiplugin.PodState{VolumeName: cname, Driver: rcDriver, VolumeID: "handle-b", PV: "pv-cblk",
+		TargetPath: w.paths.PodDevicePath("pod-c", csiplugin.Name, "pv-cblk"), SpecName: "pv-cblk", PodUID: "pod-c", Block: true}
+	if err := atomicfile.WriteJSON(w.paths.PodVolumeStateFile("pod-c", csiplugin.Name, "pv-cblk"), st); err != nil {
+		t.Fatal(err)
+	}
+
+	r := w.reconstruct()
+	checkNoProblems(t, r)
+	if !cattrs.Block {
+		t.Fatal("the CSI plugin's attributes of a Block PV lack Block")
+	}
+	lname, _, lattrs := w.populatorName("pod-a", func() *volume.Spec {
+		s := localSpec("pv-blk", "/dev/not-looked-at")
+		s.Mode = v1.PersistentVolumeBlock
+		return s
+	}())
+	want := []*cache.ActualVolume{
+		rcVolume(cname, csiplugin.Name, volume.Attributes{Identity: cattrs.Identity, DeviceMountable: true, Block: true},
+			rcPod("pod-c", "pv-cblk", w.paths.PodDevicePath("pod-c", csiplugin.Name, "pv-cblk"), false)),
+		rcVolume(lname, local.Name, lattrs, rcPod("pod-a", "pv-blk", mapped, true), rcPod("pod-b", "pv-blk", notMapped, false)),
+	}
+	slices.SortFunc(want, func(a, b *cache.ActualVolume) int { return strings.Compare(string(a.Name), string(b.Name)) })
+	checkVolumes(t, r.Volumes, want)
+}
+
+// A volumeDevices entry of a plugin that cannot reconstruct block access
+// points is left alone and reported.
+func TestReconstructBlockEntryOfAPluginWithoutBlock(t *testing.T) {
+	w := newRCWorld(t)
+	ap := w.paths.PodDevicePath("pod-a", emptydir.Name, "scratch")
+	w.writeFile(ap, "")
+	r := w.reconstruct()
+	if len(r.Volumes) != 0 || len(r.Problems) != 1 || r.Problems[0].Path != ap || !strings.Contains(r.Problems[0].Reason, "cannot reconstruct raw block volumes") {
+		t.Errorf("reconstruction: %s", rcJSON(r))
+	}
+}
