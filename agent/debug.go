@@ -7,6 +7,8 @@ import (
 	"sort"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/csi/registration"
 	"github.com/volume-agent/volume-agent/operations"
@@ -28,14 +30,16 @@ type DSWDocument struct {
 
 // DSWVolume is one desired volume.
 type DSWVolume struct {
-	Name        volume.UniqueName `json:"name"`
-	Plugin      string            `json:"plugin"`
-	SpecName    string            `json:"specName"`
-	Attributes  volume.Attributes `json:"attributes"`
-	PV          string            `json:"persistentVolume,omitempty"`
-	PVC         string            `json:"persistentVolumeClaim,omitempty"`
-	DesiredSize string            `json:"desiredSize,omitempty"`
-	Pods        []DSWVolumePod    `json:"pods"`
+	Name       volume.UniqueName `json:"name"`
+	Plugin     string            `json:"plugin"`
+	SpecName   string            `json:"specName"`
+	Attributes volume.Attributes `json:"attributes"`
+	// Mode is Filesystem or Block (a raw block volume, in volumeDevices).
+	Mode        v1.PersistentVolumeMode `json:"mode"`
+	PV          string                  `json:"persistentVolume,omitempty"`
+	PVC         string                  `json:"persistentVolumeClaim,omitempty"`
+	DesiredSize string                  `json:"desiredSize,omitempty"`
+	Pods        []DSWVolumePod          `json:"pods"`
 }
 
 // DSWVolumePod is one pod wanting a volume.
@@ -71,16 +75,20 @@ type ASWDocument struct {
 
 // ASWVolume is one attached or mounted volume.
 type ASWVolume struct {
-	Name             volume.UniqueName      `json:"name"`
-	Plugin           string                 `json:"plugin"`
-	Attributes       volume.Attributes      `json:"attributes"`
-	AttachState      cache.AttachState      `json:"attachState,omitempty"`
-	DeviceMountState cache.DeviceMountState `json:"deviceMountState"`
-	DevicePath       string                 `json:"devicePath,omitempty"`
-	DeviceMountPath  string                 `json:"deviceMountPath,omitempty"`
-	Size             string                 `json:"size,omitempty"`
-	ResizeBlocked    string                 `json:"resizeBlocked,omitempty"`
-	Pods             []ASWPod               `json:"pods"`
+	Name       volume.UniqueName `json:"name"`
+	Plugin     string            `json:"plugin"`
+	Attributes volume.Attributes `json:"attributes"`
+	// Mode is Filesystem or Block; for Block, each pod's mountPath is the
+	// access point (see volume.Paths) and deviceMountPath the CSI staging
+	// directory.
+	Mode             v1.PersistentVolumeMode `json:"mode"`
+	AttachState      cache.AttachState       `json:"attachState,omitempty"`
+	DeviceMountState cache.DeviceMountState  `json:"deviceMountState"`
+	DevicePath       string                  `json:"devicePath,omitempty"`
+	DeviceMountPath  string                  `json:"deviceMountPath,omitempty"`
+	Size             string                  `json:"size,omitempty"`
+	ResizeBlocked    string                  `json:"resizeBlocked,omitempty"`
+	Pods             []ASWPod                `json:"pods"`
 }
 
 // ASWPod is one pod's mount of a volume.
@@ -104,7 +112,7 @@ func (a *Agent) dswDocument() DSWDocument {
 	asw := a.asw.Snapshot()
 	doc := DSWDocument{Generation: s.Generation, SourcesReady: a.populator.Ready(), Volumes: []DSWVolume{}, Pods: []DSWPod{}}
 	for _, v := range s.Volumes {
-		dv := DSWVolume{Name: v.Name, Plugin: v.Plugin, SpecName: v.SpecName, Attributes: v.Attributes, Pods: []DSWVolumePod{}}
+		dv := DSWVolume{Name: v.Name, Plugin: v.Plugin, SpecName: v.SpecName, Attributes: v.Attributes, Mode: v.Attributes.Mode(), Pods: []DSWVolumePod{}}
 		if v.Spec != nil && v.Spec.PV != nil {
 			dv.PV = v.Spec.PV.Name
 			dv.PVC = v.Spec.ClaimRef()
@@ -143,7 +151,7 @@ func (a *Agent) aswDocument() ASWDocument {
 	doc := ASWDocument{Generation: s.Generation, Volumes: []ASWVolume{}}
 	for _, v := range s.Volumes {
 		av := ASWVolume{
-			Name: v.Name, Plugin: v.Plugin, Attributes: v.Attributes, AttachState: v.AttachState,
+			Name: v.Name, Plugin: v.Plugin, Attributes: v.Attributes, Mode: v.Attributes.Mode(), AttachState: v.AttachState,
 			DeviceMountState: v.DeviceState, DevicePath: v.DevicePath, DeviceMountPath: v.DeviceMountPath,
 			ResizeBlocked: v.ResizeBlocked, Pods: []ASWPod{},
 		}

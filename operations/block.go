@@ -113,6 +113,11 @@ func (o *Operator) MapVolume(ctx context.Context, t *Target) error {
 		o.ASW.SetPodMount(t.identity(), mount)
 	case prev != nil && prev.State == cache.MountUncertain && !prev.Reconstructed:
 		o.ASW.DeletePodMount(t.Volume, t.Pod.UID)
+		mountutil.RemoveEmptyDirs(filepath.Dir(req.Dir), o.Paths.PodsDir())
+	case prev == nil:
+		// Nothing is mapped: leave no directory behind for a pod that may
+		// go away before it is retried.
+		mountutil.RemoveEmptyDirs(filepath.Dir(req.Dir), o.Paths.PodsDir())
 	}
 	return err
 }
