@@ -272,7 +272,13 @@ func (a *Agent) housekeeping(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsh
 // the first plans see what is already mounted.
 func (a *Agent) reconstruct() error {
 	start := time.Now()
-	r, err := reconciler.Reconstruct(a.paths, a.plugins, a.mounter.IsMountPoint, a.blockMapped)
+	pins, err := a.pins.Snapshot()
+	if err != nil {
+		return fmt.Errorf("listing the pins of raw block volumes: %w", err)
+	}
+	r, err := reconciler.Reconstruct(a.paths, a.plugins, a.mounter.IsMountPoint, func(path string) (bool, error) {
+		return a.blockMapped(pins, path)
+	})
 	if err != nil {
 		return fmt.Errorf("reconstructing state from %s: %w", a.paths.Root, err)
 	}
@@ -295,14 +301,14 @@ func (a *Agent) reconstruct() error {
 
 // blockMapped reports whether a raw block volume's access point holds a
 // pinned block device: evidence enough, after a restart, that it is mapped.
-func (a *Agent) blockMapped(path string) (bool, error) {
+func (a *Agent) blockMapped(pins *blockpin.Snapshot, path string) (bool, error) {
 	if mounted, err := a.mounter.IsMountPoint(path); err != nil || !mounted {
 		// A driver may make a device node rather than a mount.
 		if info, serr := os.Lstat(path); serr != nil || info.Mode().Type() != os.ModeDevice {
 			return false, err
 		}
 	}
-	return a.pins.Pinned(path)
+	return pins.Pinned(path)
 }
 
 // sweepPins releases pins below the pods directory that no reconstructed

@@ -182,6 +182,41 @@ func (l *Loops) Pinned(path string) (bool, error) {
 	return false, nil
 }
 
+// Snapshot is the pins found by one scan, for checking many access points
+// at once (at start-up) without scanning every loop device for each.
+type Snapshot struct{ byPath map[string][]pin }
+
+// Snapshot scans the loop devices once.
+func (l *Loops) Snapshot() (*Snapshot, error) {
+	all, err := l.scan()
+	if err != nil {
+		return nil, err
+	}
+	s := &Snapshot{byPath: map[string][]pin{}}
+	for _, p := range all {
+		s.byPath[p.path] = append(s.byPath[p.path], p)
+	}
+	return s, nil
+}
+
+// Pinned reports whether the device at path was pinned when the snapshot
+// was taken.
+func (s *Snapshot) Pinned(path string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, err
+	}
+	for _, p := range s.byPath[path] {
+		if p.device == st.Dev && p.inode == st.Ino {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // Sweep releases the pins of access points below dir for which keep is
 // false, and returns their paths.
 func (l *Loops) Sweep(dir string, keep func(path string) bool) ([]string, error) {

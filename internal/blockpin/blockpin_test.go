@@ -60,9 +60,16 @@ func TestLoopsPinHoldsTheDeviceAndIsIdempotent(t *testing.T) {
 	if got := pinsOf(t, l, a); len(got) != 1 {
 		t.Fatalf("pins of %s: %v, want exactly one after pinning twice", a, got)
 	}
+	snap, err := l.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range []string{a, b} {
 		if ok, err := l.Pinned(p); err != nil || !ok {
 			t.Errorf("Pinned(%s) = %v, %v", p, ok, err)
+		}
+		if ok, err := snap.Pinned(p); err != nil || !ok {
+			t.Errorf("Snapshot.Pinned(%s) = %v, %v", p, ok, err)
 		}
 	}
 	// The pin is read-only: writing through it fails.

@@ -3,6 +3,7 @@ package restart_test
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -28,7 +29,8 @@ import (
 // After the last start: each wanted pod has exactly one mount at its access
 // point, of its device, and exactly one pin; removed pods have no access
 // point, pin or directory left; no pin exists that no access point accounts
-// for; no device was written (its first blocks are as they were).
+// for; no device was written (its first blocks are as they were). An
+// upgrade after that runs no operation at all.
 func TestKillDuringBlockMapping(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
@@ -172,6 +174,17 @@ func TestKillDuringBlockMapping(t *testing.T) {
 		if same, err := e2eutil.SameHead(dev, heads[i]); err != nil || !same {
 			t.Errorf("%s: first blocks changed (%v): a Block volume must never be written by the agent", dev, err)
 		}
+	}
+
+	// An upgrade (SIGTERM, start) adopts every pinned access point: no
+	// operation runs, the mount table does not change.
+	before := mountCounts(t, root)
+	a.stop()
+	a.Start()
+	a.waitSettled(time.Minute)
+	a.checkOps("after an upgrade", nil)
+	if after := mountCounts(t, root); !maps.Equal(before, after) {
+		t.Errorf("an upgrade changed the mount table: %d mount points before, %d after", len(before), len(after))
 	}
 
 	// Teardown after all of it: every pod goes, nothing is left.
