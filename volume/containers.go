@@ -39,8 +39,8 @@ type ContainerMount struct {
 	SubPath string `json:"subPath,omitempty"`
 	// SubPathError says why subPath or subPathExpr cannot be used; the
 	// mount has no SubPath then and must not be given to the container.
-	SubPathError      string                   `json:"subPathError,omitempty"`
-	Propagation       v1.MountPropagationMode  `json:"propagation,omitempty"`
+	SubPathError      string                    `json:"subPathError,omitempty"`
+	Propagation       v1.MountPropagationMode   `json:"propagation,omitempty"`
 	RecursiveReadOnly *v1.RecursiveReadOnlyMode `json:"recursiveReadOnly,omitempty"`
 }
 
