@@ -120,7 +120,7 @@ func (a *Agent) dswDocument() DSWDocument {
 	}
 	sort.Slice(doc.Volumes, func(i, j int) bool { return doc.Volumes[i].Name < doc.Volumes[j].Name })
 	for _, p := range s.Pods {
-		dp := DSWPod{PodRef: p.Pod.PodRef, Volumes: p.Volumes, VolumesReady: PodVolumesReady(p, asw), UnresolvedVolumes: p.Unresolved, Since: p.Since}
+		dp := DSWPod{PodRef: p.Pod.PodRef, Volumes: p.Volumes, VolumesReady: cache.PodReady(p, s, asw), UnresolvedVolumes: p.Unresolved, Since: p.Since}
 		if dp.Volumes == nil {
 			dp.Volumes = []volume.UniqueName{}
 		}

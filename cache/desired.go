@@ -91,6 +91,16 @@ func (s *DesiredSnapshot) HasPodVolume(name volume.UniqueName, pod types.UID) bo
 	return ok
 }
 
+// PodSubPaths returns the sub-paths of a volume the pod's containers mount.
+func (s *DesiredSnapshot) PodSubPaths(name volume.UniqueName, pod types.UID) []volume.SubPath {
+	if v, ok := s.Volumes[name]; ok {
+		if p, ok := v.Pods[pod]; ok {
+			return p.SubPaths
+		}
+	}
+	return nil
+}
+
 // HasVolume reports whether any pod wants the volume.
 func (s *DesiredSnapshot) HasVolume(name volume.UniqueName) bool {
 	_, ok := s.Volumes[name]

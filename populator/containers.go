@@ -54,7 +54,7 @@ func containerMounts(pod *v1.Pod, nodeName string) podContainers {
 					})
 				} else if sub != "." {
 					cm.SubPath = sub
-					out.subPaths[m.Name] = append(out.subPaths[m.Name], volume.SubPath{Container: c.Name, Index: i, Path: sub, ReadOnly: m.ReadOnly})
+					out.subPaths[m.Name] = append(out.subPaths[m.Name], volume.SubPath{Container: c.Name, Index: i, MountPath: m.MountPath, Path: sub, ReadOnly: m.ReadOnly})
 				}
 			}
 			vc.Mounts = append(vc.Mounts, cm)

@@ -135,7 +135,7 @@ func TestSubPathExprExpansion(t *testing.T) {
 		if mount.SubPath != tc.want {
 			t.Errorf("%q expands to %q, want %q", tc.expr, mount.SubPath, tc.want)
 		}
-		if want := []volume.SubPath{{Container: "app", Index: 0, Path: tc.want}}; !cmp.Equal(got.subPaths["data"], want) {
+		if want := []volume.SubPath{{Container: "app", Index: 0, MountPath: "/m0", Path: tc.want}}; !cmp.Equal(got.subPaths["data"], want) {
 			t.Errorf("%q: sub-paths %+v, want %+v", tc.expr, got.subPaths["data"], want)
 		}
 	}
@@ -200,8 +200,8 @@ func TestContainerMounts(t *testing.T) {
 		t.Errorf("containers (-want +got):\n%s", diff)
 	}
 	wantSubPaths := map[string][]volume.SubPath{
-		"data": {{Container: "init", Index: 0, Path: "init"}, {Container: "app", Index: 1, Path: "a/logs", ReadOnly: true}},
-		"conf": {{Container: "app", Index: 2, Path: "app.conf"}},
+		"data": {{Container: "init", Index: 0, MountPath: "/data", Path: "init"}, {Container: "app", Index: 1, MountPath: "/logs", Path: "a/logs", ReadOnly: true}},
+		"conf": {{Container: "app", Index: 2, MountPath: "/etc/app.conf", Path: "app.conf"}},
 	}
 	if diff := cmp.Diff(wantSubPaths, got.subPaths); diff != "" {
 		t.Errorf("sub-paths (-want +got):\n%s", diff)
@@ -233,7 +233,7 @@ func TestSyncRecordsSubPathsAndContainers(t *testing.T) {
 
 	s := h.snapshot()
 	dp := s.Volumes[volume.SharedName(local.Name, "pv-1")].Pods[pod.UID]
-	want := []volume.SubPath{{Container: "main", Index: 3, Path: "logs/stable"}, {Container: "main", Index: 4, Path: "conf", ReadOnly: true}}
+	want := []volume.SubPath{{Container: "main", Index: 3, MountPath: "/logs", Path: "logs/stable"}, {Container: "main", Index: 4, MountPath: "/conf", Path: "conf", ReadOnly: true}}
 	if diff := cmp.Diff(want, dp.SubPaths); diff != "" {
 		t.Errorf("sub-paths of the claim (-want +got):\n%s", diff)
 	}

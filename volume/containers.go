@@ -56,6 +56,8 @@ type ContainerDevice struct {
 type SubPath struct {
 	Container string `json:"container"`
 	Index     int    `json:"index"`
+	// MountPath is where the container mounts it, for messages.
+	MountPath string `json:"mountPath"`
 	// Path is relative to the volume, validated and cleaned.
 	Path     string `json:"path"`
 	ReadOnly bool   `json:"readOnly,omitempty"`

@@ -251,6 +251,8 @@ func removeTarget(target string) error {
 type Mount struct {
 	Container string
 	Index     int
+	// MountPath is where the container mounts it, for messages.
+	MountPath string
 	SubPath   string
 	ReadOnly  bool
 }
@@ -267,7 +269,7 @@ type MountError struct {
 }
 
 func (e *MountError) Error() string {
-	return fmt.Sprintf("container %q volumeMount %d (subPath %q): %v", e.Mount.Container, e.Mount.Index, e.Mount.SubPath, e.Err)
+	return fmt.Sprintf("failed to prepare subPath %q for the volumeMount at %s of container %q: %v", e.Mount.SubPath, e.Mount.MountPath, e.Mount.Container, e.Err)
 }
 
 func (e *MountError) Unwrap() error { return e.Err }
@@ -290,6 +292,16 @@ func Sync(volumeDir, dir string, want []Mount) error {
 	}
 	return errors.Join(errs...)
 }
+
+// Host prepares and removes sub-paths on this node: the operations'
+// SubPaths.
+type Host struct{}
+
+// Sync is the package's Sync.
+func (Host) Sync(volumeDir, dir string, want []Mount) error { return Sync(volumeDir, dir, want) }
+
+// Clean is the package's Clean.
+func (Host) Clean(dir string) error { return Clean(dir) }
 
 // Clean removes every target in dir, then dir itself once empty. Nothing
 // left behind means the volume can be torn down; an error means a target

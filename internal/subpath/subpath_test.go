@@ -424,10 +424,10 @@ func TestSyncAndClean(t *testing.T) {
 	}
 	// A changed set: app/2 now binds "three", side/1 goes, a bad one fails
 	// without stopping the others.
-	second := []Mount{{Container: "app", Index: 0, SubPath: "one"}, {Container: "app", Index: 2, SubPath: "three"}, {Container: "app", Index: 3, SubPath: "../x"}}
+	second := []Mount{{Container: "app", Index: 0, SubPath: "one"}, {Container: "app", Index: 2, SubPath: "three"}, {Container: "app", Index: 3, MountPath: "/x", SubPath: "../x"}}
 	err := Sync(f.vol, dir, second)
 	var me *MountError
-	if !errors.As(err, &me) || me.Mount.Index != 3 || !strings.Contains(err.Error(), `container "app" volumeMount 3`) {
+	if !errors.As(err, &me) || me.Mount.Index != 3 || !strings.Contains(err.Error(), `failed to prepare subPath "../x" for the volumeMount at /x of container "app"`) {
 		t.Fatalf("Sync with a bad sub-path: %v, want a MountError naming it", err)
 	}
 	if inode(t, filepath.Join(dir, "app", "2")) != inode(t, filepath.Join(f.vol, "three")) {
