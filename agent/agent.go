@@ -397,7 +397,9 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 // shutdowner is a server Run shuts down last.
-type shutdowner interface{ Shutdown(ctx context.Context) error }
+type shutdowner interface {
+	Shutdown(ctx context.Context) error
+}
 
 // serve starts the HTTP endpoints and the runtime API; Run shuts them down
 // last.

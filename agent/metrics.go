@@ -144,7 +144,6 @@ func (m *Metrics) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsh
 	}
 }
 
-
 // stateCollector reports gauges computed from the caches at scrape time.
 type stateCollector struct {
 	dsw          *cache.DesiredStateOfWorld
