@@ -17,6 +17,7 @@ build:
 
 # Run the agent in standalone mode on the bundled example manifests.
 run: build
+	$(GO) build -o bin/runtime-consumer ./examples/runtime-consumer
 	examples/run.sh
 
 # Every test: lint, unit, real-mount integration, CSI conformance, the

@@ -28,6 +28,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 mkdir -p "$base/local/content" "$base/host"
 echo "<h1>served from a local PersistentVolume</h1>" >"$base/local/content/index.html"
+rm -f "$base/local/content/from-worker.txt"
 # The agent watches this copy; the demo tears down by emptying it.
 rm -rf "$base/manifests"
 mkdir -p "$base/manifests"
@@ -95,6 +96,10 @@ for f in "$base"/root/pods/*/volumes/kubernetes.io~configmap/config/app.conf \
 	"$base"/root/pods/*/volumes/kubernetes.io~downward-api/podinfo/labels; do
 	[ -e "$f" ] && { echo "  $f:"; sed 's/^/    /' "$f"; echo; }
 done
+# The pods' containers, run by an example container runtime that asks the
+# agent's runtime API (docs/runtime-api.md) where each volume is.
+echo "== containers (examples/runtime-consumer: each command in its own mount namespace, volumes from $base/root/runtime.sock)"
+"$repo/bin/runtime-consumer" -socket "$base/root/runtime.sock" -manifests "$base/manifests" -timeout 5s 2>&1 | sed 's/^/  /' || true
 echo
 echo "Explore: open http://$debug/ in a browser, or run: bin/volume-agent status --address $debug [--watch] [--pod default/web]"
 echo "         curl http://$debug/debug/asw | /debug/operations | /debug/api-volumes | /debug/events ; curl http://$metrics/metrics"
