@@ -144,7 +144,10 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	})
 	a.csi.retryOnChange(a.executor, wake)
 	a.podStatus = m.podStatus(a.executor, log)
-	a.runtimeAPI = runtimeserver.New(runtimeserver.Options{Socket: cfg.RuntimeSocket, Paths: paths, Errors: a.executor, Log: log.Named("runtimeapi")})
+	a.runtimeAPI = runtimeserver.New(runtimeserver.Options{
+		Socket: cfg.RuntimeSocket, Paths: paths, Errors: a.executor, Log: log.Named("runtimeapi"),
+		Snapshots: func() (*cache.DesiredSnapshot, *cache.ActualSnapshot) { return a.dsw.Snapshot(), a.asw.Snapshot() },
+	})
 	a.populator = a.newPopulator(wake)
 	a.page = a.newPage()
 	a.reconciler = a.newReconciler(wake)
@@ -178,8 +181,7 @@ func (a *Agent) newPopulator(wake *notify.Signal) *populator.Populator {
 }
 
 func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
-	// The runtime API answers from the snapshots of the last pass, like
-	// the pod conditions, so the two always agree.
+	// Every pass wakes the runtime API's waiters.
 	observer := multiObserver{a.metrics, a.trimmer, pageTrigger{a.page}, a.runtimeAPI}
 	if a.podStatus != nil {
 		observer = append(observer, a.podStatus)

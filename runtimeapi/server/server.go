@@ -1,8 +1,9 @@
 // Package server serves the runtime API (package runtimeapi) on a unix
 // socket: root only (the socket is 0600 and every connection's peer
-// credentials must say uid 0), answering from the snapshots of the
-// reconciler's last pass, never from its locks, and waking long-polling
-// waiters when a pass publishes new snapshots.
+// credentials must say uid 0), answering from immutable snapshots of the
+// desired and actual states (never holding a lock of the reconciler's), and
+// waking long-polling waiters after every reconciler pass: every change of
+// either state is followed by one.
 package server
 
 import (
@@ -47,7 +48,11 @@ type Options struct {
 	Socket string
 	Paths  volume.Paths
 	// Errors gives operations' last errors (the executor).
-	Errors         Errors
+	Errors Errors
+	// Snapshots returns the current snapshots of the desired and actual
+	// states (cheap: both caches keep one per generation). Without it the
+	// server answers from the snapshots of the last pass.
+	Snapshots      func() (*cache.DesiredSnapshot, *cache.ActualSnapshot)
 	MaxConnections int
 	Log            *zap.Logger
 }
@@ -103,8 +108,8 @@ func New(opts Options) *Server {
 	return s
 }
 
-// Reconciled publishes a pass's snapshots and wakes every waiter. It
-// takes one short lock and never blocks.
+// Reconciled records a pass's snapshots and wakes every waiter. It takes
+// one short lock and never blocks.
 func (s *Server) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, _ []reconciler.Action, _ time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -113,12 +118,18 @@ func (s *Server) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsho
 	s.changed = make(chan struct{})
 }
 
-// current returns the last snapshots and a channel closed when they are
-// replaced.
+// current returns the snapshots to answer from and a channel closed at the
+// next pass.
 func (s *Server) current() (*cache.DesiredSnapshot, *cache.ActualSnapshot, <-chan struct{}) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.dsw, s.asw, s.changed
+	dsw, asw, changed := s.dsw, s.asw, s.changed
+	s.mu.Unlock()
+	if s.opts.Snapshots != nil {
+		// Taken after the channel: a change after this point is
+		// followed by a pass that closes it.
+		dsw, asw = s.opts.Snapshots()
+	}
+	return dsw, asw, changed
 }
 
 // Listen creates the socket, readable and writable by root only. It is
