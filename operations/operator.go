@@ -193,9 +193,11 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 	switch {
 	case err == nil:
 		mount.State = cache.Mounted
-		if prev != nil && prev.State == cache.Mounted && len(prev.SubPaths) > 0 {
-			// Set up again (a remount): the sub-paths stay usable while
-			// they are prepared again.
+		if prev != nil && ((prev.State == cache.Mounted && len(prev.SubPaths) > 0) || prev.SubPathsOutdated) {
+			// Set up again (a remount), or found after a restart with
+			// sub-paths on disk: what is there is prepared again (and
+			// what is no longer wanted removed); prepared ones stay
+			// usable meanwhile.
 			mount.SubPaths, mount.SubPathsOutdated = prev.SubPaths, true
 		}
 		o.ASW.SetPodMount(t.identity(), mount)
