@@ -41,9 +41,10 @@ type DSWVolume struct {
 // DSWVolumePod is one pod wanting a volume.
 type DSWVolumePod struct {
 	volume.PodRef
-	OuterVolumeNames []string  `json:"outerVolumeNames"`
-	ReadOnly         bool      `json:"readOnly,omitempty"`
-	Since            time.Time `json:"since"`
+	OuterVolumeNames []string         `json:"outerVolumeNames"`
+	ReadOnly         bool             `json:"readOnly,omitempty"`
+	SubPaths         []volume.SubPath `json:"subPaths,omitempty"`
+	Since            time.Time        `json:"since"`
 }
 
 // DSWPod is one pod with its volumes and errors.
@@ -91,7 +92,10 @@ type ASWPod struct {
 	MountPath       string           `json:"mountPath"`
 	RemountRequired bool             `json:"remountRequired,omitempty"`
 	Reconstructed   bool             `json:"reconstructed,omitempty"`
-	Since           time.Time        `json:"since"`
+	// SubPaths are the sub-paths prepared for the pod's containers.
+	SubPaths         []volume.SubPath `json:"subPaths,omitempty"`
+	SubPathsOutdated bool             `json:"subPathsOutdated,omitempty"`
+	Since            time.Time        `json:"since"`
 }
 
 // OperationsDocument is GET /debug/operations.
@@ -113,7 +117,7 @@ func (a *Agent) dswDocument() DSWDocument {
 			dv.DesiredSize = v.DesiredSize.String()
 		}
 		for _, p := range v.Pods {
-			dv.Pods = append(dv.Pods, DSWVolumePod{PodRef: p.Pod.PodRef, OuterVolumeNames: p.OuterNames, ReadOnly: p.Spec.ReadOnly, Since: p.Since})
+			dv.Pods = append(dv.Pods, DSWVolumePod{PodRef: p.Pod.PodRef, OuterVolumeNames: p.OuterNames, ReadOnly: p.Spec.ReadOnly, SubPaths: p.SubPaths, Since: p.Since})
 		}
 		sort.Slice(dv.Pods, func(i, j int) bool { return dv.Pods[i].UID < dv.Pods[j].UID })
 		doc.Volumes = append(doc.Volumes, dv)
@@ -154,6 +158,7 @@ func (a *Agent) aswDocument() ASWDocument {
 			av.Pods = append(av.Pods, ASWPod{
 				PodRef: m.Pod, SpecName: m.SpecName, MountState: m.State, MountPath: m.MountPath,
 				RemountRequired: m.RemountRequired, Reconstructed: m.Reconstructed, Since: m.Since,
+				SubPaths: m.SubPaths, SubPathsOutdated: m.SubPathsOutdated,
 			})
 		}
 		sort.Slice(av.Pods, func(i, j int) bool { return av.Pods[i].UID < av.Pods[j].UID })
