@@ -236,14 +236,15 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 }
 
 // withSubPaths gives a resolved volume the sub-paths the pod's containers
-// mount of it: read-only when the mount or the volume is.
+// mount of it: read-only when the mount or the volume is, or when
+// containers get the volume read-only anyway.
 func withSubPaths(pv cache.PodVolume, subPaths []volume.SubPath) cache.PodVolume {
 	if len(subPaths) == 0 {
 		return pv
 	}
 	pv.SubPaths = make([]volume.SubPath, len(subPaths))
 	for i, s := range subPaths {
-		s.ReadOnly = s.ReadOnly || pv.Spec.ReadOnly
+		s.ReadOnly = s.ReadOnly || pv.Spec.ReadOnly || volume.ReadOnlyForContainers(pv.Plugin)
 		pv.SubPaths[i] = s
 	}
 	return pv

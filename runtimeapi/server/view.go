@@ -120,7 +120,7 @@ func viewVolume(p *cache.DesiredPod, name string, dsw *cache.DesiredSnapshot, as
 	dv, dp := desiredVolume(p, name, dsw)
 	if dv != nil {
 		v.Plugin, v.specName = dv.Plugin, dv.SpecName
-		v.ReadOnly = dp.Spec != nil && dp.Spec.ReadOnly
+		v.ReadOnly = (dp.Spec != nil && dp.Spec.ReadOnly) || volume.ReadOnlyForContainers(dv.Plugin)
 		if dp.Spec != nil && dp.Spec.IsBlock() {
 			v.VolumeMode = runtimeapi.Block
 		}

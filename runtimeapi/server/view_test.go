@@ -15,6 +15,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/plugins/apivolume"
 	"github.com/volume-agent/volume-agent/runtimeapi"
 	"github.com/volume-agent/volume-agent/status/podstatus"
 	"github.com/volume-agent/volume-agent/volume"
@@ -298,5 +299,20 @@ func TestViewAgreesWithVolumesReady(t *testing.T) {
 	}
 	if ready == 0 || ready == 2000 {
 		t.Errorf("%d of 2000 worlds ready: the test does not cover both", ready)
+	}
+}
+
+// API data volumes go to containers read-only, as with the kubelet.
+func TestViewAPIVolumesReadOnly(t *testing.T) {
+	for _, plugin := range []string{apivolume.ConfigMapName, apivolume.SecretName, apivolume.DownwardAPIName, apivolume.ProjectedName} {
+		w := newWorld("u")
+		n := w.volume("cfg", plugin, volume.Attributes{RequiresRemount: true}, spec("cfg", v1.PersistentVolumeFilesystem, false))
+		w.mounted(n, plugin, volume.Attributes{RequiresRemount: true}, "cfg", cache.Mounted)
+		w.containers = []volume.Container{{Name: "app", Type: volume.RegularContainer, Mounts: []volume.ContainerMount{{Volume: "cfg", MountPath: "/etc/cfg"}}}}
+		p, dsw, asw := w.snapshots()
+		got := View(p, dsw, asw, nil, w.paths)
+		if !got.Ready || !got.Volumes[0].ReadOnly || !got.Containers[0].Mounts[0].ReadOnly || !got.Volumes[0].SELinuxRelabel {
+			t.Errorf("%s: %+v %+v, want a read-only mount (relabelled)", plugin, got.Volumes[0], got.Containers[0].Mounts[0])
+		}
 	}
 }
