@@ -30,6 +30,13 @@ import (
 // if empty) and stops it when the test ends.
 func serving(t *testing.T, dir string) (*Server, string) {
 	t.Helper()
+	return servingTB(t, dir)
+}
+
+func servingB(b *testing.B) (*Server, string) { return servingTB(b, "") }
+
+func servingTB(t testing.TB, dir string) (*Server, string) {
+	t.Helper()
 	mounttest.RequireRoot(t) // the API answers root only
 	if dir == "" {
 		dir = t.TempDir()
