@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
@@ -60,10 +61,12 @@ func volumeOf(t *testing.T, p *runtimeapi.Pod, name string) runtimeapi.Volume {
 }
 
 // The runtime API end to end, with every kind of volume standalone mode
-// supports: a pod that waits (and says why), a ready pod's volumes and
-// container mounts with sub-paths prepared (missing directories created,
-// subPathExpr expanded, a file sub-path read-only), and everything gone
-// with the pod.
+// supports (emptyDir on disk and in memory, hostPath, local PVs on a
+// directory and on a block device, configMap, secret, downwardAPI): a pod
+// that waits (and says why), a ready pod's volumes and container mounts with
+// sub-paths prepared (missing directories created, subPathExpr expanded, a
+// file sub-path read-only, a configMap key through its links), and
+// everything gone with the pod.
 func TestRuntimeAPI(t *testing.T) {
 	requireE2E(t)
 	t.Parallel()
@@ -77,6 +80,10 @@ func TestRuntimeAPI(t *testing.T) {
 	a.Write("storage.yaml",
 		e2eutil.LocalPV("shared", sharedDir, "shared", corev1.LabelHostname, nodeName), e2eutil.PVC("shared", "shared"),
 		e2eutil.LocalPV("block", loop, "block", corev1.LabelHostname, nodeName), e2eutil.PVC("block", "block"),
+		&corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"}, ObjectMeta: metav1.ObjectMeta{Name: "cfg", Namespace: "default"},
+			Data: map[string]string{"app.conf": "from the configMap"}},
+		&corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}, ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: "default"},
+			StringData: map[string]string{"password": "p"}},
 	)
 	web := newPod("web",
 		e2eutil.EmptyDirVolume("scratch", "", ""),
@@ -85,6 +92,11 @@ func TestRuntimeAPI(t *testing.T) {
 		e2eutil.HostPathVolume("etc", filepath.Join(host, "etc"), nil),
 		claim("shared", "shared", false),
 		claim("data", "block", false),
+		corev1.Volume{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}}}},
+		corev1.Volume{Name: "creds", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "creds"}}},
+		corev1.Volume{Name: "podinfo", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{
+			{Path: "name", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}},
+		}}}},
 	)
 	withFieldEnv(web, "POD_NAME", "metadata.name")
 	app := &web.Spec.Containers[0]
@@ -93,6 +105,7 @@ func TestRuntimeAPI(t *testing.T) {
 		corev1.VolumeMount{Name: "logs", MountPath: "/var/log/app", SubPathExpr: "$(POD_NAME)/logs"},
 		corev1.VolumeMount{Name: "etc", MountPath: "/etc/app.conf", SubPath: "conf/app.conf", ReadOnly: true},
 		corev1.VolumeMount{Name: "shared", MountPath: "/www", SubPath: "index.html", ReadOnly: true},
+		corev1.VolumeMount{Name: "config", MountPath: "/etc/app/app.conf", SubPath: "app.conf"},
 	)
 	web.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "busybox", VolumeMounts: []corev1.VolumeMount{
 		{Name: "scratch", MountPath: "/out", SubPath: "from-init/out"},
@@ -141,7 +154,8 @@ func TestRuntimeAPI(t *testing.T) {
 	}
 	uid := uids["web"]
 	root := a.Root()
-	for name, plugin := range map[string]string{"scratch": e2eutil.EmptyDirPlugin, "cache": e2eutil.EmptyDirPlugin, "logs": e2eutil.HostPathPlugin, "etc": e2eutil.HostPathPlugin, "shared": e2eutil.LocalPlugin, "data": e2eutil.LocalPlugin} {
+	for name, plugin := range map[string]string{"scratch": e2eutil.EmptyDirPlugin, "cache": e2eutil.EmptyDirPlugin, "logs": e2eutil.HostPathPlugin, "etc": e2eutil.HostPathPlugin, "shared": e2eutil.LocalPlugin, "data": e2eutil.LocalPlugin,
+		"config": e2eutil.ConfigMapPlugin, "creds": e2eutil.SecretPlugin, "podinfo": e2eutil.DownwardAPIPlugin} {
 		spec := name
 		if plugin == e2eutil.LocalPlugin {
 			spec = map[string]string{"shared": "shared", "data": "block"}[name]
@@ -153,9 +167,21 @@ func TestRuntimeAPI(t *testing.T) {
 		if v.SELinuxRelabel != (plugin != e2eutil.HostPathPlugin) {
 			t.Errorf("volume %s: selinuxRelabel %v", name, v.SELinuxRelabel)
 		}
+		if api := plugin == e2eutil.ConfigMapPlugin || plugin == e2eutil.SecretPlugin || plugin == e2eutil.DownwardAPIPlugin; v.ReadOnly != api {
+			t.Errorf("volume %s: readOnly %v, want %v (API data volumes go to containers read-only)", name, v.ReadOnly, api)
+		}
+	}
+	// A configMap key through a sub-path: resolved through the atomic
+	// writer's links (inside the volume), bound read-only.
+	cm := mountOf(t, p, "app", "/etc/app/app.conf")
+	if got := mounttest.ReadFile(t, cm.HostPath); got != "from the configMap" || !cm.ReadOnly {
+		t.Errorf("configMap sub-path %+v reads %q", cm, got)
+	}
+	if ms := mounttest.MountsAt(t, cm.HostPath); len(ms) != 1 || !ms[0].HasOption("ro") {
+		t.Errorf("configMap sub-path target: %+v, want one read-only bind mount", ms)
 	}
 	logs := mountOf(t, p, "app", "/var/log/app")
-	if want := e2eutil.SubPathTarget(root, uid, e2eutil.HostPathPlugin, "logs", "app", 6); logs.HostPath != want || logs.SubPath != "web/logs" {
+	if want := e2eutil.SubPathTarget(root, uid, e2eutil.HostPathPlugin, "logs", "app", 9); logs.HostPath != want || logs.SubPath != "web/logs" {
 		t.Errorf("subPathExpr mount %+v, want %s (web/logs)", logs, want)
 	}
 	if fi, err := os.Stat(filepath.Join(logsDir, "web", "logs")); err != nil || !fi.IsDir() {
@@ -186,8 +212,8 @@ func TestRuntimeAPI(t *testing.T) {
 		t.Errorf("other: %+v, want ready with the claim read-only", other)
 	}
 	subPathMounts := mounttest.MountsUnder(t, filepath.Join(e2eutil.PodDir(root, uid), "volume-subpaths"))
-	if len(subPathMounts) != 4 {
-		t.Errorf("sub-path mounts %v, want 4", mounttest.MountPoints(subPathMounts))
+	if len(subPathMounts) != 5 {
+		t.Errorf("sub-path mounts %v, want 5", mounttest.MountPoints(subPathMounts))
 	}
 
 	// With the pod gone, everything of it goes, sub-paths first; the

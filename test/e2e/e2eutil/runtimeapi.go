@@ -26,8 +26,8 @@ func SubPathTarget(root, podUID, plugin, specName, container string, index int) 
 // CheckReadyPaths checks what a pod the runtime API says is ready must
 // have: every host path it gives is a mount point in /proc/self/mountinfo
 // (a volume, a sub-path's bind mount) or a block device, except the
-// directory of an emptyDir on the node's disk, which is a plain directory
-// (the kubelet does not mount those either).
+// directory of an emptyDir on the node's disk or of a configMap, which is a
+// plain directory (the kubelet does not mount those either).
 func CheckReadyPaths(p *runtimeapi.Pod) error {
 	if !p.Ready {
 		return fmt.Errorf("pod %s/%s is not ready", p.Namespace, p.Name)
@@ -37,9 +37,10 @@ func CheckReadyPaths(p *runtimeapi.Pod) error {
 		if v.HostPath == "" && v.DevicePath == "" {
 			return fmt.Errorf("ready volume %s has no path", v.Name)
 		}
-		if v.Plugin == EmptyDirPlugin && v.VolumeMode == runtimeapi.Filesystem {
+		if (v.Plugin == EmptyDirPlugin || v.Plugin == ConfigMapPlugin) && v.VolumeMode == runtimeapi.Filesystem {
 			if ms, err := mountsAt(v.HostPath); err != nil || len(ms) == 0 {
-				// Memory emptyDirs are tmpfs mounts; disk ones not.
+				// Memory emptyDirs are tmpfs mounts; disk ones and
+				// configMaps not.
 				plain[v.HostPath] = true
 			}
 		}
