@@ -221,3 +221,23 @@ func TestSubPathsOnTheNode(t *testing.T) {
 		t.Errorf("mounts left: %v", mounttest.MountPoints(ms))
 	}
 }
+
+// In a configMap (secret, downwardAPI, projected) volume a missing sub-path
+// is not created: that content is kept in sync with its sources.
+func TestPrepareSubPathsNoCreateInAPIVolumes(t *testing.T) {
+	for plugin, noCreate := range map[string]bool{"kubernetes.io/configmap": true, "kubernetes.io/projected": true, opFakeName: false} {
+		w := newOpWorld(t, opPodScoped)
+		w.pluginName = plugin
+		f := withFakeSubPaths(w)
+		w.want(t, opPod)
+		w.mountPod(t)
+		if err := w.op.PrepareSubPaths(t.Context(), w.subPathTarget()); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range f.synced {
+			if m.NoCreate != noCreate {
+				t.Errorf("%s: %+v, want NoCreate %v", plugin, m, noCreate)
+			}
+		}
+	}
+}

@@ -40,6 +40,9 @@ type Request struct {
 	Target string
 	// ReadOnly makes the bind mount read-only.
 	ReadOnly bool
+	// NoCreate: a missing sub-path is an error; no directory is created in
+	// the volume (whose content someone else keeps, e.g. a configMap's).
+	NoCreate bool
 }
 
 // afterResolve, when set by a test, runs between resolving the sub-path and
@@ -65,7 +68,15 @@ func Prepare(r Request) error {
 	if err := unix.Fstat(root, &rootSt); err != nil {
 		return &os.PathError{Op: "fstat", Path: r.VolumeDir, Err: err}
 	}
-	fd, err := openOrCreateDirs(root, sub, rootSt.Mode&0o7777)
+	var fd int
+	if r.NoCreate {
+		fd, err = openBeneath(root, sub)
+		if errors.Is(err, unix.ENOENT) {
+			err = fmt.Errorf("it does not exist, and no directory is created in this volume: %w", err)
+		}
+	} else {
+		fd, err = openOrCreateDirs(root, sub, rootSt.Mode&0o7777)
+	}
 	if err != nil {
 		return fmt.Errorf("resolving %q in the volume: %w", sub, err)
 	}
@@ -255,6 +266,7 @@ type Mount struct {
 	MountPath string
 	SubPath   string
 	ReadOnly  bool
+	NoCreate  bool
 }
 
 // Target is where m is mounted below dir.
@@ -283,7 +295,7 @@ func Sync(volumeDir, dir string, want []Mount) error {
 	for _, m := range want {
 		target := m.Target(dir)
 		keep[target] = true
-		if err := Prepare(Request{VolumeDir: volumeDir, SubPath: m.SubPath, Target: target, ReadOnly: m.ReadOnly}); err != nil {
+		if err := Prepare(Request{VolumeDir: volumeDir, SubPath: m.SubPath, Target: target, ReadOnly: m.ReadOnly, NoCreate: m.NoCreate}); err != nil {
 			errs = append(errs, &MountError{Mount: m, Err: err})
 		}
 	}

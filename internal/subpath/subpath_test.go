@@ -217,6 +217,11 @@ func TestPrepareCreatesMissingDirectories(t *testing.T) {
 		if inode(t, target) != inode(t, filepath.Join(f.vol, "x/y/z")) {
 			t.Error("target is not the created directory")
 		}
+		// Not when asked not to.
+		err := Prepare(Request{VolumeDir: f.vol, SubPath: "x/other", Target: filepath.Join(f.targets, "c", "2"), NoCreate: true})
+		if !errors.Is(err, unix.ENOENT) || !strings.Contains(err.Error(), "no directory is created") || mounttest.Exists(t, filepath.Join(f.vol, "x/other")) {
+			t.Errorf("NoCreate on a missing sub-path: %v", err)
+		}
 		// Through a link that stays in the volume.
 		f.symlink(t, "x", "link")
 		if err := Prepare(Request{VolumeDir: f.vol, SubPath: "link/new", Target: filepath.Join(f.targets, "c", "1")}); err != nil {
