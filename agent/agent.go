@@ -35,6 +35,7 @@ import (
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/reconciler"
 	"github.com/volume-agent/volume-agent/refresh"
+	runtimeserver "github.com/volume-agent/volume-agent/runtimeapi/server"
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/status/podstatus"
@@ -68,7 +69,8 @@ type Agent struct {
 	plugins    *plugins.Registry
 	mounter    *mountutil.Mounter
 	// pins keeps raw block devices open under pods' access points.
-	pins *blockpin.Loops
+	pins       *blockpin.Loops
+	runtimeAPI *runtimeserver.Server
 
 	debugListener   net.Listener
 	metricsListener net.Listener
@@ -102,6 +104,10 @@ func New(cfg Config) (_ *Agent, err error) {
 	if a.metricsListener, err = listen(cfg.MetricsAddress); err != nil {
 		a.closeListeners()
 		return nil, fmt.Errorf("metrics endpoint: %w", err)
+	}
+	if err := a.runtimeAPI.Listen(); err != nil {
+		a.closeListeners()
+		return nil, fmt.Errorf("runtime API: %w", err)
 	}
 	return a, nil
 }
@@ -141,6 +147,10 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	})
 	a.csi.retryOnChange(a.executor, wake)
 	a.podStatus = m.podStatus(a.executor, log)
+	a.runtimeAPI = runtimeserver.New(runtimeserver.Options{
+		Socket: cfg.RuntimeSocket, Paths: paths, Errors: a.executor, Log: log.Named("runtimeapi"),
+		Snapshots: func() (*cache.DesiredSnapshot, *cache.ActualSnapshot) { return a.dsw.Snapshot(), a.asw.Snapshot() },
+	})
 	a.populator = a.newPopulator(wake)
 	a.page = a.newPage()
 	a.reconciler = a.newReconciler(wake)
@@ -174,7 +184,8 @@ func (a *Agent) newPopulator(wake *notify.Signal) *populator.Populator {
 }
 
 func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
-	observer := multiObserver{a.metrics, a.trimmer, pageTrigger{a.page}}
+	// Every pass wakes the runtime API's waiters.
+	observer := multiObserver{a.metrics, a.trimmer, pageTrigger{a.page}, a.runtimeAPI}
 	if a.podStatus != nil {
 		observer = append(observer, a.podStatus)
 	}
@@ -229,7 +240,11 @@ func (a *Agent) closeListeners() {
 			l.Close()
 		}
 	}
+	_ = a.runtimeAPI.Shutdown(context.Background())
 }
+
+// RuntimeSocket is the runtime API's socket.
+func (a *Agent) RuntimeSocket() string { return a.cfg.RuntimeSocket }
 
 // DebugAddress is where the debug endpoint listens ("" if disabled).
 func (a *Agent) DebugAddress() string { return addrOf(a.debugListener) }
@@ -427,9 +442,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
-// serve starts the HTTP endpoints; Run shuts them down last.
-func (a *Agent) serve(l *loops) []*http.Server {
-	var servers []*http.Server
+// shutdowner is a server Run shuts down last.
+type shutdowner interface {
+	Shutdown(ctx context.Context) error
+}
+
+// serve starts the HTTP endpoints and the runtime API; Run shuts them down
+// last.
+func (a *Agent) serve(l *loops) []shutdowner {
+	var servers []shutdowner
 	start := func(name string, lis net.Listener, h http.Handler) {
 		s := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, s)
@@ -443,6 +464,8 @@ func (a *Agent) serve(l *loops) []*http.Server {
 	if a.debugListener != nil {
 		start("debug endpoint", a.debugListener, a.debugMux())
 	}
+	l.goUntilStopped("runtime API", a.runtimeAPI.Serve)
+	servers = append(servers, a.runtimeAPI)
 	if a.metricsListener != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.Registry, promhttp.HandlerOpts{}))

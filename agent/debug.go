@@ -45,9 +45,10 @@ type DSWVolume struct {
 // DSWVolumePod is one pod wanting a volume.
 type DSWVolumePod struct {
 	volume.PodRef
-	OuterVolumeNames []string  `json:"outerVolumeNames"`
-	ReadOnly         bool      `json:"readOnly,omitempty"`
-	Since            time.Time `json:"since"`
+	OuterVolumeNames []string         `json:"outerVolumeNames"`
+	ReadOnly         bool             `json:"readOnly,omitempty"`
+	SubPaths         []volume.SubPath `json:"subPaths,omitempty"`
+	Since            time.Time        `json:"since"`
 }
 
 // DSWPod is one pod with its volumes and errors.
@@ -99,7 +100,10 @@ type ASWPod struct {
 	MountPath       string           `json:"mountPath"`
 	RemountRequired bool             `json:"remountRequired,omitempty"`
 	Reconstructed   bool             `json:"reconstructed,omitempty"`
-	Since           time.Time        `json:"since"`
+	// SubPaths are the sub-paths prepared for the pod's containers.
+	SubPaths         []volume.SubPath `json:"subPaths,omitempty"`
+	SubPathsOutdated bool             `json:"subPathsOutdated,omitempty"`
+	Since            time.Time        `json:"since"`
 }
 
 // OperationsDocument is GET /debug/operations.
@@ -121,14 +125,14 @@ func (a *Agent) dswDocument() DSWDocument {
 			dv.DesiredSize = v.DesiredSize.String()
 		}
 		for _, p := range v.Pods {
-			dv.Pods = append(dv.Pods, DSWVolumePod{PodRef: p.Pod.PodRef, OuterVolumeNames: p.OuterNames, ReadOnly: p.Spec.ReadOnly, Since: p.Since})
+			dv.Pods = append(dv.Pods, DSWVolumePod{PodRef: p.Pod.PodRef, OuterVolumeNames: p.OuterNames, ReadOnly: p.Spec.ReadOnly, SubPaths: p.SubPaths, Since: p.Since})
 		}
 		sort.Slice(dv.Pods, func(i, j int) bool { return dv.Pods[i].UID < dv.Pods[j].UID })
 		doc.Volumes = append(doc.Volumes, dv)
 	}
 	sort.Slice(doc.Volumes, func(i, j int) bool { return doc.Volumes[i].Name < doc.Volumes[j].Name })
 	for _, p := range s.Pods {
-		dp := DSWPod{PodRef: p.Pod.PodRef, Volumes: p.Volumes, VolumesReady: PodVolumesReady(p, asw), UnresolvedVolumes: p.Unresolved, Since: p.Since}
+		dp := DSWPod{PodRef: p.Pod.PodRef, Volumes: p.Volumes, VolumesReady: cache.PodReady(p, s, asw), UnresolvedVolumes: p.Unresolved, Since: p.Since}
 		if dp.Volumes == nil {
 			dp.Volumes = []volume.UniqueName{}
 		}
@@ -162,6 +166,7 @@ func (a *Agent) aswDocument() ASWDocument {
 			av.Pods = append(av.Pods, ASWPod{
 				PodRef: m.Pod, SpecName: m.SpecName, MountState: m.State, MountPath: m.MountPath,
 				RemountRequired: m.RemountRequired, Reconstructed: m.Reconstructed, Since: m.Since,
+				SubPaths: m.SubPaths, SubPathsOutdated: m.SubPathsOutdated,
 			})
 		}
 		sort.Slice(av.Pods, func(i, j int) bool { return av.Pods[i].UID < av.Pods[j].UID })

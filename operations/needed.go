@@ -26,6 +26,8 @@ func Needed(op Op, t *Target, av *cache.ActualVolume, desired Desired) bool {
 		return !cache.AttachNeeded(t.Attributes, av) && cache.DeviceMountNeeded(t.Attributes, av)
 	case OpMountVolume, OpMapVolume:
 		return cache.ReadyForPods(t.Attributes, av) && cache.PodMountNeeded(podMount(av, t))
+	case OpPrepareSubPaths:
+		return desired.HasPodVolume(t.Volume, t.Pod.UID) && cache.SubPathsNeeded(t.SubPaths, podMount(av, t))
 	case OpExpandVolume:
 		return cache.ExpansionNeeded(t.DesiredSize, t.Attributes, av)
 	case OpUnmountVolume, OpUnmapVolume:

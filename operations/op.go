@@ -15,6 +15,9 @@ const (
 	OpMountDevice Op = "mount_device"
 	// OpMountVolume sets a volume up for one pod.
 	OpMountVolume Op = "mount_volume"
+	// OpPrepareSubPaths prepares the sub-paths of a pod's volume that its
+	// containers mount (and removes those they no longer do).
+	OpPrepareSubPaths Op = "prepare_subpaths"
 	// OpExpandVolume grows a volume's filesystem on the node (the
 	// kubelet's name for it).
 	OpExpandVolume Op = "volume_fs_resize"
@@ -40,7 +43,7 @@ const (
 )
 
 // Ops lists every kind of operation.
-var Ops = []Op{OpUnmountVolume, OpVerifyAttached, OpMountDevice, OpMountVolume, OpExpandVolume, OpUnmountDevice, OpDetachVolume,
+var Ops = []Op{OpUnmountVolume, OpVerifyAttached, OpMountDevice, OpMountVolume, OpPrepareSubPaths, OpExpandVolume, OpUnmountDevice, OpDetachVolume,
 	OpMapDevice, OpMapVolume, OpUnmapVolume, OpUnmapDevice}
 
 // Block reports whether op is one of the raw block operations.

@@ -83,6 +83,21 @@ func enrichWorld(r *rand.Rand, dsw *cache.DesiredSnapshot, asw *cache.ActualSnap
 			if r.IntN(4) == 0 {
 				av.Pods[uid].Reconstructed = true
 			}
+			switch r.IntN(4) {
+			case 0:
+				prepared(string(uid), "a")(av)
+			case 1:
+				prepared(string(uid), "a")(av)
+				outdated(string(uid))(av)
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(dsw.Volumes)) {
+		dv := dsw.Volumes[name]
+		for _, uid := range slices.Sorted(maps.Keys(dv.Pods)) {
+			if r.IntN(3) == 0 {
+				withSubPaths(dv, string(uid), "a")
+			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"fmt"
 	"sort"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -40,6 +41,9 @@ type Action struct {
 	// DesiredSize is the size to grow to, for volume_fs_resize and for a
 	// device mount while expansion is pending.
 	DesiredSize *resource.Quantity
+	// SubPaths are the sub-paths the pod's containers mount, for
+	// prepare_subpaths.
+	SubPaths []volume.SubPath
 	// Pods are the pods waiting for a volume-wide action (attach, device
 	// mount, expansion), so failures can be reported to them.
 	Pods []volume.PodRef
@@ -156,6 +160,12 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready boo
 				m = av.Pods[uid]
 			}
 			if !cache.PodMountNeeded(m) {
+				if cache.SubPathsNeeded(dp.SubPaths, m) {
+					out = append(out, Action{
+						Op: operations.OpPrepareSubPaths, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
+						Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, SubPaths: dp.SubPaths, Reason: subPathsReason(dp, m),
+					})
+				}
 				continue
 			}
 			reason := "remount required"
@@ -178,6 +188,13 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready boo
 		}
 	}
 	return out
+}
+
+func subPathsReason(dp *cache.DesiredPodVolume, m *cache.ActualPodMount) string {
+	if m.SubPathsOutdated {
+		return "volume set up again since its sub-paths were prepared"
+	}
+	return fmt.Sprintf("sub-paths changed (%d wanted, %d prepared)", len(dp.SubPaths), len(m.SubPaths))
 }
 
 func expansionReason(dv *cache.DesiredVolume, av *cache.ActualVolume) string {

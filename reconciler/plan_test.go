@@ -110,6 +110,32 @@ func uncertain(uid string) avOpt { return podMount(uid, cache.MountUncertain, fa
 
 func remount(uid string) avOpt { return podMount(uid, cache.Mounted, true) }
 
+// subPathsOf builds a pod's sub-paths of a volume, one container mount
+// each.
+func subPathsOf(paths ...string) []volume.SubPath {
+	var out []volume.SubPath
+	for i, p := range paths {
+		out = append(out, volume.SubPath{Container: "main", Index: i, MountPath: "/m/" + p, Path: p})
+	}
+	return out
+}
+
+// withSubPaths makes the pod's containers mount the given sub-paths of v.
+func withSubPaths(v *cache.DesiredVolume, uid string, paths ...string) *cache.DesiredVolume {
+	v.Pods[types.UID(uid)].SubPaths = subPathsOf(paths...)
+	return v
+}
+
+// prepared records the pod's sub-paths of the volume as prepared.
+func prepared(uid string, paths ...string) avOpt {
+	return func(v *cache.ActualVolume) { v.Pods[types.UID(uid)].SubPaths = subPathsOf(paths...) }
+}
+
+// outdated marks the pod's prepared sub-paths outdated.
+func outdated(uid string) avOpt {
+	return func(v *cache.ActualVolume) { v.Pods[types.UID(uid)].SubPathsOutdated = true }
+}
+
 func device(s cache.DeviceMountState) avOpt {
 	return func(v *cache.ActualVolume) { v.DeviceState = s }
 }
@@ -312,6 +338,54 @@ func planCases() []planCase {
 		{
 			name: "remount required but not desired: unmount, not remount",
 			asw:  []*cache.ActualVolume{avol(vA, remountAttrs, remount("p1"))},
+			want: []act{{operations.OpUnmountVolume, vA, "p1", ""}},
+		},
+
+		// Sub-paths.
+		{
+			name: "mounted, sub-paths wanted, none prepared",
+			dsw:  []*cache.DesiredVolume{withSubPaths(dvol(vA, perPodAttrs, "p1"), "p1", "logs")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"))},
+			want: []act{{operations.OpPrepareSubPaths, vA, "p1", "sub-paths changed (1 wanted, 0 prepared)"}},
+		},
+		{
+			name: "sub-paths prepared as wanted",
+			dsw:  []*cache.DesiredVolume{withSubPaths(dvol(vA, perPodAttrs, "p1", "p2"), "p1", "logs", "conf")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1", "p2"), prepared("p1", "logs", "conf"))},
+		},
+		{
+			name: "sub-paths prepared but another one wanted now",
+			dsw:  []*cache.DesiredVolume{withSubPaths(dvol(vA, perPodAttrs, "p1"), "p1", "logs/canary")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"), prepared("p1", "logs/stable"))},
+			want: []act{{operations.OpPrepareSubPaths, vA, "p1", "sub-paths changed (1 wanted, 1 prepared)"}},
+		},
+		{
+			name: "sub-paths prepared, none wanted any more",
+			dsw:  []*cache.DesiredVolume{dvol(vA, sharedDirAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vA, sharedDirAttrs, mounted("p1"), prepared("p1", "logs"))},
+			want: []act{{operations.OpPrepareSubPaths, vA, "p1", "sub-paths changed (0 wanted, 1 prepared)"}},
+		},
+		{
+			name: "sub-paths prepared before the volume was set up again",
+			dsw:  []*cache.DesiredVolume{withSubPaths(dvol(vA, remountAttrs, "p1"), "p1", "key")},
+			asw:  []*cache.ActualVolume{avol(vA, remountAttrs, mounted("p1"), prepared("p1", "key"), outdated("p1"))},
+			want: []act{{operations.OpPrepareSubPaths, vA, "p1", "volume set up again since its sub-paths were prepared"}},
+		},
+		{
+			name: "sub-paths wait for an uncertain mount to be set up",
+			dsw:  []*cache.DesiredVolume{withSubPaths(dvol(vA, perPodAttrs, "p1"), "p1", "logs")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, uncertain("p1"))},
+			want: []act{{operations.OpMountVolume, vA, "p1", "mount uncertain"}},
+		},
+		{
+			name: "sub-paths wait for a remount",
+			dsw:  []*cache.DesiredVolume{withSubPaths(dvol(vA, remountAttrs, "p1"), "p1", "key")},
+			asw:  []*cache.ActualVolume{avol(vA, remountAttrs, remount("p1"), prepared("p1", "old"))},
+			want: []act{{operations.OpMountVolume, vA, "p1", "remount required"}},
+		},
+		{
+			name: "a pod that no longer wants the volume: unmounted, sub-paths and all",
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"), prepared("p1", "logs"))},
 			want: []act{{operations.OpUnmountVolume, vA, "p1", ""}},
 		},
 

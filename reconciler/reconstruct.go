@@ -90,6 +90,10 @@ func Reconstruct(paths volume.Paths, reg *plugins.Registry, isMountPoint, isMapp
 			v.Pods[uid] = &cache.ActualPodMount{
 				Pod: volume.PodRef{UID: uid}, SpecName: found.specName, MountPath: found.path,
 				State: cache.MountUncertain, Reconstructed: true, FoundMounted: mounted,
+				// Sub-paths on disk are checked (kept if still wanted,
+				// removed if not) once the mount is adopted, or removed
+				// with it.
+				SubPathsOutdated: exists(paths.VolumeSubPathsDir(uid, found.plugin, found.specName)),
 			}
 		}
 	}
@@ -142,6 +146,11 @@ func Reconstruct(paths volume.Paths, reg *plugins.Registry, isMountPoint, isMapp
 		r.Volumes = append(r.Volumes, vols[n])
 	}
 	return r, nil
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
 
 type podVolumeEntry struct {

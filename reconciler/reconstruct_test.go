@@ -1240,6 +1240,28 @@ func TestReconstructBlockAccessPoints(t *testing.T) {
 	checkVolumes(t, r.Volumes, want)
 }
 
+// A pod volume with sub-paths on disk is found with them outdated: they are
+// checked once the mount is adopted (or removed with it).
+func TestReconstructSubPaths(t *testing.T) {
+	w := newRCWorld(t)
+	disk := emptyDirSpec("scratch", v1.StorageMediumDefault)
+	dir := w.podVolume("pod-a", emptydir.Name, "scratch", true)
+	plainDir := w.podVolume("pod-a", emptydir.Name, "plain", true)
+	w.mkdir(w.paths.SubPathTarget("pod-a", emptydir.Name, "scratch", "app", 0))
+	r := w.reconstruct()
+	checkNoProblems(t, r)
+	name, plugin, attrs := w.populatorName("pod-a", disk)
+	plainName, _, _ := w.populatorName("pod-a", emptyDirSpec("plain", v1.StorageMediumDefault))
+	withSubPaths := rcPod("pod-a", "scratch", dir, true)
+	withSubPaths.SubPathsOutdated = true
+	want := []*cache.ActualVolume{
+		rcVolume(plainName, plugin, attrs, rcPod("pod-a", "plain", plainDir, true)),
+		rcVolume(name, plugin, attrs, withSubPaths),
+	}
+	slices.SortFunc(want, func(a, b *cache.ActualVolume) int { return strings.Compare(string(a.Name), string(b.Name)) })
+	checkVolumes(t, r.Volumes, want)
+}
+
 // A volumeDevices entry of a plugin that cannot reconstruct block access
 // points is left alone and reported.
 func TestReconstructBlockEntryOfAPluginWithoutBlock(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -19,6 +20,8 @@ import (
 //	                                                           a raw block volume's access point (below)
 //	<root>/pods/<podUID>/volume-state/<plugin~escaped>/<specName>.json
 //	                                                           what teardown needs after a restart
+//	<root>/pods/<podUID>/volume-subpaths/<plugin~escaped>/<specName>/<container>/<index>
+//	                                                           a container's subPath of the volume (bind mount)
 //	<root>/plugins/<plugin~escaped>/mounts/<identity>/globalmount
 //	                                                           device (staging) mount of a shared volume;
 //	                                                           for a Block CSI volume, its staging directory
@@ -129,4 +132,23 @@ func ValidatePathElement(s string) error {
 		}
 	}
 	return nil
+}
+
+// PodSubPathsDir holds the sub-paths prepared for the pod's containers.
+func (p Paths) PodSubPathsDir(pod types.UID) string {
+	return filepath.Join(p.PodDir(pod), "volume-subpaths")
+}
+
+// VolumeSubPathsDir holds the sub-paths of one of the pod's volumes: one
+// directory per container, one target per volumeMounts index. Unlike the
+// kubelet's volume-subpaths/<specName>, the plugin is part of the path, as
+// for the volume itself: two volumes of a pod may share a spec name.
+func (p Paths) VolumeSubPathsDir(pod types.UID, plugin, specName string) string {
+	return filepath.Join(p.PodSubPathsDir(pod), EscapePlugin(plugin), specName)
+}
+
+// SubPathTarget is the bind mount of a container's sub-path of a volume,
+// what a container runtime mounts into the container.
+func (p Paths) SubPathTarget(pod types.UID, plugin, specName, container string, index int) string {
+	return filepath.Join(p.VolumeSubPathsDir(pod, plugin, specName), container, strconv.Itoa(index))
 }
