@@ -85,7 +85,7 @@ func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOption
 }
 
 // sortActions orders actions by phase, volume and pod, keeping the order of
-// equal ones. It sorts indices and moves each Action once: an Action is a
+// equal ones. It sorts indices and then moves each Action once, in place: an Action is a
 // few hundred bytes, and swapping them through sort.SliceStable's reflection
 // was most of a busy pass's cost.
 func sortActions(actions []Action) []Action {
@@ -106,11 +106,26 @@ func sortActions(actions []Action) []Action {
 		}
 		return cmp.Compare(a.Pod.UID, b.Pod.UID)
 	})
-	sorted := make([]Action, len(actions))
-	for i, j := range idx {
-		sorted[i] = actions[j]
+	// Apply the permutation in place, cycle by cycle: actions[i] takes
+	// actions[idx[i]]; a done slot is marked by idx[i] == i.
+	for start := range idx {
+		if idx[start] == int32(start) {
+			continue
+		}
+		held := actions[start]
+		i := start
+		for {
+			j := int(idx[i])
+			idx[i] = int32(i)
+			if j == start {
+				actions[i] = held
+				break
+			}
+			actions[i] = actions[j]
+			i = j
+		}
 	}
-	return sorted
+	return actions
 }
 
 // planUnmounts: phase 1. Every mounted or uncertain pod mount that no pod
