@@ -73,7 +73,14 @@ type PlanOptions struct {
 // Whether an action can start now (another operation on the volume, backoff)
 // is the executor's business, not the plan's.
 func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) []Action {
-	var out []Action
+	return PlanInto(nil, dsw, asw, opts)
+}
+
+// PlanInto is Plan appending to buf[:0]: a reconciler passes the previous
+// pass's slice back, so a storm of passes that each plan thousands of
+// actions does not grow a new slice every time.
+func PlanInto(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) []Action {
+	out := buf[:0]
 	if opts.SourcesReady {
 		out = planUnmounts(dsw, asw, opts.OrphanCleanupAllowed, out)
 	}
