@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 )
 
 // What the tests do on a control plane as its administrator, playing the
@@ -163,4 +164,37 @@ func (cp *ControlPlane) PatchPVCapacity(t *testing.T, pv, size string) {
 	if _, err := cp.Admin.CoreV1().PersistentVolumes().Patch(t.Context(), pv, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatalf("patch capacity of PV %s: %v", pv, err)
 	}
+}
+
+// AgentPod creates the pod the DaemonSet would run on node (named
+// volume-agent-<node>, in the agent's namespace, as its ServiceAccount,
+// with no volumes) and returns it and a kubeconfig with a token bound to
+// it, as the kubelet would project into it: its user carries node's name
+// (authentication.kubernetes.io/node-name), which the deploy/ admission
+// policies scope the agent's writes to. The node must exist. The pod is
+// deleted, and the token with it, when the test ends.
+func (cp *ControlPlane) AgentPod(t *testing.T, node string) (*corev1.Pod, string) {
+	t.Helper()
+	ctx := t.Context()
+	sa := cp.ServiceAccount
+	pod, err := cp.Admin.CoreV1().Pods(sa.Namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "volume-agent-" + node, Labels: map[string]string{"app.kubernetes.io/name": "volume-agent"}},
+		Spec: corev1.PodSpec{
+			NodeName:                     node,
+			ServiceAccountName:           sa.Name,
+			AutomountServiceAccountToken: ptr.To(false),
+			Containers:                   []corev1.Container{{Name: "volume-agent", Image: "volume-agent"}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create the agent's pod on node %s: %v", node, err)
+	}
+	t.Cleanup(func() {
+		_ = cp.Admin.CoreV1().Pods(sa.Namespace).Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	})
+	kubeconfig, err := cp.Cluster.PodTokenKubeconfig(ctx, pod)
+	if err != nil {
+		t.Fatalf("token bound to pod %s: %v", pod.Name, err)
+	}
+	return pod, kubeconfig
 }
