@@ -63,6 +63,9 @@ type ControlPlane struct {
 	User           string
 	// ClusterRoles are the kustomization's.
 	ClusterRoles []*rbacv1.ClusterRole
+	// AdmissionPolicies says that the kustomization's admission policies
+	// are in force (ControlPlaneOptions.AdmissionPolicies).
+	AdmissionPolicies bool
 }
 
 // StartControlPlane starts a control plane and creates the kustomization's
@@ -90,7 +93,7 @@ func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (_ *ControlPl
 			c.Stop()
 		}
 	}()
-	cp := &ControlPlane{Cluster: c, Admin: c.AdminClient()}
+	cp := &ControlPlane{Cluster: c, Admin: c.AdminClient(), AdmissionPolicies: o.AdmissionPolicies}
 	if err := cp.create(ctx, objs, o.AdmissionPolicies); err != nil {
 		return nil, fmt.Errorf("%s: %w", o.Kustomization, err)
 	}
