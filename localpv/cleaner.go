@@ -225,8 +225,3 @@ func runCommand(ctx context.Context, argv, env []string) error {
 	}
 	return fmt.Errorf("%s: %w%s", strings.Join(argv, " "), err, msg)
 }
-
-// unescapeOctal decodes mountinfo's \040-style escapes.
-func unescapeOctal(s string) string {
-	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
-}

@@ -8,16 +8,14 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
-	"k8s.io/mount-utils"
+
+	"github.com/volume-agent/volume-agent/internal/mountutil"
 )
 
 // Who still uses a disk the provisioner is about to clean. A Released PV
 // means its claim is gone, not that every pod has let go of the volume: a
 // pod being torn down (by this agent or a kubelet) may still have it
 // mounted or mapped. Cleaning then would destroy data in use.
-
-// mountInfoPath is the mount table the checks read; tests replace it.
-var mountInfoPath = "/proc/self/mountinfo"
 
 // blockDeviceUsers says who uses the block device at dev (a path visible
 // to the agent), "" if nobody the agent can see:
@@ -46,22 +44,19 @@ func blockDeviceUsers(dev string) (string, error) {
 	}
 	unix.Close(fd)
 
-	infos, err := mount.ParseMountInfo(mountInfoPath)
+	mounts, err := mountutil.ReadMountInfo()
 	if err != nil {
 		return "", err
 	}
-	for _, mi := range infos {
-		if uint64(unix.Mkdev(uint32(mi.Major), uint32(mi.Minor))) == rdev {
-			return "it is mounted at " + unescapeOctal(mi.MountPoint), nil
+	for _, m := range mounts {
+		if uint64(unix.Mkdev(uint32(m.Major), uint32(m.Minor))) == rdev {
+			return "it is mounted at " + m.Mountpoint, nil
 		}
 	}
-	for _, mi := range infos {
+	for _, m := range mounts {
 		// A bind mount of a single file has that file's path as its root.
-		if mi.Root == "/" {
-			continue
-		}
-		if at := unescapeOctal(mi.MountPoint); isDeviceNode(at, rdev) {
-			return "it is mapped for a pod: its device node is bind-mounted at " + at, nil
+		if m.Root != "/" && isDeviceNode(m.Mountpoint, rdev) {
+			return "it is mapped for a pod: its device node is bind-mounted at " + m.Mountpoint, nil
 		}
 	}
 	if loop, backing := loopBackedBy(rdev); loop != "" {
@@ -108,17 +103,16 @@ func directoryUsers(dir string) (string, error) {
 	if err := unix.Stat(real, &st); err != nil {
 		return "", &os.PathError{Op: "stat", Path: real, Err: err}
 	}
-	infos, err := mount.ParseMountInfo(mountInfoPath)
+	mounts, err := mountutil.ReadMountInfo()
 	if err != nil {
 		return "", err
 	}
 	var others []string
-	for _, mi := range infos {
-		at := unescapeOctal(mi.MountPoint)
-		if uint64(unix.Mkdev(uint32(mi.Major), uint32(mi.Minor))) != st.Dev || at == real {
+	for _, m := range mounts {
+		if uint64(unix.Mkdev(uint32(m.Major), uint32(m.Minor))) != st.Dev || m.Mountpoint == real {
 			continue
 		}
-		others = append(others, at)
+		others = append(others, m.Mountpoint)
 	}
 	switch len(others) {
 	case 0:
