@@ -17,13 +17,15 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/test/cluster"
 	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
 // The real agent binary, with the token of its pod on node A and the
-// local volume provisioner on, works under the policies: it writes a
-// pod's VolumesReady condition, creates a local PV for a disk in its
-// discovery directory, and, once the PV's claim is released, cleans the
+// local volume provisioner on, works under the policies: it writes pods'
+// VolumesReady condition, requests the service-account tokens of a
+// tenant's pod and of its own pod (kube-api-access), creates a local PV
+// for a disk in its discovery directory, and, once the PV's claim is released, cleans the
 // disk, deletes the PV and creates it again. TestMain then checks in the
 // audit log that none of its requests was refused.
 func TestAgentWorksUnderPolicies(t *testing.T) {
@@ -31,7 +33,21 @@ func TestAgentWorksUnderPolicies(t *testing.T) {
 	ctx := t.Context()
 	const node, ns, class = "works-a", "works-tenant", "works-local"
 	suite.CreateNodeAndNamespace(t, node, ns, nil)
-	_, kubeconfig := suite.AgentPod(t, node)
+	// The agent's own pod, as the DaemonSet makes it: with the
+	// kube-api-access volume the agent mounts for it, with a token of its
+	// own service account bound to itself.
+	sa := suite.ServiceAccount
+	agentPod := suite.CreatePod(t, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "volume-agent-" + node, Namespace: sa.Namespace},
+		Spec:       corev1.PodSpec{NodeName: node, ServiceAccountName: sa.Name, Containers: []corev1.Container{{Name: "volume-agent", Image: "volume-agent"}}},
+	})
+	t.Cleanup(func() {
+		_ = suite.Admin.CoreV1().Pods(sa.Namespace).Delete(context.Background(), agentPod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	})
+	kubeconfig, err := suite.Cluster.PodTokenKubeconfig(ctx, agentPod)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	if _, err := suite.Admin.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{
 		ObjectMeta:        metav1.ObjectMeta{Name: class},
@@ -60,19 +76,40 @@ func TestAgentWorksUnderPolicies(t *testing.T) {
 		Args: []string{"--shutdown-grace-period=10s", "--local-volumes-config=" + config},
 	})
 
-	// The pod condition.
-	suite.CreatePod(t, e2eutil.Pod(ns, node, "app", e2eutil.EmptyDirVolume("scratch", "", "")))
-	e2eutil.Poll(t, 60*time.Second, "pod app's VolumesReady condition", func(ctx context.Context) (bool, string) {
-		pod, err := suite.Admin.CoreV1().Pods(ns).Get(ctx, "app", metav1.GetOptions{})
+	// Pod conditions, and service-account tokens: a tenant pod's and the
+	// agent's own.
+	app := e2eutil.Pod(ns, node, "app", e2eutil.EmptyDirVolume("scratch", "", ""))
+	app.Spec.AutomountServiceAccountToken = nil
+	suite.CreatePod(t, app)
+	for _, pod := range []*corev1.Pod{app, agentPod} {
+		e2eutil.Poll(t, 60*time.Second, "pod "+pod.Name+"'s VolumesReady condition", func(ctx context.Context) (bool, string) {
+			got, err := suite.Admin.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, c := range got.Status.Conditions {
+				if c.Type == "volume-agent.io/VolumesReady" {
+					return c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v", c)
+				}
+			}
+			return false, "no condition"
+		})
+	}
+
+	// Both tokens were issued to the agent, under the tokens policy.
+	e2eutil.Poll(t, 30*time.Second, "the agent's token requests in the audit log", func(context.Context) (bool, string) {
+		events, err := suite.Cluster.AuditEvents()
 		if err != nil {
 			return false, err.Error()
 		}
-		for _, c := range pod.Status.Conditions {
-			if c.Type == "volume-agent.io/VolumesReady" {
-				return c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v", c)
+		issued := map[string]bool{}
+		for _, e := range events {
+			if e.User.Username == suite.User && e.Stage == cluster.StageResponseComplete && e.ObjectRef != nil &&
+				e.ObjectRef.Subresource == "token" && e.ResponseStatus != nil && e.ResponseStatus.Code == 201 {
+				issued[e.ObjectRef.Namespace+"/"+e.ObjectRef.Name] = true
 			}
 		}
-		return false, "no condition"
+		return issued[ns+"/default"] && issued[sa.Namespace+"/"+sa.Name], fmt.Sprintf("tokens issued for %v", issued)
 	})
 
 	// The local PV, its release, cleanup, deletion and re-creation.

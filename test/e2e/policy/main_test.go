@@ -25,9 +25,6 @@ import (
 	"strings"
 	"testing"
 
-	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/volume-agent/volume-agent/test/cluster"
 	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
@@ -49,31 +46,9 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-// tokenGrant is the right to request service-account tokens, which the
-// agent needs for projected service-account token volumes; the tests grant
-// it themselves so that the policy on tokens is tested whether or not the
-// base ClusterRole has it yet.
-const tokenGrant = "volume-agent-policy-test-tokens"
-
-// setup adds deploy/self-attach (its RBAC and its policy) and the token
-// grant.
+// setup adds deploy/self-attach: its RBAC and its policy.
 func setup(ctx context.Context, s *e2eutil.Suite) error {
-	if err := s.ApplyKustomization(ctx, "deploy/self-attach", true); err != nil {
-		return err
-	}
-	sa := s.ServiceAccount
-	if _, err := s.Admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: tokenGrant},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"serviceaccounts/token"}, Verbs: []string{"create"}}},
-	}, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	_, err := s.Admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: tokenGrant},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: tokenGrant},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: sa.Namespace, Name: sa.Name}},
-	}, metav1.CreateOptions{})
-	return err
+	return s.ApplyKustomization(ctx, "deploy/self-attach", true)
 }
 
 // checkAgentRequests reads the requests the agent binary made (its user

@@ -52,11 +52,11 @@ type attempt struct {
 // tenant pod on each, the agent's pod on each, and the agent of node A's
 // client.
 type fixture struct {
-	nodeA, nodeB, ns string
-	podA, podB       *corev1.Pod
-	agentPodB        *corev1.Pod
-	agentA, admin    kubernetes.Interface
-	unbound          kubernetes.Interface
+	nodeA, nodeB, ns     string
+	podA, podB           *corev1.Pod
+	agentPodA, agentPodB *corev1.Pod
+	agentA, admin        kubernetes.Interface
+	unbound              kubernetes.Interface
 }
 
 func client(t *testing.T, kubeconfig, userAgent string) kubernetes.Interface {
@@ -82,7 +82,8 @@ func newFixture(t *testing.T, prefix string) *fixture {
 	}
 	f.podA = suite.CreatePod(t, tenantPod(f.ns, "tenant-a", f.nodeA))
 	f.podB = suite.CreatePod(t, tenantPod(f.ns, "tenant-b", f.nodeB))
-	_, kubeconfigA := suite.AgentPod(t, f.nodeA)
+	var kubeconfigA string
+	f.agentPodA, kubeconfigA = suite.AgentPod(t, f.nodeA)
 	f.agentPodB, _ = suite.AgentPod(t, f.nodeB)
 	f.agentA = client(t, kubeconfigA, "policy-test/agent-of-"+f.nodeA)
 	f.unbound = client(t, suite.Kubeconfig, "policy-test/unbound")
@@ -410,7 +411,9 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 
 		// Tokens.
 		{name: "a token of a pod's account, bound to the pod", do: token(f.ns, "default", boundTo("Pod", f.podA))},
-		{name: "a token of its own account, bound to the other node's agent pod", refusedBy: tokensPolicy, msg: "its own service account",
+		{name: "a token of its own account, bound to its own pod (its kube-api-access volume)",
+			do: token(suite.ServiceAccount.Namespace, suite.ServiceAccount.Name, boundTo("Pod", f.agentPodA))},
+		{name: "a token of its own account, bound to the other node's agent pod", refusedBy: tokensPolicy, msg: "only bound to its own pod",
 			do: token(suite.ServiceAccount.Namespace, suite.ServiceAccount.Name, boundTo("Pod", f.agentPodB))},
 		{name: "an unbound token of a pod's account", refusedBy: tokensPolicy, msg: "bound to a pod",
 			do: token(f.ns, "default", nil)},
