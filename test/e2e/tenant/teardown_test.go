@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,4 +189,87 @@ func waitOperationError(t *testing.T, a *agent, s string) {
 		}
 		return errors.New(strings.Join(seen, "; "))
 	})
+}
+
+// The tenant races the teardown: while the agent removes an emptyDir, a
+// process of the tenant (another container still running, or a pod sharing
+// the directory) keeps swapping a directory of it with a link to the decoy
+// tree and planting more. The agent never removes through the link; once
+// the racer stops, the volume goes.
+func TestTeardownRace(t *testing.T) {
+	t.Parallel()
+	d := newDecoy(t)
+	a := newAgent(t)
+	a.Write("victim.yaml", pod("victim", nil, e2eutil.EmptyDirVolume("scratch", "", "")))
+	a.Start()
+	uid := a.waitReady("victim")
+	dir := a.volumeDir(uid, e2eutil.EmptyDirPlugin, "scratch")
+	sw := filepath.Join(dir, "sw")
+	// The decoy's etc, with the same names: a removal that follows the
+	// link would delete passwd and shadow.
+	must(t, os.MkdirAll(sw, 0o755))
+	for _, name := range []string{"passwd", "shadow", "link"} {
+		must(t, os.WriteFile(filepath.Join(sw, name), []byte("tenant"), 0o644))
+	}
+	must(t, os.Symlink(filepath.Join(d.dir, "etc"), filepath.Join(dir, "sw-link")))
+
+	// The racer works on a descriptor of the volume, as a process inside
+	// it would: never through a link, and nothing once the agent removed
+	// the volume's directory.
+	dirFD, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	must(t, err)
+	defer unix.Close(dirFD)
+	target := filepath.Join(d.dir, "etc")
+	stop := make(chan struct{})
+	var swaps, planted atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if unix.Renameat2(dirFD, "sw", dirFD, "sw-link", unix.RENAME_EXCHANGE) == nil {
+				swaps.Add(1)
+			}
+			// Plant again what the agent removed.
+			_ = unix.Mkdirat(dirFD, "sw", 0o755)
+			if swFD, err := unix.Openat(dirFD, "sw", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+				if f, err := unix.Openat(swFD, "passwd", unix.O_CREAT|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644); err == nil {
+					unix.Close(f)
+					planted.Add(1)
+				}
+				unix.Close(swFD)
+			}
+			_ = unix.Symlinkat(target, dirFD, "sw-link")
+		}
+	})
+	a.Remove("victim.yaml")
+	// Until the agent has tried at least once (the volume's directory
+	// shrinks or an attempt failed), keep racing.
+	e2eutil.PollErr(t, settle, "a teardown attempt under the race", func() error {
+		if _, err := os.Lstat(filepath.Join(dir, "..")); err != nil {
+			return nil // the pod's volumes directory is gone already
+		}
+		ops, err := a.Operations()
+		if err != nil {
+			return err
+		}
+		for _, op := range ops.Operations {
+			if op.Operation == "unmount_volume" {
+				return nil
+			}
+		}
+		if _, err := os.Lstat(dir); err != nil {
+			return nil
+		}
+		return errors.New("no unmount_volume attempt yet")
+	})
+	close(stop)
+	wg.Wait()
+	t.Logf("%d swaps and %d re-plantings during the teardown", swaps.Load(), planted.Load())
+	d.check(t)
+	a.waitGone(uid, settle)
+	d.check(t)
 }
