@@ -593,14 +593,8 @@ func TestServerSideDryRun(t *testing.T) {
 }
 
 // unscopedWrites are the writes RBAC grants the agent that no admission
-// policy narrows to its node, and why.
-var unscopedWrites = map[string]string{
-	// Events name the object they are about, in its namespace; a forged
-	// event misleads but changes nothing (the kubelet's are not scoped
-	// either).
-	"create events": "events",
-	"patch events":  "events",
-}
+// policy narrows to its node, and why (none at the moment).
+var unscopedWrites = map[string]string{}
 
 // checkAdmissionPolicies checks the ValidatingAdmissionPolicies that narrow
 // the agent's writes to its node (admissionpolicy.yaml): each is bound with

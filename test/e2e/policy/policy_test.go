@@ -29,6 +29,7 @@ const (
 	tokensPolicy      = "volume-agent-tokens"
 	localPVPolicy     = "volume-agent-local-volumes"
 	attachPolicy      = "volume-agent-self-attach"
+	eventsPolicy      = "volume-agent-events"
 
 	provisionedBy = "pv.kubernetes.io/provisioned-by"
 	holdFinalizer = "test.volume-agent.io/hold"
@@ -164,6 +165,20 @@ func token(ns, sa string, bound *authenticationv1.BoundObjectReference) func(con
 	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
 		return c.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
 			Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: bound},
+		}, metav1.CreateOptions{DryRun: dry})
+	}
+}
+
+// createEvent reports an event about pod tenant-a as the agent of node.
+func createEvent(ns, name, node string) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		now := metav1.Now()
+		return c.CoreV1().Events(ns).Create(ctx, &corev1.Event{
+			ObjectMeta:     metav1.ObjectMeta{Name: name, Namespace: ns},
+			InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: "tenant-a", APIVersion: "v1"},
+			Reason:         "FailedMount", Message: "test", Type: corev1.EventTypeWarning,
+			Source:         corev1.EventSource{Component: "volume-agent", Host: node},
+			FirstTimestamp: now, LastTimestamp: now, Count: 1,
 		}, metav1.CreateOptions{DryRun: dry})
 	}
 }
@@ -318,6 +333,9 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 	if _, err := f.admin.StorageV1().VolumeAttachments().Create(ctx, volumeAttachment("b-attachment", b), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := createEvent(f.ns, "by-b", b)(ctx, f.admin, nil); err != nil {
+		t.Fatal(err)
+	}
 
 	const ready = `{"status":{"conditions":[{"type":"volume-agent.io/VolumesReady","status":"True","reason":"Test"}]}}`
 	podLabelled := func(o runtime.Object) bool { return o.(*corev1.Pod).Labels["role"] == "db" }
@@ -408,6 +426,15 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 		{name: "other node: a VolumeAttachment", refusedBy: attachPolicy, msg: "is for node " + b, do: createVA(volumeAttachment("b-attachment-2", b))},
 		{name: "other node: its attachment status", refusedBy: attachPolicy, msg: "is for node " + b, do: attachedStatus("b-attachment")},
 		{name: "other node: deleting its VolumeAttachment", refusedBy: attachPolicy, msg: "is for node " + b, do: deleteVA("b-attachment")},
+
+		// Events.
+		{name: "an event from its node", do: createEvent(f.ns, "from-a", a)},
+		{name: "an event that says it comes from the other node", refusedBy: eventsPolicy, msg: `this one is from "` + b + `"`,
+			do: createEvent(f.ns, "from-b", b)},
+		{name: "the other node's event, rewritten", refusedBy: eventsPolicy, msg: `this one is from "` + b + `"`,
+			do: func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+				return c.CoreV1().Events(f.ns).Patch(ctx, "by-b", types.MergePatchType, []byte(`{"source":{"host":"`+a+`"},"count":5}`), metav1.PatchOptions{DryRun: dry})
+			}},
 
 		// Tokens.
 		{name: "a token of a pod's account, bound to the pod", do: token(f.ns, "default", boundTo("Pod", f.podA))},
