@@ -49,6 +49,22 @@ func mountOf(t *testing.T, p *runtimeapi.Pod, container, path string) runtimeapi
 	return runtimeapi.Mount{}
 }
 
+func deviceOf(t *testing.T, p *runtimeapi.Pod, container, path string) runtimeapi.Device {
+	t.Helper()
+	for _, c := range p.Containers {
+		if c.Name != container {
+			continue
+		}
+		for _, d := range c.Devices {
+			if d.ContainerPath == path {
+				return d
+			}
+		}
+	}
+	t.Fatalf("pod %s: container %s has no device at %s: %+v", p.Name, container, path, p.Containers)
+	return runtimeapi.Device{}
+}
+
 func volumeOf(t *testing.T, p *runtimeapi.Pod, name string) runtimeapi.Volume {
 	t.Helper()
 	for _, v := range p.Volumes {
@@ -62,7 +78,8 @@ func volumeOf(t *testing.T, p *runtimeapi.Pod, name string) runtimeapi.Volume {
 
 // The runtime API end to end, with every kind of volume standalone mode
 // supports (emptyDir on disk and in memory, hostPath, local PVs on a
-// directory and on a block device, configMap, secret, downwardAPI): a pod
+// directory and on a block device, a raw block local PV, configMap, secret,
+// downwardAPI): a pod
 // that waits (and says why), a ready pod's volumes and container mounts with
 // sub-paths prepared (missing directories created, subPathExpr expanded, a
 // file sub-path read-only, a configMap key through its links), and
@@ -72,14 +89,19 @@ func TestRuntimeAPI(t *testing.T) {
 	t.Parallel()
 	host := mounttest.TempDir(t)
 	loop := mounttest.LoopDevice(t, 64<<20)
+	rawLoop := mounttest.LoopDevice(t, 16<<20)
 	a := newAgent(t)
 	logsDir := filepath.Join(host, "logs")
 	sharedDir := filepath.Join(host, "shared")
 	mounttest.WriteFile(t, filepath.Join(host, "etc", "conf", "app.conf"), "setting=1")
 	mounttest.WriteFile(t, filepath.Join(sharedDir, "index.html"), "shared")
+	// A claim consumed as a raw block device (volumeDevices).
+	rawPV, rawPVC := e2eutil.LocalPV("raw", rawLoop, "raw", corev1.LabelHostname, nodeName), e2eutil.PVC("raw", "raw")
+	e2eutil.AsBlock(rawPV, rawPVC)
 	a.Write("storage.yaml",
 		e2eutil.LocalPV("shared", sharedDir, "shared", corev1.LabelHostname, nodeName), e2eutil.PVC("shared", "shared"),
 		e2eutil.LocalPV("block", loop, "block", corev1.LabelHostname, nodeName), e2eutil.PVC("block", "block"),
+		rawPV, rawPVC,
 		&corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"}, ObjectMeta: metav1.ObjectMeta{Name: "cfg", Namespace: "default"},
 			Data: map[string]string{"app.conf": "from the configMap"}},
 		&corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}, ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: "default"},
@@ -98,9 +120,11 @@ func TestRuntimeAPI(t *testing.T) {
 			{Path: "name", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}},
 		}}}},
 	)
+	web.Spec.Volumes = append(web.Spec.Volumes, claim("raw", "raw", false))
 	withFieldEnv(web, "POD_NAME", "metadata.name")
 	app := &web.Spec.Containers[0]
 	app.Name = "app"
+	app.VolumeDevices = append(app.VolumeDevices, corev1.VolumeDevice{Name: "raw", DevicePath: "/dev/xvdb"})
 	app.VolumeMounts = append(app.VolumeMounts,
 		corev1.VolumeMount{Name: "logs", MountPath: "/var/log/app", SubPathExpr: "$(POD_NAME)/logs"},
 		corev1.VolumeMount{Name: "etc", MountPath: "/etc/app.conf", SubPath: "conf/app.conf", ReadOnly: true},
@@ -170,6 +194,20 @@ func TestRuntimeAPI(t *testing.T) {
 		if api := plugin == e2eutil.ConfigMapPlugin || plugin == e2eutil.SecretPlugin || plugin == e2eutil.DownwardAPIPlugin; v.ReadOnly != api {
 			t.Errorf("volume %s: readOnly %v, want %v (API data volumes go to containers read-only)", name, v.ReadOnly, api)
 		}
+	}
+	// The raw block volume: its access point, a block device that is the
+	// claim's device, passed to the container where volumeDevices says.
+	raw := volumeOf(t, p, "raw")
+	if want := e2eutil.DevicePath(root, uid, e2eutil.LocalPlugin, "raw"); raw.VolumeMode != runtimeapi.Block || raw.DevicePath != want || raw.HostPath != "" {
+		t.Errorf("raw block volume %+v, want Block at %s", raw, want)
+	}
+	if got, err := e2eutil.Rdev(raw.DevicePath); err != nil {
+		t.Error(err)
+	} else if want, err := e2eutil.Rdev(rawLoop); err != nil || got != want {
+		t.Errorf("access point %s is device %d, want %s's %d (%v)", raw.DevicePath, got, rawLoop, want, err)
+	}
+	if d := deviceOf(t, p, "app", "/dev/xvdb"); d.HostPath != raw.DevicePath || d.ReadOnly || d.Permissions != "mrw" {
+		t.Errorf("container device %+v, want %s with mrw", d, raw.DevicePath)
 	}
 	// A configMap key through a sub-path: resolved through the atomic
 	// writer's links (inside the volume), bound read-only.
