@@ -7,12 +7,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
@@ -80,26 +82,59 @@ func sameInode(a, b string) (bool, error) {
 	return sa.Dev == sb.Dev && sa.Ino == sb.Ino, nil
 }
 
-// A memory emptyDir without sizeLimit in a pod without a memory limit: the
-// kernel's default tmpfs size is half of the node's memory, which one
-// tenant could fill. The agent gives it a bounded default.
-func TestMemoryEmptyDirIsBounded(t *testing.T) {
+// A memory emptyDir without sizeLimit is a tmpfs sized as the kubelet
+// sizes it: the pod's memory limit, else the node's memory for pods
+// (standalone: MemTotal). The kernel's default, half of the node's RAM,
+// promises a pod without a limit less than the node has, and one with a
+// limit more than its cgroup allows: either way the tenant's writes end in
+// something other than a full volume (an OOM kill, or ENOSPC early). The
+// tmpfs's pages count against the pod's memory cgroup, so it is the pod's
+// memory limit (LimitRange, ResourceQuota) that bounds what a tenant can
+// hold in memory; the agent only makes the volume say the same.
+func TestMemoryEmptyDirDefaultSize(t *testing.T) {
 	needsFix(t, "10 (i13-harden: a default size for memory emptyDirs)")
 	t.Parallel()
 	a := newAgent(t)
-	a.Write("greedy.yaml", pod("greedy", nil, e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "")))
+	a.Write("unlimited.yaml", pod("unlimited", nil, e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "")))
+	limited := pod("limited", nil, e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, ""))
+	limited.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("48Mi")}
+	a.Write("limited.yaml", limited)
 	a.Start()
-	uid := a.waitReady("greedy")
-	var st unix.Statfs_t
-	must(t, unix.Statfs(a.volumeDir(uid, e2eutil.EmptyDirPlugin, "mem"), &st))
-	var si unix.Sysinfo_t
-	must(t, unix.Sysinfo(&si))
-	size, half := int64(st.Blocks)*st.Bsize, int64(si.Totalram)*int64(si.Unit)/2
-	t.Logf("tmpfs size %d MiB; half of the node's memory is %d MiB", size>>20, half>>20)
-	// The kernel's default is half of the memory, rounded to pages.
-	if size > half*9/10 {
-		t.Errorf("the memory emptyDir may grow to %d MiB, the kernel's default", size>>20)
+	tmpfsSize := func(name string) int64 {
+		var st unix.Statfs_t
+		must(t, unix.Statfs(a.volumeDir(a.waitReady(name), e2eutil.EmptyDirPlugin, "mem"), &st))
+		return int64(st.Blocks) * st.Bsize
 	}
+	page := int64(os.Getpagesize())
+	for _, tc := range []struct {
+		pod  string
+		want int64
+	}{
+		{"limited", 48 << 20},
+		{"unlimited", memTotal(t)},
+	} {
+		// The kernel rounds a tmpfs's size up to whole pages.
+		want := (tc.want + page - 1) / page * page
+		if got := tmpfsSize(tc.pod); got != want {
+			t.Errorf("pod %s: the memory emptyDir's size is %d MiB (%d bytes), want %d MiB (%d bytes)", tc.pod, got>>20, got, want>>20, want)
+		}
+	}
+}
+
+// memTotal is the node's memory as /proc/meminfo says (MemTotal).
+func memTotal(t *testing.T) int64 {
+	t.Helper()
+	data, err := os.ReadFile("/proc/meminfo")
+	must(t, err)
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			kib, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			must(t, err)
+			return kib << 10
+		}
+	}
+	t.Fatal("no MemTotal in /proc/meminfo")
+	return 0
 }
 
 // A neighbour on the pod network opens many connections to the metrics
