@@ -25,10 +25,11 @@ import (
 // at the node's root. Resolved by the agent's root instead, a tenant who
 // can place a link on the node (through an earlier hostPath or local
 // volume) reaches the agent's own filesystem, outside the node's. Here the
-// node's /data links to an absolute path that exists only outside the host
-// root (the decoy): mounting /data/etc must not mount the decoy's etc, and
-// creating /data/new (DirectoryOrCreate) must create it below the host
-// root.
+// node's /data links to an absolute path that names the decoy outside the
+// host root and an empty directory of the node below it: mounting
+// /data/etc must not mount the decoy's etc (the node has none), and
+// creating /data/new (DirectoryOrCreate) must create it in the node's
+// directory, not in the decoy.
 func TestHostPathStaysWithinHostRoot(t *testing.T) {
 	needsFix(t, "4 (i13-harden: host paths resolved within --host-root)")
 	t.Parallel()
@@ -36,6 +37,9 @@ func TestHostPathStaysWithinHostRoot(t *testing.T) {
 	hostRoot := mounttest.TempDir(t)
 	must(t, os.Symlink(d.dir, filepath.Join(hostRoot, "data")))
 	within := filepath.Join(hostRoot, strings.TrimPrefix(d.dir, "/"))
+	// The link's target on the node (a DirectoryOrCreate path below a
+	// dangling link fails on the node too, as the kubelet's MkdirAll does).
+	must(t, os.MkdirAll(within, 0o755))
 	a := newAgent(t, "--host-root", hostRoot)
 	dirType := corev1.HostPathDirectory
 	createType := corev1.HostPathDirectoryOrCreate
