@@ -8,7 +8,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # outside the repo (see test/tools/build.sh); the first build takes minutes.
 TOOLS_BIN    = $(shell test/tools/build.sh)
 
-.PHONY: all build run test unit e2e lint bench tools cluster-up cluster-down clean
+.PHONY: all build run test unit e2e lint bench fuzz tools cluster-up cluster-down clean
 
 all: build
 
@@ -51,6 +51,12 @@ bench: build tools
 	bin/bench -agent $(BIN) -pods 1000 -volumes 4 -idle 5s
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500 -kube-qps 50
+
+# Every Go fuzz target for FUZZTIME each (`make test` runs only their saved
+# corpora in testdata/fuzz); a failing input is saved there.
+FUZZTIME ?= 30s
+fuzz:
+	GO=$(GO) FUZZTIME=$(FUZZTIME) hack/fuzz.sh
 
 tools:
 	@test/tools/build.sh >/dev/null

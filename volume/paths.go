@@ -106,13 +106,19 @@ func (p Paths) VolumeStateFile(plugin, identity string) string {
 // PathElement turns an arbitrary identity into one safe path element: names
 // that are already safe are kept readable, anything else (slashes, dots,
 // very long handles) is replaced by a hash so it can never escape its parent.
+// A name that starts like a hashed one is hashed too: otherwise an identity
+// spelt as another's hash (a PV named after the hash of a long PV name)
+// would share its directory.
 func PathElement(s string) string {
-	if err := ValidatePathElement(s); err == nil && len(s) <= 128 {
+	if err := ValidatePathElement(s); err == nil && len(s) <= 128 && !strings.HasPrefix(s, hashedPrefix) {
 		return s
 	}
 	sum := sha256.Sum256([]byte(s))
-	return "sha256-" + hex.EncodeToString(sum[:])
+	return hashedPrefix + hex.EncodeToString(sum[:])
 }
+
+// hashedPrefix starts the names PathElement makes by hashing.
+const hashedPrefix = "sha256-"
 
 // ValidatePathElement checks that s can be used as a single directory entry
 // name without escaping its parent or confusing people: non-empty, not "."
