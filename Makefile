@@ -8,7 +8,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # outside the repo (see test/tools/build.sh); the first build takes minutes.
 TOOLS_BIN    = $(shell test/tools/build.sh)
 
-.PHONY: all build run test unit e2e lint bench bench-scale tools cluster-up cluster-down clean
+.PHONY: all build run test unit e2e lint bench bench-scale fuzz tools cluster-up cluster-down clean
 
 all: build
 
@@ -17,12 +17,14 @@ build:
 
 # Run the agent in standalone mode on the bundled example manifests.
 run: build
+	$(GO) build -o bin/runtime-consumer ./examples/runtime-consumer
 	examples/run.sh
 
-# Every test: lint, unit, real-mount integration, CSI conformance, and the
-# end-to-end suites against a real etcd + kube-apiserver.
+# Every test: lint, unit, real-mount integration, CSI conformance, the
+# end-to-end suites against a real etcd + kube-apiserver, and the operator
+# page in headless Chromium (required here: .ci/run installs it).
 test: lint tools
-	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) $(GO) test -race -timeout 30m ./...
+	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) VOLUME_AGENT_REQUIRE_BROWSER=1 $(GO) test -race -timeout 30m ./...
 
 # Tests that need neither root nor a control plane.
 unit:
@@ -44,7 +46,7 @@ lint:
 # API server; see docs/performance.md). The many-node simulation takes
 # longer: make bench-scale.
 bench: build tools
-	$(GO) test -run '^$$' -bench . -benchmem ./reconciler/ ./operations/ ./source/manifest/ ./internal/atomicdir/
+	$(GO) test -run '^$$' -bench . -benchmem ./reconciler/ ./operations/ ./source/manifest/ ./internal/atomicdir/ ./ui/ ./ui/timeline/ ./internal/subpath/ ./runtimeapi/server/
 	$(GO) build -o bin/bench ./test/bench
 	bin/bench -agent $(BIN) -pods 500 -volumes 4
 	bin/bench -agent $(BIN) -pods 1000 -volumes 4 -idle 5s
@@ -61,6 +63,12 @@ bench: build tools
 bench-scale: build tools
 	$(GO) build -o bin/bench-manynodes ./test/bench/manynodes
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench-manynodes -agent $(BIN) $(if $(BASELINE),-baseline $(BASELINE)) $(SCALE_ARGS)
+
+# Every Go fuzz target for FUZZTIME each (`make test` runs only their saved
+# corpora in testdata/fuzz); a failing input is saved there.
+FUZZTIME ?= 30s
+fuzz:
+	GO=$(GO) FUZZTIME=$(FUZZTIME) hack/fuzz.sh
 
 tools:
 	@test/tools/build.sh >/dev/null

@@ -1,6 +1,9 @@
 package reconciler
 
 import (
+	"cmp"
+	"fmt"
+	"slices"
 	"sort"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -14,9 +17,9 @@ import (
 // phase orders operations: unmount, then mount, then device teardown.
 func phase(op operations.Op) int {
 	switch op {
-	case operations.OpUnmountVolume:
+	case operations.OpUnmountVolume, operations.OpUnmapVolume:
 		return 1
-	case operations.OpUnmountDevice, operations.OpDetachVolume:
+	case operations.OpUnmountDevice, operations.OpUnmapDevice, operations.OpDetachVolume:
 		return 3
 	}
 	return 2
@@ -40,6 +43,9 @@ type Action struct {
 	// DesiredSize is the size to grow to, for volume_fs_resize and for a
 	// device mount while expansion is pending.
 	DesiredSize *resource.Quantity
+	// SubPaths are the sub-paths the pod's containers mount, for
+	// prepare_subpaths.
+	SubPaths []volume.SubPath
 	// Pods are the pods waiting for a volume-wide action (attach, device
 	// mount, expansion), so failures can be reported to them.
 	Pods []volume.PodRef
@@ -67,7 +73,14 @@ type PlanOptions struct {
 // Whether an action can start now (another operation on the volume, backoff)
 // is the executor's business, not the plan's.
 func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) []Action {
-	var out []Action
+	return PlanInto(nil, dsw, asw, opts)
+}
+
+// PlanInto is Plan appending to buf[:0]: a reconciler passes the previous
+// pass's slice back, so a storm of passes that each plan thousands of
+// actions does not grow a new slice every time.
+func PlanInto(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) []Action {
+	out := buf[:0]
 	if opts.SourcesReady {
 		out = planUnmounts(dsw, asw, opts.OrphanCleanupAllowed, out)
 	}
@@ -75,17 +88,51 @@ func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOption
 	if opts.SourcesReady {
 		out = planDeviceTeardown(dsw, asw, opts.OrphanCleanupAllowed, out)
 	}
-	sort.SliceStable(out, func(i, j int) bool {
-		a, b := &out[i], &out[j]
-		if pa, pb := phase(a.Op), phase(b.Op); pa != pb {
-			return pa < pb
+	return sortActions(out)
+}
+
+// sortActions orders actions by phase, volume and pod, keeping the order of
+// equal ones. It sorts indices and then moves each Action once, in place: an Action is a
+// few hundred bytes, and swapping them through sort.SliceStable's reflection
+// was most of a busy pass's cost.
+func sortActions(actions []Action) []Action {
+	if len(actions) < 2 {
+		return actions
+	}
+	idx := make([]int32, len(actions))
+	for i := range idx {
+		idx[i] = int32(i)
+	}
+	slices.SortStableFunc(idx, func(i, j int32) int {
+		a, b := &actions[i], &actions[j]
+		if c := cmp.Compare(phase(a.Op), phase(b.Op)); c != 0 {
+			return c
 		}
-		if a.Volume != b.Volume {
-			return a.Volume < b.Volume
+		if c := cmp.Compare(a.Volume, b.Volume); c != 0 {
+			return c
 		}
-		return a.Pod.UID < b.Pod.UID
+		return cmp.Compare(a.Pod.UID, b.Pod.UID)
 	})
-	return out
+	// Apply the permutation in place, cycle by cycle: actions[i] takes
+	// actions[idx[i]]; a done slot is marked by idx[i] == i.
+	for start := range idx {
+		if idx[start] == int32(start) {
+			continue
+		}
+		held := actions[start]
+		i := start
+		for {
+			j := int(idx[i])
+			idx[i] = int32(i)
+			if j == start {
+				actions[i] = held
+				break
+			}
+			actions[i] = actions[j]
+			i = j
+		}
+	}
+	return actions
 }
 
 // planUnmounts: phase 1. Every mounted or uncertain pod mount that no pod
@@ -102,7 +149,7 @@ func planUnmounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, orphans
 				continue
 			}
 			out = append(out, Action{
-				Op: operations.OpUnmountVolume, Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes,
+				Op: operations.ForMode(operations.OpUnmountVolume, av.Attributes.Block), Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes,
 				Pod: volume.PodInfo{PodRef: m.Pod}, Spec: m.Spec, SpecName: m.SpecName, MountPath: m.MountPath,
 				Reason: "no longer desired (mount " + string(m.State) + ")",
 			})
@@ -117,7 +164,8 @@ func protectedPod(dsw *cache.DesiredSnapshot, uid types.UID) bool {
 }
 
 // planMounts: phase 2. For each desired volume: attach, then mount the device
-// once, then set it up for every pod that does not have it mounted. State
+// once, then set it up for every pod that does not have it mounted (for a raw
+// block volume: map the device, then map it for every pod). State
 // reconstructed after a restart is left alone until the sources are ready:
 // the first ready pass adopts what is in place, without any operation.
 func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready bool, out []Action) []Action {
@@ -139,7 +187,7 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready boo
 			if av != nil && av.DeviceState == cache.DeviceMountUncertain {
 				reason = "device mount uncertain"
 			}
-			out = append(out, volumeAction(operations.OpMountDevice, reason))
+			out = append(out, volumeAction(operations.ForMode(operations.OpMountDevice, dv.Attributes.Block), reason))
 			continue
 		}
 		expand := cache.ExpansionNeeded(dv.DesiredSize, dv.Attributes, av)
@@ -155,6 +203,12 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready boo
 				m = av.Pods[uid]
 			}
 			if !cache.PodMountNeeded(m) {
+				if cache.SubPathsNeeded(dp.SubPaths, m) {
+					out = append(out, Action{
+						Op: operations.OpPrepareSubPaths, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
+						Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, SubPaths: dp.SubPaths, Reason: subPathsReason(dp, m),
+					})
+				}
 				continue
 			}
 			reason := "remount required"
@@ -168,7 +222,7 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready boo
 				reason = "mount uncertain"
 			}
 			out = append(out, Action{
-				Op: operations.OpMountVolume, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
+				Op: operations.ForMode(operations.OpMountVolume, dv.Attributes.Block), Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
 				Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, Reason: reason,
 			})
 		}
@@ -177,6 +231,13 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready boo
 		}
 	}
 	return out
+}
+
+func subPathsReason(dp *cache.DesiredPodVolume, m *cache.ActualPodMount) string {
+	if m.SubPathsOutdated {
+		return "volume set up again since its sub-paths were prepared"
+	}
+	return fmt.Sprintf("sub-paths changed (%d wanted, %d prepared)", len(dp.SubPaths), len(m.SubPaths))
 }
 
 func expansionReason(dv *cache.DesiredVolume, av *cache.ActualVolume) string {
@@ -198,7 +259,7 @@ func planDeviceTeardown(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, o
 		a := Action{Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes, Spec: av.Spec}
 		switch {
 		case cache.DeviceUnmountNeeded(wanted, av):
-			a.Op, a.Reason = operations.OpUnmountDevice, "no pod uses it (device "+string(av.DeviceState)+")"
+			a.Op, a.Reason = operations.ForMode(operations.OpUnmountDevice, av.Attributes.Block), "no pod uses it (device "+string(av.DeviceState)+")"
 		case cache.DetachNeeded(wanted, av):
 			a.Op, a.Reason = operations.OpDetachVolume, "no pod uses it (attach "+string(av.AttachState)+")"
 		default:

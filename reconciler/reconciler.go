@@ -77,6 +77,7 @@ type Reconciler struct {
 	trigger *notify.Signal
 
 	lastHousekeeping time.Time
+	planBuf          []Action
 }
 
 // New returns a Reconciler.
@@ -124,7 +125,8 @@ func (r *Reconciler) Run(ctx context.Context) {
 	}
 }
 
-// ReconcileOnce plans from fresh snapshots and starts what can start.
+// ReconcileOnce plans from fresh snapshots and starts what can start. The
+// actions it returns are valid until the next pass, which reuses them.
 func (r *Reconciler) ReconcileOnce() []Action {
 	start := r.opts.Clock.Now()
 	ready := r.opts.SourcesReady()
@@ -140,7 +142,13 @@ func (r *Reconciler) ReconcileOnce() []Action {
 		}
 	}
 	complete := ready && (r.opts.SourcesComplete == nil || r.opts.SourcesComplete())
-	actions := Plan(dsw, asw, PlanOptions{SourcesReady: ready, OrphanCleanupAllowed: complete})
+	actions := PlanInto(r.planBuf, dsw, asw, PlanOptions{SourcesReady: ready, OrphanCleanupAllowed: complete})
+	// Keep the slice for the next pass while there is work; drop it once a
+	// pass plans nothing, so an idle agent holds no stale actions.
+	r.planBuf = nil
+	if len(actions) > 0 {
+		r.planBuf = actions
+	}
 	cands := make([]operations.Candidate, len(actions))
 	for i := range actions {
 		cands[i] = operations.Candidate{Key: operations.Key{Volume: actions[i].Volume, Pod: actions[i].Pod.UID}, Name: actions[i].Op}
