@@ -16,6 +16,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -26,6 +27,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -104,7 +106,10 @@ func run() error {
 		defer os.RemoveAll(work)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
+	// Interrupted, it stops its agents and control plane before exiting.
+	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(sigCtx, 2*time.Hour)
 	defer cancel()
 	cp, err := e2eutil.StartControlPlane(ctx, e2eutil.ControlPlaneOptions{Dir: filepath.Join(work, "cluster"), Controllers: []string{
 		"serviceaccount-controller", "serviceaccount-token-controller", "namespace-controller", "root-ca-certificate-publisher-controller",
@@ -249,6 +254,9 @@ type apiStats struct {
 type agentProc struct {
 	node        string
 	cmd         *exec.Cmd
+	exited      chan struct{} // closed once cmd has been waited for
+	waitErr     error
+	restarts    int
 	metricsAddr string
 	debugAddr   string
 	pods        int
@@ -272,7 +280,7 @@ func (c *clusterState) measure(ctx context.Context, name, bin, run, dir string) 
 			_ = a.cmd.Process.Signal(syscall.SIGTERM)
 		}
 		for _, a := range agents {
-			_ = a.cmd.Wait()
+			<-a.exited
 			a.log.Close()
 		}
 	}()
@@ -297,6 +305,7 @@ func (c *clusterState) measure(ctx context.Context, name, bin, run, dir string) 
 	}
 	watchesListed := false
 	var printed time.Time
+	var exitErr error
 	if err := waitFor(ctx, o.timeout, func() bool {
 		if !watchesListed && o.verbose && time.Since(printed) >= 2*time.Second {
 			printed = time.Now()
@@ -308,14 +317,21 @@ func (c *clusterState) measure(ctx context.Context, name, bin, run, dir string) 
 			fmt.Printf("  %5.1f s: claims and volumes watched %.0f, listing %.0f\n", time.Since(start).Seconds(), watching, listing)
 			watchesListed = listing == 0 && watching >= float64(2*o.nodes*o.podsPerNode*o.claimsPerPod)
 		}
-		for _, a := range agents {
-			if metric(a.metricsAddr, "volume_agent_pod_volumes_ready_seconds_count") < float64(a.pods) {
+		for i := range agents {
+			if err := c.restartIfExited(agents, i, bin, dir); err != nil {
+				exitErr = err
+				return true
+			}
+			if a := agents[i]; metric(a.metricsAddr, "volume_agent_pod_volumes_ready_seconds_count") < float64(a.pods) {
 				return false
 			}
 		}
 		return true
 	}); err != nil {
 		return nil, fmt.Errorf("waiting for every pod's volumes: %w", err)
+	}
+	if exitErr != nil {
+		return nil, exitErr
 	}
 	r.readyIn = time.Since(start)
 	for _, a := range agents {
@@ -549,7 +565,42 @@ func startAgent(bin, kubeconfig, node, root, extra string) (*agentProc, error) {
 		a.log.Close()
 		return nil, err
 	}
+	a.exited = make(chan struct{})
+	go func() {
+		a.waitErr = a.cmd.Wait()
+		close(a.exited)
+	}()
 	return a, nil
+}
+
+// restartIfExited fails if agents[i] exited, except when it lost one of
+// its ports to another process between freeAddr and its bind (the machine
+// is shared): then it starts it again with other ports, a few times.
+func (c *clusterState) restartIfExited(agents []*agentProc, i int, bin, dir string) error {
+	a := agents[i]
+	select {
+	case <-a.exited:
+	default:
+		return nil
+	}
+	a.log.Close()
+	out, _ := os.ReadFile(a.log.Name())
+	if !bytes.Contains(out, []byte("address already in use")) || a.restarts >= 3 {
+		return fmt.Errorf("agent of %s exited (%v): %s", a.node, a.waitErr, lastLines(out, 5))
+	}
+	fmt.Printf("  agent of %s lost a port to another process; starting it again\n", a.node)
+	b, err := startAgent(bin, c.cp.Kubeconfig, a.node, filepath.Join(dir, a.node), c.o.agentArgs)
+	if err != nil {
+		return err
+	}
+	b.pods, b.restarts = a.pods, a.restarts+1
+	agents[i] = b
+	return nil
+}
+
+func lastLines(b []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 func agentsCPU(agents []*agentProc) float64 {
