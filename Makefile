@@ -53,7 +53,7 @@ bench: build tools
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500 -kube-qps 50
 
-# Many nodes against one API server (test/bench/manynodes, about 20 minutes
+# Many nodes against one API server (test/bench/manynodes, about 10 minutes
 # on 2 cores): 20 agents, 20,000 PV/PVC pairs spread over their nodes, 50 pods
 # per node; the API server's watches, CPU and memory, each agent's RSS, the
 # watch events claim changes cause, bound → mounted. BASELINE=<an older
