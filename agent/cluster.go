@@ -19,6 +19,10 @@ import (
 // clusterParts are what cluster mode adds to the agent.
 type clusterParts struct {
 	client *kubeclient.Client
+	// statusClient patches pods' conditions: the same identity and
+	// connection as client, with a rate limiter of its own (see
+	// newClusterParts).
+	statusClient *kubeclient.Client
 	// nodeClient has the node's own identity (--node-kubeconfig), nil
 	// without it: see objectsClient.
 	nodeClient  *kubeclient.Client
@@ -62,7 +66,17 @@ func newClusterParts(cfg Config, log *zap.Logger) (*clusterParts, error) {
 	if err != nil {
 		return nil, fmt.Errorf("API client: %w", err)
 	}
-	p := &clusterParts{client: client}
+	// Pod condition patches get their own token bucket (kubeclient.New
+	// makes one per client): a pod is ready only once its volumes are set
+	// up, which may take a TokenRequest, and its condition is patched, and
+	// with one bucket for both, a node starting N pods waits for 2N
+	// requests at --kube-api-qps. Each stream alone stays within the
+	// limits, and the API server's Priority and Fairness sees one user.
+	statusClient, err := kubeclient.New(restCfg)
+	if err != nil {
+		return nil, fmt.Errorf("API client: %w", err)
+	}
+	p := &clusterParts{client: client, statusClient: statusClient}
 	if cfg.NodeKubeconfig != "" {
 		nodeCfg, err := kubeclient.LoadConfig(kubeclient.Options{
 			Kubeconfig: cfg.NodeKubeconfig, QPS: cfg.KubeAPIQPS, Burst: cfg.KubeAPIBurst,

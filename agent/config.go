@@ -30,8 +30,11 @@ type Config struct {
 	// requested with it, and the API server's Node authorizer limits them
 	// to what the node's pods reference, as it does for the kubelet.
 	NodeKubeconfig string
-	KubeAPIQPS     float32
-	KubeAPIBurst   int
+	// KubeAPIQPS and KubeAPIBurst limit each API client's requests (the
+	// main one, pod condition patches, and the node's): default 50 and
+	// 100, as the kubelet's.
+	KubeAPIQPS   float32
+	KubeAPIBurst int
 	// StatusWorkers patch pod conditions in parallel (cluster mode).
 	StatusWorkers int
 
@@ -99,7 +102,15 @@ func (c Config) complete() (Config, error) {
 		c.CSIProbePeriod = 30 * time.Second
 	}
 	if c.StatusWorkers <= 0 {
-		c.StatusWorkers = 4
+		c.StatusWorkers = 16
+	}
+	// The kubelet's defaults: what a node is expected to ask of the API
+	// server.
+	if c.KubeAPIQPS <= 0 {
+		c.KubeAPIQPS = 50
+	}
+	if c.KubeAPIBurst <= 0 {
+		c.KubeAPIBurst = 100
 	}
 	return c, nil
 }

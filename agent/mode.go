@@ -73,7 +73,9 @@ func (m *mode) podStatus(errs podstatus.Errors, log *zap.Logger) *podstatus.Repo
 	if m.cluster == nil {
 		return nil
 	}
-	return podstatus.New(m.cluster.client, m.cluster.source.Pod, errs, log.Named("podstatus"))
+	return podstatus.New(podstatus.Options{
+		Patcher: m.cluster.statusClient, GetPod: m.cluster.source.Pod, Errors: errs, Log: log.Named("podstatus"),
+	})
 }
 
 // startEvents starts sending events to the sink.

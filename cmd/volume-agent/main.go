@@ -63,9 +63,9 @@ func run() error {
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "cluster mode: kubeconfig file (without it and without --pod-manifest-path, the in-cluster configuration is used)")
 	fs.StringVar(&cfg.NodeKubeconfig, "node-kubeconfig", "", "cluster mode: kubeconfig with the node's own identity (system:node:<name>, e.g. the kubelet's /var/lib/kubelet/kubeconfig); secrets, configMaps and service-account tokens for API volumes are requested with it, so the Node authorizer limits them to what this node's pods reference")
 	var qps float64
-	fs.Float64Var(&qps, "kube-api-qps", 20, "cluster mode: sustained requests per second to the API server (watches do not count)")
-	fs.IntVar(&cfg.KubeAPIBurst, "kube-api-burst", 40, "cluster mode: request burst to the API server")
-	fs.IntVar(&cfg.StatusWorkers, "status-workers", 4, "cluster mode: pod condition updates sent in parallel")
+	fs.Float64Var(&qps, "kube-api-qps", 50, "cluster mode: sustained requests per second to the API server (watches do not count), as the kubelet's default; pod condition patches have a limit of their own of the same size")
+	fs.IntVar(&cfg.KubeAPIBurst, "kube-api-burst", 100, "cluster mode: request burst to the API server (and of pod condition patches)")
+	fs.IntVar(&cfg.StatusWorkers, "status-workers", 16, "cluster mode: pod condition updates sent in parallel")
 	fs.StringVar(&cfg.PluginRegistryDir, "plugin-registry-dir", "", "directory watched for kubelet-style CSI driver registration sockets (default <root-dir>/plugins_registry; point it at /var/lib/kubelet/plugins_registry to share node-driver-registrar's sockets)")
 	fs.Func("csi-driver", "a CSI driver without a registration socket, NAME=unix:///path/csi.sock (repeatable)", func(s string) error {
 		d, err := agent.ParseStaticDriver(s)
