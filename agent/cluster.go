@@ -94,7 +94,7 @@ func newClusterParts(cfg Config, log *zap.Logger) (*clusterParts, error) {
 	// limits them per object, so a volume stuck in a retry loop cannot flood
 	// the API server.
 	p.broadcaster = record.NewBroadcaster(record.WithContext(context.Background()))
-	p.recorder = p.broadcaster.NewRecorder(kubeclient.Scheme, v1.EventSource{Component: "volume-agent", Host: cfg.NodeName})
+	p.recorder = p.broadcaster.NewRecorder(kubeclient.Scheme(), v1.EventSource{Component: "volume-agent", Host: cfg.NodeName})
 	return p, nil
 }
 
