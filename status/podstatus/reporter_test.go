@@ -110,8 +110,6 @@ type reporterEnv struct {
 	clock    *clocktesting.FakeClock
 	patches  *recorder
 	reporter *podstatus.Reporter
-	// api is what the API server has: the pods' conditions as last patched.
-	api map[string]*v1.Pod
 }
 
 func newReporterEnv(t *testing.T) *reporterEnv {

@@ -86,9 +86,9 @@ type roundResult struct {
 	allMounted, allReady time.Duration
 	// Per pod, sorted.
 	createdToReady, mountedToReady []time.Duration
-	requests, patches             int
-	agentCPU, apiCPU              float64
-	rssKiB                        int
+	requests, patches              int
+	agentCPU, apiCPU               float64
+	rssKiB                         int
 }
 
 func runReadiness(o options, work, root string) error {
