@@ -167,6 +167,7 @@ func run() error {
 		return func() { <-done }
 	}
 	waitProfile := profile("mount.pprof", o.profileFor)
+	user0, system0, _ := cpuSplit(cmd.Process.Pid)
 	start := time.Now()
 	for name, data := range files {
 		tmp := filepath.Join(manifests, "."+name)
@@ -182,8 +183,8 @@ func run() error {
 		return fmt.Errorf("waiting for %d mounts (have %d): %w", want, countMounts(root), err)
 	}
 	mounted := time.Now()
-	fmt.Printf("  mounted:   %.3f s after the manifests were written (%.3f s from the first write)\n",
-		mounted.Sub(written).Seconds(), mounted.Sub(start).Seconds())
+	fmt.Printf("  mounted:   %.3f s after the manifests were written (%.3f s from the first write), %s\n",
+		mounted.Sub(written).Seconds(), mounted.Sub(start).Seconds(), cpuSince(cmd.Process.Pid, user0, system0))
 
 	waitProfile()
 	waitProfile = profile("idle.pprof", o.idle)
@@ -213,6 +214,7 @@ func run() error {
 
 	waitProfile = profile("unmount.pprof", o.profileFor)
 	defer waitProfile()
+	user0, system0, _ = cpuSplit(cmd.Process.Pid)
 	for name := range files {
 		if err := os.Remove(filepath.Join(manifests, name)); err != nil {
 			return err
@@ -222,7 +224,7 @@ func run() error {
 	if err := waitFor(o.timeout, func() bool { return countMounts(root) == 0 }); err != nil {
 		return fmt.Errorf("waiting for unmounts (%d left): %w", countMounts(root), err)
 	}
-	fmt.Printf("  unmounted: %.3f s after the manifests were deleted\n", time.Since(deleted).Seconds())
+	fmt.Printf("  unmounted: %.3f s after the manifests were deleted, %s\n", time.Since(deleted).Seconds(), cpuSince(cmd.Process.Pid, user0, system0))
 	if err := waitFor(o.timeout, func() bool {
 		entries, _ := os.ReadDir(filepath.Join(root, "pods"))
 		return len(entries) == 0
@@ -281,15 +283,27 @@ func waitFor(timeout time.Duration, cond func() bool) error {
 }
 
 func cpuSeconds(pid int) (float64, error) {
+	user, system, err := cpuSplit(pid)
+	return user + system, err
+}
+
+// cpuSplit is a process's CPU time in user space and in the kernel.
+func cpuSplit(pid int) (user, system float64, err error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// Fields after the command name (which may contain spaces).
 	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+2:]))
 	utime, _ := strconv.ParseFloat(fields[11], 64)
 	stime, _ := strconv.ParseFloat(fields[12], 64)
-	return (utime + stime) / 100, nil // USER_HZ is 100 on Linux
+	return utime / 100, stime / 100, nil // USER_HZ is 100 on Linux
+}
+
+// cpuSince formats the CPU a process used since (user0, system0).
+func cpuSince(pid int, user0, system0 float64) string {
+	user, system, _ := cpuSplit(pid)
+	return fmt.Sprintf("CPU %.2f s user + %.2f s kernel", user-user0, system-system0)
 }
 
 func rssKiB(pid int) (int, error) {
