@@ -20,6 +20,7 @@ build:
 
 # Run the agent in standalone mode on the bundled example manifests.
 run: build
+	$(GO) build -o bin/runtime-consumer ./examples/runtime-consumer
 	examples/run.sh
 
 # Every test: lint, unit, real-mount integration, CSI conformance, the
@@ -47,7 +48,7 @@ lint:
 # benchmark (500 pods x kube-api-access + configMap + secret against a real
 # API server; see docs/performance.md).
 bench: build tools
-	$(GO) test -run '^$$' -bench . -benchmem ./reconciler/ ./operations/ ./source/manifest/ ./internal/atomicdir/ ./ui/ ./ui/timeline/
+	$(GO) test -run '^$$' -bench . -benchmem ./reconciler/ ./operations/ ./source/manifest/ ./internal/atomicdir/ ./ui/ ./ui/timeline/ ./internal/subpath/ ./runtimeapi/server/
 	$(GO) build -o bin/bench ./test/bench
 	bin/bench -agent $(BIN) -pods 500 -volumes 4
 	bin/bench -agent $(BIN) -pods 1000 -volumes 4 -idle 5s

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/volume-agent/volume-agent/runtimeapi"
 )
 
 // Config is the agent's configuration; cmd/volume-agent fills it from flags.
@@ -55,6 +57,9 @@ type Config struct {
 
 	DebugAddress   string
 	MetricsAddress string
+	// RuntimeSocket is the runtime API's unix socket (default
+	// <root>/runtime.sock).
+	RuntimeSocket string
 
 	ResyncPeriod            time.Duration
 	OperationTimeout        time.Duration
@@ -94,6 +99,9 @@ func (c Config) complete() (Config, error) {
 	}
 	if c.ShutdownGracePeriod <= 0 {
 		c.ShutdownGracePeriod = 30 * time.Second
+	}
+	if c.RuntimeSocket == "" {
+		c.RuntimeSocket = runtimeapi.Socket(c.RootDir)
 	}
 	if c.PluginRegistryDir == "" {
 		c.PluginRegistryDir = filepath.Join(c.RootDir, "plugins_registry")

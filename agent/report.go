@@ -34,12 +34,17 @@ type reporter struct {
 
 // failureReasons maps operations to the event reason of their failure.
 var failureReasons = map[operations.Op]string{
-	operations.OpMountVolume:    events.FailedMount,
-	operations.OpMountDevice:    events.FailedMount,
-	operations.OpVerifyAttached: events.FailedAttachVolume,
-	operations.OpUnmountVolume:  events.FailedUnmount,
-	operations.OpUnmountDevice:  events.FailedUnmountDevice,
-	operations.OpExpandVolume:   events.VolumeResizeFailed,
+	operations.OpMountVolume:     events.FailedMount,
+	operations.OpPrepareSubPaths: events.FailedMount,
+	operations.OpMountDevice:     events.FailedMount,
+	operations.OpVerifyAttached:  events.FailedAttachVolume,
+	operations.OpUnmountVolume:   events.FailedUnmount,
+	operations.OpUnmountDevice:   events.FailedUnmountDevice,
+	operations.OpExpandVolume:    events.VolumeResizeFailed,
+	operations.OpMapDevice:       events.FailedMapVolume,
+	operations.OpMapVolume:       events.FailedMapVolume,
+	operations.OpUnmapVolume:     events.FailedUnmapDevice,
+	operations.OpUnmapDevice:     events.FailedUnmapDevice,
 }
 
 func (r *reporter) OperationFinished(key operations.Key, op *operations.Operation, took time.Duration, err error, retryIn time.Duration) {

@@ -57,6 +57,12 @@ type ActualPodMount struct {
 	MountPath       string     `json:"mountPath"`
 	State           MountState `json:"mountState"`
 	RemountRequired bool       `json:"remountRequired,omitempty"`
+	// SubPaths are the sub-paths prepared for the pod's containers, as
+	// they were wanted when prepared. SubPathsOutdated says the volume was
+	// set up again since: they are still in place but must be prepared
+	// again (a remounted volume may have new files).
+	SubPaths         []volume.SubPath `json:"subPaths,omitempty"`
+	SubPathsOutdated bool             `json:"subPathsOutdated,omitempty"`
 	// Reconstructed marks a mount found on disk after a restart and not yet
 	// matched with a pod that wants it; FoundMounted says whether a mount
 	// was in place when it was found.
@@ -233,6 +239,20 @@ func (a *ActualStateOfWorld) SetPodMount(id VolumeIdentity, m ActualPodMount) {
 		}
 		mm := m
 		v.Pods[m.Pod.UID] = &mm
+	})
+}
+
+// SetSubPaths records the sub-paths prepared for a pod's mount of a volume,
+// if the pod still has one.
+func (a *ActualStateOfWorld) SetSubPaths(name volume.UniqueName, pod types.UID, subPaths []volume.SubPath) {
+	a.update(VolumeIdentity{Name: name}, func(v *ActualVolume) {
+		m, ok := v.Pods[pod]
+		if !ok {
+			return
+		}
+		mm := *m
+		mm.SubPaths, mm.SubPathsOutdated = subPaths, false
+		v.Pods[pod] = &mm
 	})
 }
 

@@ -9,9 +9,9 @@
 # in a session of its own (setsid), so only this script gets it, and the
 # agent is stopped (SIGTERM) once every mount under its root is gone.
 #
-# EXAMPLE_BASE, EXAMPLE_DEBUG_ADDRESS, EXAMPLE_METRICS_ADDRESS and
-# VOLUME_AGENT_BIN override the directory, the addresses and the binary
-# (tests run it that way).
+# EXAMPLE_BASE, EXAMPLE_DEBUG_ADDRESS, EXAMPLE_METRICS_ADDRESS,
+# VOLUME_AGENT_BIN and RUNTIME_CONSUMER_BIN override the directory, the
+# addresses and the binaries (tests run it that way).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -19,6 +19,7 @@ base=${EXAMPLE_BASE:-/tmp/volume-agent-example}
 debug=${EXAMPLE_DEBUG_ADDRESS:-127.0.0.1:9808}
 metrics=${EXAMPLE_METRICS_ADDRESS:-127.0.0.1:9809}
 agent_bin=${VOLUME_AGENT_BIN:-$repo/bin/volume-agent}
+consumer_bin=${RUNTIME_CONSUMER_BIN:-$repo/bin/runtime-consumer}
 # How long the agent may take to unmount everything on Ctrl-C.
 stop_timeout=${EXAMPLE_STOP_TIMEOUT:-60}
 
@@ -28,6 +29,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 mkdir -p "$base/local/content" "$base/host"
 echo "<h1>served from a local PersistentVolume</h1>" >"$base/local/content/index.html"
+rm -f "$base/local/content/from-worker.txt"
 # The agent watches this copy; the demo tears down by emptying it.
 rm -rf "$base/manifests"
 mkdir -p "$base/manifests"
@@ -95,6 +97,10 @@ for f in "$base"/root/pods/*/volumes/kubernetes.io~configmap/config/app.conf \
 	"$base"/root/pods/*/volumes/kubernetes.io~downward-api/podinfo/labels; do
 	[ -e "$f" ] && { echo "  $f:"; sed 's/^/    /' "$f"; echo; }
 done
+# The pods' containers, run by an example container runtime that asks the
+# agent's runtime API (docs/runtime-api.md) where each volume is.
+echo "== containers (examples/runtime-consumer: each command in its own mount namespace, volumes from $base/root/runtime.sock)"
+"$consumer_bin" -socket "$base/root/runtime.sock" -manifests "$base/manifests" -timeout 5s 2>&1 | sed 's/^/  /' || true
 echo
 echo "Explore: open http://$debug/ in a browser, or run: bin/volume-agent status --address $debug [--watch] [--pod default/web]"
 echo "         curl http://$debug/debug/asw | /debug/operations | /debug/api-volumes | /debug/events ; curl http://$metrics/metrics"

@@ -133,7 +133,7 @@ func (p *opFakePlugin) TearDown(_ context.Context, req *plugins.TearDownRequest)
 	if err := p.record("TearDown", *req); err != nil {
 		return err
 	}
-	if err := os.Remove(req.Dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.RemoveAll(req.Dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	return nil

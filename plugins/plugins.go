@@ -213,6 +213,39 @@ type ReconstructedDevice struct {
 	Attached bool
 }
 
+// BlockMapper is implemented by plugins that can give pods a volume as a raw
+// block device (volumeMode Block, used in volumeDevices). Nothing is ever
+// formatted or mounted for such a volume: the device itself is what the pod
+// gets.
+//
+// The agent (not the plugin) pins the device under each pod's access point
+// after MapPodDevice and releases the pin before UnmapPodDevice.
+type BlockMapper interface {
+	// MapDevice prepares the device once per node for volumes whose
+	// Attributes are DeviceMountable (CSI: NodeStageVolume with the block
+	// capability into the staging directory req.DeviceMountPath).
+	MapDevice(ctx context.Context, req *DeviceRequest) error
+	// UnmapDevice undoes MapDevice once no pod has the device mapped.
+	UnmapDevice(ctx context.Context, req *DeviceRequest) error
+	// MapPodDevice places the block device at the access point req.Dir,
+	// a file path whose parent exists (see volume.Paths), so that stat(2)
+	// on it reports the device and opening it opens the device. It must be
+	// idempotent and must verify, when it runs, that what it places is a
+	// block device.
+	MapPodDevice(ctx context.Context, req *SetUpRequest) error
+	// UnmapPodDevice removes the access point req.Dir (unmounting it) and
+	// never touches the device's data. It must be idempotent.
+	UnmapPodDevice(ctx context.Context, req *TearDownRequest) error
+}
+
+// BlockReconstructor is implemented by BlockMappers whose access points can
+// be found on disk after a restart: given an entry of
+// <root>/pods/<uid>/volumeDevices/<plugin>/, it names the volume the way
+// the populator would (with Attributes.Block set).
+type BlockReconstructor interface {
+	ReconstructPodDevice(pod types.UID, specName, path string) (volume.UniqueName, volume.Attributes, error)
+}
+
 // SetUpWithoutMount is implemented by plugins some of whose volumes are set
 // up without a mount (an emptyDir on disk is just a directory): after a
 // restart such a directory is evidence enough that the volume is set up.

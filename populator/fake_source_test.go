@@ -180,6 +180,18 @@ func (c countingPlugin) Attributes(spec *volume.Spec) (volume.Attributes, error)
 	return c.Plugin.Attributes(spec)
 }
 
+// countingLocal is countingPlugin for the local plugin, keeping its optional
+// capabilities (raw block volumes).
+type countingLocal struct {
+	*local.Plugin
+	calls *atomic.Int64
+}
+
+func (c countingLocal) Attributes(spec *volume.Spec) (volume.Attributes, error) {
+	c.calls.Add(1)
+	return c.Plugin.Attributes(spec)
+}
+
 // testPlugins returns the real emptyDir, hostPath and local plugins, each
 // counting its Attributes calls in *calls.
 func testPlugins(t *testing.T, calls *atomic.Int64) *plugins.Registry {
@@ -191,7 +203,7 @@ func testPlugins(t *testing.T, calls *atomic.Int64) *plugins.Registry {
 	return plugins.NewRegistry(
 		countingPlugin{emptydir.New(host), calls},
 		countingPlugin{hostpath.New(host), calls},
-		countingPlugin{local.New(host), calls},
+		countingLocal{local.New(host), calls},
 	)
 }
 

@@ -195,6 +195,7 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 
 	var vols []cache.PodVolume
 	var unresolved []string
+	var mounts podContainers
 	if err := volume.ValidatePathElement(string(pod.UID)); err != nil {
 		next.errs = append(next.errs, &volume.PodVolumeError{Pod: info.PodRef, Reason: ReasonPodUIDUnusable, Err: err})
 	} else {
@@ -202,6 +203,7 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 		if p.opts.Pods != nil && (st == nil || st.pod != pod) {
 			p.opts.Pods.PodUpdated(pod, usedVolumes(pod, usage))
 		}
+		mounts = containerMounts(pod, node.Name)
 		for i := range pod.Spec.Volumes {
 			vol := &pod.Spec.Volumes[i]
 			use, used := usage[vol.Name]
@@ -211,25 +213,41 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 			pv, verr := r.resolve(pod, info, vol, use)
 			if verr == nil {
 				next.resolved[vol.Name] = pv
-				vols = append(vols, pv)
+				vols = append(vols, withSubPaths(pv, mounts.subPaths[vol.Name]))
 				continue
 			}
 			next.errs = append(next.errs, verr)
 			if old, ok := prev[vol.Name]; ok {
 				next.resolved[vol.Name] = old
-				vols = append(vols, old)
+				vols = append(vols, withSubPaths(old, mounts.subPaths[vol.Name]))
 			} else {
 				unresolved = append(unresolved, vol.Name)
 			}
 		}
 	}
+	next.errs = append(next.errs, mounts.errs...)
 	next.deps = r.deps
 	sort.Strings(unresolved)
 	next.notices = r.notices
 	p.reportNewErrors(st, next.errs)
 	p.reportNewNotices(st, next.notices)
 	p.state[pod.UID] = next
-	p.opts.DSW.SetPod(info, vols, next.errs, unresolved)
+	p.opts.DSW.SetPodWithContainers(info, vols, next.errs, unresolved, mounts.containers)
+}
+
+// withSubPaths gives a resolved volume the sub-paths the pod's containers
+// mount of it: read-only when the mount or the volume is, or when
+// containers get the volume read-only anyway.
+func withSubPaths(pv cache.PodVolume, subPaths []volume.SubPath) cache.PodVolume {
+	if len(subPaths) == 0 {
+		return pv
+	}
+	pv.SubPaths = make([]volume.SubPath, len(subPaths))
+	for i, s := range subPaths {
+		s.ReadOnly = s.ReadOnly || pv.Spec.ReadOnly || volume.ReadOnlyForContainers(pv.Plugin)
+		pv.SubPaths[i] = s
+	}
+	return pv
 }
 
 // depsUnchanged reports whether every object a pod's resolution read is

@@ -320,10 +320,10 @@ func (ix *indexed) desiredVolume(dp *cache.DesiredPod, dv *cache.DesiredVolume, 
 		v.State, v.Since, v.Reason = Uncertain, m.Since, "the last mount may have been left half done; it is retried"
 	case av != nil && av.DeviceState == cache.DeviceMountUncertain:
 		v.State, v.Reason = Uncertain, "the last device mount may have been left half done; it is retried"
-		v.Since = lastSuccess(history, operations.OpMountDevice, "", dv.Name, dpv.Since)
+		v.Since = lastSuccess(history, operations.ForMode(operations.OpMountDevice, dv.Attributes.Block), "", dv.Name, dpv.Since)
 	case av != nil && av.DeviceState == cache.DeviceGloballyMounted:
 		v.State = DeviceMounted
-		v.Since = lastSuccess(history, operations.OpMountDevice, "", dv.Name, dpv.Since)
+		v.Since = lastSuccess(history, operations.ForMode(operations.OpMountDevice, dv.Attributes.Block), "", dv.Name, dpv.Since)
 	case av != nil && av.AttachState == cache.Attached:
 		v.State = Attached
 		v.Since = lastSuccess(history, operations.OpVerifyAttached, "", dv.Name, dpv.Since)

@@ -35,6 +35,7 @@ type DSWVolume struct {
 	Name        string   `json:"name"`
 	Plugin      string   `json:"plugin"`
 	SpecName    string   `json:"specName"`
+	Mode        string   `json:"mode"`
 	PV          string   `json:"persistentVolume"`
 	DesiredSize string   `json:"desiredSize"`
 	Pods        []PodRef `json:"pods"`
@@ -81,6 +82,7 @@ type ASW struct {
 type ASWVolume struct {
 	Name             string   `json:"name"`
 	Plugin           string   `json:"plugin"`
+	Mode             string   `json:"mode"`
 	AttachState      string   `json:"attachState"`
 	DeviceMountState string   `json:"deviceMountState"`
 	DeviceMountPath  string   `json:"deviceMountPath"`

@@ -28,8 +28,9 @@ import (
 )
 
 var suite struct {
-	skip string
-	bin  string
+	skip     string
+	bin      string
+	consumer string // examples/runtime-consumer
 }
 
 func TestMain(m *testing.M) {
@@ -47,12 +48,12 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	bins, err := e2eutil.Build(context.Background(), dir, e2eutil.BuildOptions{})
+	bins, err := e2eutil.Build(context.Background(), dir, e2eutil.BuildOptions{RuntimeConsumer: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "building volume-agent:", err)
 		return 1
 	}
-	suite.bin = bins.AgentBin
+	suite.bin, suite.consumer = bins.AgentBin, bins.RuntimeConsumerBin
 	return m.Run()
 }
 
@@ -123,7 +124,7 @@ func TestCtrlCLeavesNothingBehind(t *testing.T) {
 
 	cmd := exec.Command("bash", filepath.Join(repo, "examples", "run.sh"))
 	cmd.Env = append(os.Environ(),
-		"EXAMPLE_BASE="+base, "VOLUME_AGENT_BIN="+suite.bin,
+		"EXAMPLE_BASE="+base, "VOLUME_AGENT_BIN="+suite.bin, "RUNTIME_CONSUMER_BIN="+suite.consumer,
 		"EXAMPLE_DEBUG_ADDRESS="+freePort(t), "EXAMPLE_METRICS_ADDRESS="+freePort(t),
 	)
 	out := output{path: filepath.Join(t.TempDir(), "run.sh.out")}
@@ -174,6 +175,30 @@ func TestCtrlCLeavesNothingBehind(t *testing.T) {
 		}
 		return nil
 	})
+	// What a new user sees: the example pods' containers (run by
+	// examples/runtime-consumer with their volumes from the runtime API)
+	// read their configMap, share the local volume, write to their
+	// emptyDirs; the pod without its claim does not start and says why.
+	for _, want := range []string{
+		"[default/configured/app] read its configMap: greeting=hello workers=4",
+		"[default/configured/app] one key through a subPath: greeting=hello",
+		"[default/web/web] content (local PV, read-only): <h1>served from a local PersistentVolume</h1>",
+		"[default/web/web] cannot write to the content: read-only, as asked",
+		"[default/web/web] wrote /scratch/greeting: hello from web (emptyDir on disk)",
+		"[default/web/web] the worker left in the shared volume: a note from the worker",
+		"[default/worker/worker] wrote /tmp/scratch on tmpfs (emptyDir medium Memory)",
+		"[default/web] all containers exited 0",
+		"[default/worker] all containers exited 0",
+		"[default/configured] all containers exited 0",
+		"[default/waiting-for-claim] not started: timed out after 5s: volumes not ready: data (PVCNotFound",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("run.sh's output lacks %q", want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(base, "host", "logs", "web", "access.log")); err != nil {
+		t.Errorf("the web pod's log in its hostPath sub-directory (subPathExpr): %v", err)
+	}
 	t.Logf("%d mounts under %s; pressing Ctrl-C", len(mounttest.MountsUnder(t, root)), root)
 
 	if err := syscall.Kill(-pgid, syscall.SIGINT); err != nil {
