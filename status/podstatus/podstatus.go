@@ -182,6 +182,9 @@ func (r *Reporter) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnaps
 		if _, ok := dsw.Pods[uid]; !ok {
 			delete(r.want, uid)
 			delete(r.written, uid)
+			// A pod that leaves while its patches fail would otherwise stay
+			// in the retry limiter's map for the agent's lifetime.
+			r.retry.Forget(uid)
 		}
 	}
 }
@@ -242,7 +245,18 @@ func (r *Reporter) processNext(ctx context.Context) bool {
 		if ctx.Err() != nil {
 			return true
 		}
-		delay := r.retry.When(uid)
+		// Under mu, so that a pod that left meanwhile (Reconciled forgot
+		// it) is not counted in the limiter again.
+		r.mu.Lock()
+		_, wanted := r.want[uid]
+		var delay time.Duration
+		if wanted {
+			delay = r.retry.When(uid)
+		}
+		r.mu.Unlock()
+		if !wanted {
+			return true
+		}
 		r.log.Warn("updating pod condition failed; will retry", zap.String("pod", pc.pod.String()),
 			zap.Duration("retryIn", delay), zap.Error(err))
 		r.clock.AfterFunc(delay, func() { r.enqueue(uid) })
