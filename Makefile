@@ -44,16 +44,19 @@ lint:
 	$(GO) run $(STATICCHECK) ./...
 
 # Planner and executor micro-benchmarks, then the end-to-end standalone
-# benchmark (500 pods x 4 Memory emptyDirs) and the cluster-mode API volumes
+# benchmark (500 pods x 4 Memory emptyDirs), the cluster-mode API volumes
 # benchmark (500 pods x kube-api-access + configMap + secret against a real
-# API server; see docs/performance.md).
+# API server) and the cluster-mode readiness benchmark (volumes mounted ->
+# VolumesReady condition True, 100 and 500 pods x 4 PVCs); see
+# docs/performance.md.
 bench: build tools
-	$(GO) test -run '^$$' -bench . -benchmem ./reconciler/ ./operations/ ./source/manifest/ ./internal/atomicdir/ ./ui/ ./ui/timeline/ ./internal/subpath/ ./runtimeapi/server/
+	$(GO) test -run '^$$' -bench . -benchmem ./reconciler/ ./operations/ ./source/manifest/ ./internal/atomicdir/ ./ui/ ./ui/timeline/ ./internal/subpath/ ./runtimeapi/server/ ./status/podstatus/
 	$(GO) build -o bin/bench ./test/bench
 	bin/bench -agent $(BIN) -pods 500 -volumes 4
 	bin/bench -agent $(BIN) -pods 1000 -volumes 4 -idle 5s
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500
-	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500 -kube-qps 50
+	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500 -node-credentials
+	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario readiness -agent $(BIN) -sizes 100,500 -volumes 4
 
 tools:
 	@test/tools/build.sh >/dev/null

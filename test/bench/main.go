@@ -80,7 +80,7 @@ func run() error {
 	flag.StringVar(&o.baseline, "baseline", "", "readiness: a second agent binary, run alternately with -agent")
 	flag.StringVar(&o.baselineArgs, "baseline-args", "", "readiness: more flags for the baseline agent")
 	flag.IntVar(&o.pods, "pods", 500, "pods")
-	flag.IntVar(&o.volumes, "volumes", 4, "Memory emptyDir volumes per pod")
+	flag.IntVar(&o.volumes, "volumes", 4, "volumes per pod: Memory emptyDirs (emptydir) or PVCs bound to local PVs (readiness)")
 	flag.DurationVar(&o.idle, "idle", 20*time.Second, "how long to measure idle CPU with everything mounted")
 	flag.StringVar(&o.rootFS, "root-fs", "loop", "where the agent's root dir lives: loop (own ext4 on a loop device) or host")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up after this long in any phase")

@@ -36,9 +36,9 @@ type ControlPlaneOptions struct {
 	Nodes []string
 	// APIServerArgs are added to kube-apiserver's flags (feature gates).
 	APIServerArgs []string
-	// ControllerManagerArgs are added to kube-controller-manager's flags
-	// (benchmarks raise its client rate limits to bind hundreds of claims).
-	ControllerManagerArgs []string
+	// Controllers replaces cluster.DefaultControllers (a benchmark binds
+	// thousands of claims itself, without the binder's resyncs).
+	Controllers []string
 }
 
 // ControlPlane is a running etcd, kube-apiserver and
@@ -77,7 +77,7 @@ func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (_ *ControlPl
 		return nil, err
 	}
 	c, err := cluster.Start(ctx, cluster.Options{ControllerManager: true, Dir: o.Dir, Nodes: o.Nodes, APIServerArgs: o.APIServerArgs,
-		ControllerManagerArgs: o.ControllerManagerArgs})
+		Controllers: o.Controllers})
 	if err != nil {
 		return nil, fmt.Errorf("starting the control plane: %w", err)
 	}
