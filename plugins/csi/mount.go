@@ -288,7 +288,7 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 		return fmt.Errorf("NodePublishVolume of %s (driver %s): %w", src.handle, src.driver, err)
 	}
 	if mountGroup == "" && applyFSGroup(policy, src) {
-		if err := plugins.ApplyFSGroup(req.Dir, req.Pod, src.readOnly); err != nil {
+		if err := plugins.ApplyFSGroup(ctx, req.Dir, req.Pod, src.readOnly); err != nil {
 			return volume.Uncertain(fmt.Errorf("applying fsGroup: %w", err))
 		}
 	}

@@ -49,10 +49,10 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 	}
 }
 
-func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
+func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	src := req.Spec.Volume.EmptyDir
 	if src.Medium != v1.StorageMediumMemory {
-		return setUpDir(req)
+		return setUpDir(ctx, req)
 	}
 	created, err := mountutil.EnsureDir(req.Dir, 0o777)
 	if err != nil {
@@ -71,20 +71,20 @@ func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
 			}
 		}
 	}
-	return plugins.ApplyFSGroup(req.Dir, req.Pod, false)
+	return plugins.ApplyFSGroup(ctx, req.Dir, req.Pod, false)
 }
 
 // setUpDir makes a disk emptyDir. A new one is prepared under a hidden name
 // (mode, fsGroup) and renamed into place, so a directory at the volume's
 // path is always completely set up: after a crash, finding it is proof
 // enough to adopt it without an operation.
-func setUpDir(req *plugins.SetUpRequest) error {
+func setUpDir(ctx context.Context, req *plugins.SetUpRequest) error {
 	if _, err := os.Lstat(req.Dir); err == nil {
 		// Set up before; applying the mode and group again is harmless.
 		if err := os.Chmod(req.Dir, 0o777); err != nil {
 			return err
 		}
-		return plugins.ApplyFSGroup(req.Dir, req.Pod, false)
+		return plugins.ApplyFSGroup(ctx, req.Dir, req.Pod, false)
 	}
 	tmp := filepath.Join(filepath.Dir(req.Dir), "."+filepath.Base(req.Dir)+".setup")
 	if _, err := mountutil.EnsureDir(tmp, 0o777); err != nil {
@@ -95,7 +95,7 @@ func setUpDir(req *plugins.SetUpRequest) error {
 	if err := os.Chmod(tmp, 0o777); err != nil {
 		return err
 	}
-	if err := plugins.ApplyFSGroup(tmp, req.Pod, false); err != nil {
+	if err := plugins.ApplyFSGroup(ctx, tmp, req.Pod, false); err != nil {
 		return err
 	}
 	return os.Rename(tmp, req.Dir)

@@ -147,7 +147,7 @@ func (p *Plugin) UnmountDevice(_ context.Context, req *plugins.DeviceRequest) er
 
 // SetUp bind-mounts the directory, or the device's global mount, into the
 // pod's volume directory.
-func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
+func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	source := p.host.HostPath(req.Spec.PV.Spec.Local.Path)
 	if req.DeviceMountPath != "" {
 		source = req.DeviceMountPath
@@ -166,7 +166,7 @@ func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
 	if err := p.host.Mounter.BindMount(source, req.Dir, mountutil.BindOptions{ReadOnly: readOnly, Flags: flags}); err != nil {
 		return err
 	}
-	if err := plugins.ApplyFSGroup(req.Dir, req.Pod, readOnly); err != nil {
+	if err := plugins.ApplyFSGroup(ctx, req.Dir, req.Pod, readOnly); err != nil {
 		// The mount is there; say so, so it is retried or torn down.
 		return volume.Uncertain(fmt.Errorf("applying fsGroup: %w", err))
 	}
