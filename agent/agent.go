@@ -25,6 +25,7 @@ import (
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/notify"
+	"github.com/volume-agent/volume-agent/internal/trash"
 	"github.com/volume-agent/volume-agent/localpv"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/plugins"
@@ -250,6 +251,31 @@ func (a *Agent) housekeeping(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsh
 	a.orphans.Set("housekeeping", reconciler.CleanPodDirs(a.paths, dsw, asw, a.mounter.IsMountPoint))
 }
 
+// emptyTrash finishes the removals an earlier run left in the trash (it
+// stopped half way), then looks again every resync period; what cannot be
+// removed (another mount inside) is reported as an orphan. It runs beside
+// the reconciler: a huge leftover tree never holds up volumes.
+func (a *Agent) emptyTrash(ctx context.Context) error {
+	period := a.cfg.ResyncPeriod
+	if period <= 0 {
+		period = time.Minute
+	}
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		var problems []reconciler.Problem
+		for _, l := range trash.Empty(ctx, a.paths.TrashDir()) {
+			problems = append(problems, reconciler.Problem{Path: l.Path, Reason: "cannot finish deleting it: " + l.Err.Error()})
+		}
+		a.orphans.Set("trash", problems)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
 // reconstruct rebuilds the actual state from disk before anything runs, so
 // the first plans see what is already mounted.
 func (a *Agent) reconstruct() error {
@@ -329,6 +355,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	servers := a.serve(l)
 	l.run("source", a.source.Run)
 	l.run("populator", untilDone(a.populator.Run))
+	l.run("trash", a.emptyTrash)
 	logDriverConfig(a.log, a.cfg.CSIDrivers, a.cfg.PluginRegistryDir)
 	a.csi.registerStatic(l.ctx, a.cfg.CSIDrivers)
 	a.csi.start(l, a.cfg.CSIDrivers, a.cfg.CSIProbePeriod)

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/safefs"
 )
 
 // Environment of cleanup commands. LOCAL_PV_BLKDEVICE is the name the
@@ -41,7 +42,7 @@ func (c *cleaner) clean(ctx context.Context, t target, class *Class) error {
 	ctx, cancel := context.WithTimeout(ctx, class.Timeout)
 	defer cancel()
 	if !t.Block {
-		return c.cleanDir(t)
+		return c.cleanDir(ctx, t)
 	}
 	p := (&hostProber{root: c.root, mounter: c.mounter}).probe(t.Path)
 	if p.Err != nil {
@@ -62,7 +63,7 @@ func (c *cleaner) clean(ctx context.Context, t target, class *Class) error {
 	return err
 }
 
-func (c *cleaner) cleanDir(t target) error {
+func (c *cleaner) cleanDir(ctx context.Context, t target) error {
 	dir := hostJoin(c.root, t.Path)
 	fi, err := os.Lstat(dir)
 	if err != nil {
@@ -80,7 +81,7 @@ func (c *cleaner) cleanDir(t target) error {
 	if !mp {
 		return fmt.Errorf("%s is no longer a mount point: not cleaning it", t.Path)
 	}
-	if err := mountutil.RemoveContents(dir); err != nil {
+	if err := safefs.RemoveContents(ctx, dir); err != nil {
 		return fmt.Errorf("removing the contents of %s: %w", t.Path, err)
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/safefs"
 )
 
 func script(t *testing.T, body string) string {
@@ -125,7 +126,7 @@ func TestCleanDir(t *testing.T) {
 	mounttest.WriteFile(t, filepath.Join(inner, "other"), "other")
 	mounttest.WriteFile(t, filepath.Join(disk, "mine"), "mine")
 	err := c.clean(context.Background(), tg, class)
-	if !errors.Is(err, mountutil.ErrMountPointInside) {
+	if !errors.Is(err, safefs.ErrMountPointInside) {
 		t.Fatalf("error %v", err)
 	}
 	if mounttest.ReadFile(t, filepath.Join(inner, "other")) != "other" {

@@ -48,7 +48,7 @@ func CleanPodDirs(paths volume.Paths, dsw *cache.DesiredSnapshot, asw *cache.Act
 		podDir := paths.PodDir(uid)
 		var left []string
 		for _, sub := range []string{"volumes", "volume-state"} {
-			left = append(left, removeEmptyTree(filepath.Join(podDir, sub), isMountPoint)...)
+			left = append(left, removeEmptyTree(filepath.Join(podDir, sub), layoutDepth, isMountPoint)...)
 		}
 		if err := unix.Rmdir(podDir); err == nil || errors.Is(err, unix.ENOENT) {
 			continue
@@ -69,10 +69,15 @@ func CleanPodDirs(paths volume.Paths, dsw *cache.DesiredSnapshot, asw *cache.Act
 	return problems
 }
 
+// layoutDepth is how deep the agent's own directories go below a pod's
+// volumes and volume-state directories (<plugin>/<volume>). Below that is a
+// volume's content, the pod's, which housekeeping never walks.
+const layoutDepth = 2
+
 // removeEmptyTree removes empty directories bottom-up below and including
-// dir, and returns the paths it had to leave (files, mount points, non-empty
-// directories).
-func removeEmptyTree(dir string, isMountPoint func(string) (bool, error)) []string {
+// dir, at most depth levels down, and returns the paths it had to leave
+// (files, mount points, non-empty directories).
+func removeEmptyTree(dir string, depth int, isMountPoint func(string) (bool, error)) []string {
 	info, err := os.Lstat(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -83,6 +88,12 @@ func removeEmptyTree(dir string, isMountPoint func(string) (bool, error)) []stri
 	if mounted, err := isMountPoint(dir); err != nil || mounted {
 		return []string{dir}
 	}
+	if depth == 0 {
+		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
+			return []string{dir}
+		}
+		return nil
+	}
 	atomicfile.RemoveTemps(dir)
 	children, err := os.ReadDir(dir)
 	if err != nil {
@@ -90,7 +101,7 @@ func removeEmptyTree(dir string, isMountPoint func(string) (bool, error)) []stri
 	}
 	var left []string
 	for _, c := range children {
-		left = append(left, removeEmptyTree(filepath.Join(dir, c.Name()), isMountPoint)...)
+		left = append(left, removeEmptyTree(filepath.Join(dir, c.Name()), depth-1, isMountPoint)...)
 	}
 	if len(left) == 0 {
 		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {

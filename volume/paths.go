@@ -19,6 +19,7 @@ import (
 //	<root>/plugins/<plugin~escaped>/mounts/<identity>/globalmount
 //	                                                           device (staging) mount of a shared volume
 //	<root>/plugins/<plugin~escaped>/mounts/<identity>/state.json
+//	<root>/trash/<entry>                                      a volume directory being deleted
 type Paths struct {
 	Root string
 }
@@ -29,6 +30,9 @@ func EscapePlugin(plugin string) string { return strings.ReplaceAll(plugin, "/",
 
 // UnescapePlugin reverses EscapePlugin.
 func UnescapePlugin(dir string) string { return strings.ReplaceAll(dir, "~", "/") }
+
+// TrashDir holds volume directories being deleted (see internal/trash).
+func (p Paths) TrashDir() string { return filepath.Join(p.Root, "trash") }
 
 // PodsDir holds one directory per pod.
 func (p Paths) PodsDir() string { return filepath.Join(p.Root, "pods") }

@@ -61,6 +61,8 @@ func TestMemoryHelperProcess(t *testing.T) {
 	before := procStatus(t, "VmRSS")
 	var err error
 	switch os.Getenv("SAFEFS_OP") {
+	case "remove":
+		err = safefs.RemoveAll(context.Background(), dir)
 	case "chgrp":
 		err = safefs.SetGroup(context.Background(), dir, safefs.Group{GID: 4242, FileBits: 0o660, DirBits: 0o2770})
 	}

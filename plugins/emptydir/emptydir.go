@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/trash"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -118,12 +119,15 @@ func tmpfsSize(src *v1.EmptyDirVolumeSource, pod volume.PodInfo) int64 {
 
 // TearDown unmounts a tmpfs (whatever the spec says: after a restart the spec
 // may be unknown) and deletes the directory and its contents, never crossing
-// into another mount and never following a symbolic link.
-func (p *Plugin) TearDown(_ context.Context, req *plugins.TearDownRequest) error {
+// into another mount and never following a symbolic link. A directory with
+// contents is moved into the trash first, so an agent stopped half way
+// never finds a half-deleted volume at the volume's path (where a pod with
+// the same UID would adopt it); it finishes the removal from the trash.
+func (p *Plugin) TearDown(ctx context.Context, req *plugins.TearDownRequest) error {
 	if err := p.host.Mounter.UnmountAll(req.Dir); err != nil {
 		return err
 	}
-	return mountutil.RemoveAll(req.Dir)
+	return trash.RemoveAll(ctx, p.host.Paths.TrashDir(), req.Dir, string(req.Pod.UID)+"-"+filepath.Base(req.Dir))
 }
 
 // ReconstructPodVolume implements plugins.Reconstructor.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/safefs"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/emptydir"
 	"github.com/volume-agent/volume-agent/volume"
@@ -251,7 +252,7 @@ func TestTearDownUnexpectedMountInside(t *testing.T) {
 				t.Fatal("TearDown succeeded with a mount inside the volume")
 			}
 			t.Logf("TearDown: %v", err)
-			if medium == v1.StorageMediumDefault && !errors.Is(err, mountutil.ErrMountPointInside) {
+			if medium == v1.StorageMediumDefault && !errors.Is(err, safefs.ErrMountPointInside) {
 				t.Errorf("error %v is not ErrMountPointInside", err)
 			}
 			if medium == v1.StorageMediumMemory && !errors.Is(err, syscall.EBUSY) {
