@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/safefs"
 )
@@ -29,7 +30,7 @@ const (
 
 // cleaner cleans one volume's disk.
 type cleaner struct {
-	root    string // host root
+	root    hostroot.Root
 	mounter *mountutil.Mounter
 }
 
@@ -64,7 +65,10 @@ func (c *cleaner) clean(ctx context.Context, t target, class *Class) error {
 }
 
 func (c *cleaner) cleanDir(ctx context.Context, t target) error {
-	dir := hostJoin(c.root, t.Path)
+	dir, err := c.root.ResolveParent(t.Path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", t.Path, err)
+	}
 	fi, err := os.Lstat(dir)
 	if err != nil {
 		return fmt.Errorf("%s: %w", t.Path, err)

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/safefs"
@@ -88,7 +89,7 @@ func TestCleanDir(t *testing.T) {
 	root := mounttest.TempDir(t)
 	disk := filepath.Join(root, "mnt", "disk")
 	must(t, os.MkdirAll(disk, 0o755))
-	c := &cleaner{root: root, mounter: mountutil.New()}
+	c := &cleaner{root: hostroot.New(root), mounter: mountutil.New()}
 	class := &Class{Name: "c", Timeout: time.Minute}
 	tg := target{PV: "pv", UID: "u", Class: "c", Path: "/mnt/disk"}
 
@@ -153,7 +154,7 @@ func TestCleanBlockDevice(t *testing.T) {
 	must(t, unix.Stat(dev, &st))
 	must(t, unix.Mknod(filepath.Join(root, "dev", "disk0"), unix.S_IFBLK|0o600, int(st.Rdev)))
 	must(t, os.Symlink("/dev/disk0", filepath.Join(disks, "d0")))
-	c := &cleaner{root: root, mounter: mountutil.New()}
+	c := &cleaner{root: hostroot.New(root), mounter: mountutil.New()}
 	tg := target{PV: "pv", UID: "u", Class: "raw", Path: "/disks/d0", Block: true}
 	ctx := context.Background()
 

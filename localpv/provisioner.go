@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/mountwatch"
@@ -177,8 +178,8 @@ func New(o Options) (*Provisioner, error) {
 		log:        o.Log,
 		wake:       notify.New(),
 		tracker:    newTracker(o.CleanupBackoff, o.CleanupMaxBackoff),
-		cleaner:    &cleaner{root: o.HostRoot, mounter: mounter},
-		prober:     &hostProber{root: o.HostRoot, mounter: mounter},
+		cleaner:    &cleaner{root: hostroot.New(o.HostRoot), mounter: mounter},
+		prober:     &hostProber{root: hostroot.New(o.HostRoot), mounter: mounter},
 		slots:      make(chan struct{}, o.MaxConcurrentCleanups),
 		seen:       map[string]seenEntry{},
 		recent:     map[string]recentCreate{},
@@ -467,7 +468,7 @@ func (p *Provisioner) pass(ctx context.Context, dw *dirWatcher) time.Time {
 	// the directory starts another pass.
 	var dirs []string
 	for _, name := range cfg.classNames() {
-		dirs = append(dirs, hostJoin(p.opts.HostRoot, cfg.Classes[name].DiscoveryDir))
+		dirs = append(dirs, p.discoveryDir(cfg.Classes[name]))
 	}
 	dw.set(dirs)
 	seenNow := map[string]bool{}
@@ -480,7 +481,7 @@ func (p *Provisioner) pass(ctx context.Context, dw *dirWatcher) time.Time {
 		} else {
 			in.Classes[name] = o.(*storagev1.StorageClass)
 		}
-		names, err := readDirNames(hostJoin(p.opts.HostRoot, c.DiscoveryDir))
+		names, err := readDirNames(p.discoveryDir(c))
 		if err != nil {
 			in.ClassErr[name] = fmt.Sprintf("discovery directory %s: %v", c.DiscoveryDir, unwrapPathError(err))
 			continue
@@ -788,4 +789,15 @@ func unwrapPathError(err error) string {
 		return strings.TrimSpace(pe.Err.Error())
 	}
 	return err.Error()
+}
+
+// discoveryDir is where a class's discovery directory is visible to the
+// agent, resolved within the host root.
+func (p *Provisioner) discoveryDir(c *Class) string {
+	dir, err := hostroot.New(p.opts.HostRoot).Resolve(c.DiscoveryDir)
+	if err != nil {
+		// Only a link loop: listing the unresolved path says so.
+		return filepath.Join(p.opts.HostRoot, c.DiscoveryDir)
+	}
+	return dir
 }

@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -29,18 +28,9 @@ type Host struct {
 	// HostRoot is where the node's root filesystem is visible to the agent:
 	// "/" when the agent runs on the host, e.g. "/host" in a container that
 	// mounts it there. Paths from pods and volumes (hostPath, local) are
-	// the node's paths and are looked up below it.
+	// the node's paths and are resolved within it (internal/hostroot).
 	HostRoot string
 	Log      *zap.Logger
-}
-
-// HostPath returns where the node's absolute path p is visible to the agent.
-// p must already be validated as absolute and free of "..".
-func (h Host) HostPath(p string) string {
-	if h.HostRoot == "" || h.HostRoot == "/" {
-		return p
-	}
-	return filepath.Join(h.HostRoot, p)
 }
 
 // Plugin handles one kind of volume.

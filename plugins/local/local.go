@@ -19,6 +19,7 @@ import (
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/volume"
@@ -31,7 +32,10 @@ const Name = "kubernetes.io/local-volume"
 const DefaultFSType = "ext4"
 
 // Plugin is the local volume plugin.
-type Plugin struct{ host plugins.Host }
+type Plugin struct {
+	host plugins.Host
+	root hostroot.Root
+}
 
 // The agent finds a plugin's capabilities by type assertion: these make a
 // changed signature fail the build instead of a volume at run time.
@@ -44,7 +48,7 @@ var (
 )
 
 // New returns the plugin.
-func New(host plugins.Host) *Plugin { return &Plugin{host: host} }
+func New(host plugins.Host) *Plugin { return &Plugin{host: host, root: hostroot.New(host.HostRoot)} }
 
 func (p *Plugin) Name() string { return Name }
 
@@ -68,7 +72,7 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 			return volume.Attributes{}, fmt.Errorf("local path %q of PV %s must not contain '..'", path, spec.PV.Name)
 		}
 	}
-	info, err := os.Stat(p.host.HostPath(path))
+	info, err := p.stat(path)
 	if err != nil {
 		return volume.Attributes{}, fmt.Errorf("local path of PV %s: %w", spec.PV.Name, err)
 	}
@@ -86,6 +90,24 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 	return attrs, nil
 }
 
+// stat looks at the node's path, resolved within the host root.
+func (p *Plugin) stat(path string) (os.FileInfo, error) {
+	f, err := p.root.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.Stat()
+}
+
+// device is where the node's device path is visible to the agent, every
+// link resolved within the host root (/dev/disk/by-id links are relative
+// to the node's /dev): a path, for the programs that format, check and
+// mount it.
+func (p *Plugin) device(spec *volume.Spec) (string, error) {
+	return p.root.Resolve(spec.PV.Spec.Local.Path)
+}
+
 // MountDevice formats the device if it is blank and mounts it at the global
 // path with the PV's mount options.
 func (p *Plugin) MountDevice(_ context.Context, req *plugins.DeviceRequest) error {
@@ -101,11 +123,15 @@ func (p *Plugin) MountDevice(_ context.Context, req *plugins.DeviceRequest) erro
 	if local.FSType != nil && *local.FSType != "" {
 		fsType = *local.FSType
 	}
+	device, err := p.device(req.Spec)
+	if err != nil {
+		return err
+	}
 	if req.DesiredSize != nil {
-		if err := deviceFits(p.host.HostPath(local.Path), *req.DesiredSize); err != nil {
+		if err := deviceFits(device, *req.DesiredSize); err != nil {
 			return err
 		}
-		grown, err := p.growOffline(p.host.HostPath(local.Path))
+		grown, err := p.growOffline(device)
 		if err != nil {
 			return err
 		}
@@ -114,7 +140,7 @@ func (p *Plugin) MountDevice(_ context.Context, req *plugins.DeviceRequest) erro
 			req.Resized = &size
 		}
 	}
-	if err := p.host.Mounter.FormatAndMount(p.host.HostPath(local.Path), req.DeviceMountPath, fsType, plugins.MountOptions(req.Spec)); err != nil {
+	if err := p.host.Mounter.FormatAndMount(device, req.DeviceMountPath, fsType, plugins.MountOptions(req.Spec)); err != nil {
 		// mount(8) may have been killed half way: the mount is uncertain
 		// only if something is now mounted there.
 		if mounted, _ := p.host.Mounter.IsMountPoint(req.DeviceMountPath); mounted {
@@ -146,11 +172,23 @@ func (p *Plugin) UnmountDevice(_ context.Context, req *plugins.DeviceRequest) er
 }
 
 // SetUp bind-mounts the directory, or the device's global mount, into the
-// pod's volume directory.
+// pod's volume directory. The directory is opened within the host root and
+// mounted from that descriptor: what was checked is what is mounted.
 func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
-	source := p.host.HostPath(req.Spec.PV.Spec.Local.Path)
-	if req.DeviceMountPath != "" {
-		source = req.DeviceMountPath
+	source := req.DeviceMountPath
+	if source == "" {
+		path := req.Spec.PV.Spec.Local.Path
+		dir, err := p.root.Open(path)
+		if err != nil {
+			return fmt.Errorf("local path of PV %s: %w", req.Spec.PV.Name, err)
+		}
+		defer dir.Close()
+		if info, err := dir.Stat(); err != nil {
+			return err
+		} else if !info.IsDir() {
+			return fmt.Errorf("local path %s of PV %s is not a directory (and the volume has no device mount)", path, req.Spec.PV.Name)
+		}
+		source = hostroot.FDPath(dir)
 	}
 	flags, readOnly, err := bindOptions(req)
 	if err != nil {
@@ -194,7 +232,10 @@ func (p *Plugin) Expand(_ context.Context, req *plugins.ExpandRequest) (*resourc
 	if req.DeviceMountPath == "" {
 		return nil, fmt.Errorf("local PV %s is a directory: %w", req.Spec.PV.Name, plugins.ErrExpansionNotSupported)
 	}
-	device := p.host.HostPath(req.Spec.PV.Spec.Local.Path)
+	device, err := p.device(req.Spec)
+	if err != nil {
+		return nil, err
+	}
 	if err := deviceFits(device, req.NewSize); err != nil {
 		return nil, err
 	}

@@ -531,3 +531,38 @@ func TestBlockDeviceReadOnlyMountOption(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// Under --host-root, the PV's directory is resolved as the node resolves
+// it: an absolute link in the path starts again at the host root, never in
+// the agent's own file system (where a directory of the same name would be
+// bind-mounted into the pod instead).
+func TestDirectoryThroughAnAbsoluteLinkOnTheHost(t *testing.T) {
+	f := newFixture(t)
+	f.plugin = local.New(plugins.Host{Paths: f.paths, Mounter: mountutil.New(), NodeName: "node", HostRoot: f.host, Log: zap.NewNop()})
+	agentOwn := "/volume-agent-test-disks-" + t.Name()
+	t.Cleanup(func() { _ = os.RemoveAll(agentOwn) })
+	if err := os.MkdirAll(filepath.Join(agentOwn, "d1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mounttest.WriteFile(t, filepath.Join(f.host, agentOwn, "d1", "host.txt"), "the node's disk")
+	if err := os.MkdirAll(filepath.Join(f.host, "mnt"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(agentOwn, filepath.Join(f.host, "mnt", "disks")); err != nil {
+		t.Fatal(err)
+	}
+	s := spec("pv-link", "/mnt/disks/d1", false)
+	p := pod("p1")
+	if err := f.setUp(s, p, ""); err != nil {
+		t.Fatal(err)
+	}
+	dir := f.podDir(s, p)
+	defer func() {
+		if err := f.tearDown(s, p); err != nil {
+			t.Error(err)
+		}
+	}()
+	if got, err := os.ReadFile(filepath.Join(dir, "host.txt")); err != nil || string(got) != "the node's disk" {
+		t.Errorf("the pod sees %q, %v; want the node's disk", got, err)
+	}
+}

@@ -210,7 +210,15 @@ func (m *Mounter) MountTmpfs(target string, o mountutil.TmpfsOptions) error {
 }
 
 // BindMount implements plugins.Mounter.
+// A source naming an open descriptor (/proc/self/fd/N, what plugins mount
+// from after resolving a node path safely) is recorded as the path it
+// holds, as mount(2) would resolve it.
 func (m *Mounter) BindMount(source, target string, o mountutil.BindOptions) error {
+	if strings.HasPrefix(source, "/proc/self/fd/") {
+		if p, err := os.Readlink(source); err == nil {
+			source = p
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.mountOn(Call{Op: "BindMount", Source: source, Target: target, Bind: o}, filepath.Clean(source))
