@@ -393,11 +393,12 @@ func (a *Agent) Run(ctx context.Context) error {
 // serve starts the HTTP endpoints; Run shuts them down last.
 func (a *Agent) serve(l *loops) []*http.Server {
 	var servers []*http.Server
+	limits := a.cfg.HTTP
 	start := func(name string, lis net.Listener, h http.Handler) {
-		s := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		s := newHTTPServer(h, limits)
 		servers = append(servers, s)
 		l.goUntilStopped(name, func() error {
-			if err := s.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			if err := s.Serve(limitListener(lis, limits)); !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
 			return nil

@@ -46,6 +46,8 @@ type Config struct {
 
 	DebugAddress   string
 	MetricsAddress string
+	// HTTP bounds what clients of both endpoints can make the agent hold.
+	HTTP HTTPLimits
 
 	ResyncPeriod            time.Duration
 	OperationTimeout        time.Duration
@@ -92,5 +94,6 @@ func (c Config) complete() (Config, error) {
 	if c.StatusWorkers <= 0 {
 		c.StatusWorkers = 4
 	}
+	c.HTTP = c.HTTP.withDefaults()
 	return c, nil
 }
