@@ -116,7 +116,10 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 		orphans: reconciler.NewOrphans(log.Named("orphans")),
 		mounter: mountutil.New(),
 	}
-	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot, Log: log.Named("plugins")}
+	// Plugins that learn about the host in the background (local PV paths)
+	// have the populator try again when an answer comes.
+	recheck := notify.New()
+	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot, Recheck: recheck.Notify, Log: log.Named("plugins")}
 	a.csi = newCSI(cfg, host, m, a.asw)
 	a.plugins = plugins.NewRegistry(emptydir.New(host), hostpath.New(host), local.New(host), a.csi.plugin)
 	a.executor = operations.NewExecutor(operations.ExecutorOptions{
@@ -127,7 +130,7 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	})
 	a.csi.retryOnChange(a.executor, wake)
 	a.podStatus = m.podStatus(a.executor, log)
-	a.populator = a.newPopulator(wake)
+	a.populator = a.newPopulator(wake, recheck)
 	a.reconciler = a.newReconciler(wake)
 	if cfg.LocalVolumesConfig != "" {
 		var err error
@@ -139,7 +142,7 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	return a, nil
 }
 
-func (a *Agent) newPopulator(wake *notify.Signal) *populator.Populator {
+func (a *Agent) newPopulator(wake, recheck *notify.Signal) *populator.Populator {
 	return populator.New(populator.Options{
 		Source:       a.source,
 		DSW:          a.dsw,
@@ -147,6 +150,7 @@ func (a *Agent) newPopulator(wake *notify.Signal) *populator.Populator {
 		Node:         a.mode.node,
 		IsTerminated: a.mode.isTerminated,
 		ResyncPeriod: a.cfg.ResyncPeriod,
+		Recheck:      recheck.C(),
 		Events:       a.events,
 		// Every populator pass wakes the reconciler: the first one makes
 		// the sources ready (adoption, orphan cleanup) and a later one may

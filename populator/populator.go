@@ -13,6 +13,7 @@ package populator
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"sort"
@@ -54,10 +55,14 @@ type Options struct {
 	// ResyncPeriod re-resolves every pod even without a change signal
 	// (default 1m): host state plugins look at (paths) can change unseen.
 	ResyncPeriod time.Duration
-	Events       events.Recorder
-	Observer     Observer
-	Clock        clock.WithTicker
-	Log          *zap.Logger
+	// Recheck signals that an answer a plugin's Attributes waited for
+	// (plugins.ErrNotReady) came: the pods waiting for it are resolved
+	// again. Nil: never.
+	Recheck  <-chan struct{}
+	Events   events.Recorder
+	Observer Observer
+	Clock    clock.WithTicker
+	Log      *zap.Logger
 }
 
 // Populator fills the DSW from a Source.
@@ -81,6 +86,9 @@ type podState struct {
 	resolved map[string]cache.PodVolume
 	errs     []*volume.PodVolumeError
 	notices  []notice
+	// pending: a plugin could not answer yet (plugins.ErrNotReady); the
+	// pod is resolved again on the next pass whatever changed.
+	pending bool
 }
 
 // New returns a Populator.
@@ -118,6 +126,10 @@ func (p *Populator) Run(ctx context.Context) {
 		case <-p.opts.Source.Changed():
 			p.Sync(false)
 		case <-resync.C():
+			p.Sync(true)
+		case <-p.opts.Recheck:
+			// An answer about the host came or changed: resolve again
+			// whoever it may concern (no filesystem is touched).
 			p.Sync(true)
 		}
 	}
@@ -167,7 +179,7 @@ func (p *Populator) Sync(force bool) {
 
 func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 	st := p.state[pod.UID]
-	if st != nil && !force && st.pod == pod && p.depsUnchanged(st.deps) {
+	if st != nil && !force && !st.pending && st.pod == pod && p.depsUnchanged(st.deps) {
 		return
 	}
 	info := podInfo(pod)
@@ -196,7 +208,13 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 				vols = append(vols, pv)
 				continue
 			}
-			next.errs = append(next.errs, verr)
+			if errors.Is(verr, plugins.ErrNotReady) {
+				// Not the pod's problem, and the answer comes without
+				// it doing anything: not reported, tried again then.
+				next.pending = true
+			} else {
+				next.errs = append(next.errs, verr)
+			}
 			if old, ok := prev[vol.Name]; ok {
 				next.resolved[vol.Name] = old
 				vols = append(vols, old)

@@ -34,6 +34,7 @@ import (
 	"github.com/volume-agent/volume-agent/plugins/emptydir"
 	"github.com/volume-agent/volume-agent/plugins/hostpath"
 	"github.com/volume-agent/volume-agent/plugins/local"
+	"github.com/volume-agent/volume-agent/plugins/pluginstest"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -136,7 +137,7 @@ func (w *rcWorld) populatorName(uid types.UID, spec *volume.Spec) (volume.Unique
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	attrs, err := p.Attributes(spec)
+	attrs, err := pluginstest.Attributes(w.t, p, spec)
 	if err != nil {
 		w.t.Fatalf("attributes of %s: %v", spec.Name, err)
 	}

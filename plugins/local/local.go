@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/pathcheck"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -35,6 +37,9 @@ const DefaultFSType = "ext4"
 type Plugin struct {
 	host plugins.Host
 	root hostroot.Root
+	// paths answers Attributes' question (directory or block device?)
+	// without it waiting on the disk.
+	paths *pathcheck.Checker
 }
 
 // The agent finds a plugin's capabilities by type assertion: these make a
@@ -48,7 +53,26 @@ var (
 )
 
 // New returns the plugin.
-func New(host plugins.Host) *Plugin { return &Plugin{host: host, root: hostroot.New(host.HostRoot)} }
+func New(host plugins.Host) *Plugin { return NewWithOptions(host, pathcheck.Options{}) }
+
+// NewWithOptions is New with the path checker's options (timeouts), for
+// tests; Changed defaults to host.Recheck.
+func NewWithOptions(host plugins.Host, checks pathcheck.Options) *Plugin {
+	p := &Plugin{host: host, root: hostroot.New(host.HostRoot)}
+	if checks.Changed == nil {
+		checks.Changed = host.Recheck
+	}
+	p.paths = pathcheck.New(p.statType, checks)
+	return p
+}
+
+func (p *Plugin) statType(path string) (fs.FileMode, error) {
+	fi, err := p.stat(path)
+	if err != nil {
+		return 0, err
+	}
+	return fi.Mode(), nil
+}
 
 func (p *Plugin) Name() string { return Name }
 
@@ -58,7 +82,9 @@ func (p *Plugin) CanSupport(spec *volume.Spec) bool {
 
 // Attributes names the volume by its PV (shared by every pod using it) and
 // looks at the path: a block device needs a device mount, a directory does
-// not.
+// not. It never waits on the disk: the path is looked at in the background
+// (ErrNotReady until the first answer; an error if the disk does not answer
+// in time) and the answer kept, refreshed in the background every minute.
 func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 	path := spec.PV.Spec.Local.Path
 	if !filepath.IsAbs(path) {
@@ -72,15 +98,18 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 			return volume.Attributes{}, fmt.Errorf("local path %q of PV %s must not contain '..'", path, spec.PV.Name)
 		}
 	}
-	info, err := p.stat(path)
+	typ, err := p.paths.Type(path)
+	if errors.Is(err, pathcheck.ErrPending) {
+		return volume.Attributes{}, fmt.Errorf("local path %s of PV %s: %w", path, spec.PV.Name, plugins.ErrNotReady)
+	}
 	if err != nil {
 		return volume.Attributes{}, fmt.Errorf("local path of PV %s: %w", spec.PV.Name, err)
 	}
 	attrs := volume.Attributes{Identity: spec.PV.Name}
 	switch {
-	case info.Mode().Type() == os.ModeDevice:
+	case typ == os.ModeDevice:
 		attrs.DeviceMountable = true
-	case info.IsDir():
+	case typ.IsDir():
 	default:
 		return volume.Attributes{}, fmt.Errorf("local path %s of PV %s is neither a directory nor a block device", path, spec.PV.Name)
 	}

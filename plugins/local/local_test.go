@@ -19,6 +19,7 @@ import (
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/local"
+	"github.com/volume-agent/volume-agent/plugins/pluginstest"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -74,7 +75,7 @@ func (f *fixture) globalPath(s *volume.Spec) string {
 
 func (f *fixture) attributes(t *testing.T, s *volume.Spec) volume.Attributes {
 	t.Helper()
-	a, err := f.plugin.Attributes(s)
+	a, err := pluginstest.Attributes(t, f.plugin, s)
 	if err != nil {
 		t.Fatalf("Attributes: %v", err)
 	}
@@ -248,7 +249,7 @@ func TestDirectoryUnsupportedMountOption(t *testing.T) {
 	src := f.hostDir(t)
 	for _, opts := range [][]string{{"discard"}, {"noexec", "nfsvers=4"}, {"size=1m"}} {
 		s := spec("pv-dir", src, false, mountOptions(opts...))
-		_, err := f.plugin.Attributes(s)
+		_, err := pluginstest.Attributes(t, f.plugin, s)
 		if err == nil {
 			t.Errorf("Attributes accepted mount options %v", opts)
 			continue
@@ -276,7 +277,7 @@ func TestAttributesInvalid(t *testing.T) {
 		spec("pv", file, false),
 		spec("pv", "/dev/null", false),
 	} {
-		if _, err := f.plugin.Attributes(s); err == nil || !strings.Contains(err.Error(), "pv") {
+		if _, err := pluginstest.Attributes(t, f.plugin, s); err == nil || !strings.Contains(err.Error(), "pv") {
 			t.Errorf("Attributes(%s) = %v, want an error naming the PV", s.PV.Spec.Local.Path, err)
 		}
 	}
