@@ -119,7 +119,8 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	// Plugins that learn about the host in the background (local PV paths)
 	// have the populator try again when an answer comes.
 	recheck := notify.New()
-	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot, Recheck: recheck.Notify, Log: log.Named("plugins")}
+	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot,
+		NodeMemory: m.nodeMemory, Recheck: recheck.Notify, Log: log.Named("plugins")}
 	a.csi = newCSI(cfg, host, m, a.asw)
 	a.plugins = plugins.NewRegistry(emptydir.New(host), hostpath.New(host), local.New(host), a.csi.plugin)
 	a.executor = operations.NewExecutor(operations.ExecutorOptions{

@@ -30,6 +30,10 @@ type Host struct {
 	// mounts it there. Paths from pods and volumes (hostPath, local) are
 	// the node's paths and are resolved within it (internal/hostroot).
 	HostRoot string
+	// NodeMemory returns the node's allocatable memory in bytes (0:
+	// unknown): what a memory-backed volume may hold at most, as the
+	// kubelet sizes them. Nil: unknown.
+	NodeMemory func() int64
 	// Recheck asks the populator to resolve again the volumes whose
 	// Attributes returned ErrNotReady: the answer they waited for came.
 	// Nil when nothing waits.

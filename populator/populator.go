@@ -25,6 +25,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
+	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/utils/clock"
 
 	"github.com/volume-agent/volume-agent/cache"
@@ -321,25 +322,26 @@ func podInfo(pod *v1.Pod) volume.PodInfo {
 	return info
 }
 
-// memoryLimit is the pod's memory limit: the pod-level limit if set, else
-// the sum of its containers' limits when every container has one (a
-// container without a limit makes the pod unlimited).
+// memoryLimit is the pod's memory limit as the kubelet computes it for the
+// pod's cgroup (and from it the size of Memory emptyDirs): containers and
+// sidecars summed, the largest init container if larger, a pod-level limit
+// instead when set, plus the pod's overhead; nil when a container (or init
+// container) has no memory limit and there is no pod-level one.
 func memoryLimit(pod *v1.Pod) *resource.Quantity {
-	if pod.Spec.Resources != nil {
-		if q, ok := pod.Spec.Resources.Limits[v1.ResourceMemory]; ok {
-			return &q
-		}
+	declared := true
+	limits := resourcehelper.PodLimits(pod, resourcehelper.PodResourcesOptions{
+		ContainerFn: func(res v1.ResourceList, _ resourcehelper.ContainerType) {
+			if res.Memory().IsZero() {
+				declared = false
+			}
+		},
+	})
+	if resourcehelper.IsPodLevelResourcesSet(pod) && !pod.Spec.Resources.Limits.Memory().IsZero() {
+		declared = true
 	}
-	if len(pod.Spec.Containers) == 0 {
+	q, ok := limits[v1.ResourceMemory]
+	if !declared || !ok || q.IsZero() {
 		return nil
 	}
-	var sum resource.Quantity
-	for i := range pod.Spec.Containers {
-		q, ok := pod.Spec.Containers[i].Resources.Limits[v1.ResourceMemory]
-		if !ok {
-			return nil
-		}
-		sum.Add(q)
-	}
-	return &sum
+	return &q
 }

@@ -67,7 +67,7 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 			}
 		}
 		if !mounted {
-			if err := p.host.Mounter.MountTmpfs(req.Dir, mountutil.TmpfsOptions{SizeBytes: tmpfsSize(src, req.Pod), Mode: 0o777}); err != nil {
+			if err := p.host.Mounter.MountTmpfs(req.Dir, mountutil.TmpfsOptions{SizeBytes: p.tmpfsSize(src, req.Pod), Mode: 0o777}); err != nil {
 				return err
 			}
 		}
@@ -102,19 +102,30 @@ func setUpDir(ctx context.Context, req *plugins.SetUpRequest) error {
 	return os.Rename(tmp, req.Dir)
 }
 
-// tmpfsSize is sizeLimit when set, else the pod's memory limit, else 0 (the
-// kernel's default): a memory-backed volume counts against the pod's memory.
-func tmpfsSize(src *v1.EmptyDirVolumeSource, pod volume.PodInfo) int64 {
+// tmpfsSize sizes a Memory emptyDir as the kubelet does: the node's
+// allocatable memory, lowered to the pod's memory limit and then to
+// sizeLimit, each where set and smaller. A memory-backed volume counts
+// against the pod's memory, and no pod can use more than the node has for
+// pods: without a size the kernel would allow half the node's RAM to a
+// pod with no limit at all. 0 (the kernel's default) only when nothing is
+// known.
+func (p *Plugin) tmpfsSize(src *v1.EmptyDirVolumeSource, pod volume.PodInfo) int64 {
 	size := int64(0)
-	if src.SizeLimit != nil && src.SizeLimit.Sign() > 0 {
-		size = src.SizeLimit.Value()
+	if p.host.NodeMemory != nil {
+		size = p.host.NodeMemory()
 	}
-	if pod.MemoryLimit != nil && pod.MemoryLimit.Sign() > 0 {
-		if limit := pod.MemoryLimit.Value(); size == 0 || limit < size {
+	lower := func(limit int64) {
+		if limit > 0 && (size <= 0 || limit < size) {
 			size = limit
 		}
 	}
-	return size
+	if pod.MemoryLimit != nil {
+		lower(pod.MemoryLimit.Value())
+	}
+	if src.SizeLimit != nil {
+		lower(src.SizeLimit.Value())
+	}
+	return max(size, 0)
 }
 
 // TearDown unmounts a tmpfs (whatever the spec says: after a restart the spec
