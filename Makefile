@@ -17,12 +17,14 @@ build:
 
 # Run the agent in standalone mode on the bundled example manifests.
 run: build
+	$(GO) build -o bin/runtime-consumer ./examples/runtime-consumer
 	examples/run.sh
 
-# Every test: lint, unit, real-mount integration, CSI conformance, and the
-# end-to-end suites against a real etcd + kube-apiserver.
+# Every test: lint, unit, real-mount integration, CSI conformance, the
+# end-to-end suites against a real etcd + kube-apiserver, and the operator
+# page in headless Chromium (required here: .ci/run installs it).
 test: lint tools
-	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) $(GO) test -race -timeout 30m ./...
+	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) VOLUME_AGENT_REQUIRE_BROWSER=1 $(GO) test -race -timeout 30m ./...
 
 # Tests that need neither root nor a control plane.
 unit:
@@ -39,12 +41,16 @@ lint:
 	$(GO) run $(STATICCHECK) ./...
 
 # Planner and executor micro-benchmarks, then the end-to-end standalone
-# benchmark (500 pods x 4 Memory emptyDirs; see docs/performance.md).
-bench: build
-	$(GO) test -run '^$$' -bench . -benchmem ./reconciler/ ./operations/ ./source/manifest/
+# benchmark (500 pods x 4 Memory emptyDirs) and the cluster-mode API volumes
+# benchmark (500 pods x kube-api-access + configMap + secret against a real
+# API server; see docs/performance.md).
+bench: build tools
+	$(GO) test -run '^$$' -bench . -benchmem ./reconciler/ ./operations/ ./source/manifest/ ./internal/atomicdir/ ./ui/ ./ui/timeline/ ./internal/subpath/ ./runtimeapi/server/
 	$(GO) build -o bin/bench ./test/bench
 	bin/bench -agent $(BIN) -pods 500 -volumes 4
 	bin/bench -agent $(BIN) -pods 1000 -volumes 4 -idle 5s
+	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500
+	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500 -kube-qps 50
 
 tools:
 	@test/tools/build.sh >/dev/null

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/internal/blockpin"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/notify"
@@ -34,9 +35,13 @@ import (
 	"github.com/volume-agent/volume-agent/plugins/local"
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/reconciler"
+	"github.com/volume-agent/volume-agent/refresh"
+	runtimeserver "github.com/volume-agent/volume-agent/runtimeapi/server"
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/status/podstatus"
+	"github.com/volume-agent/volume-agent/ui"
+	"github.com/volume-agent/volume-agent/ui/timeline"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -56,11 +61,17 @@ type Agent struct {
 	trimmer    *memoryTrimmer
 	podStatus  *podstatus.Reporter
 	csi        *csiParts
+	api        *apiVolumes
 	localPV    *localpv.Provisioner
 	orphans    *reconciler.Orphans
+	history    *timeline.Ring
+	page       *ui.Server
 	paths      volume.Paths
 	plugins    *plugins.Registry
 	mounter    *mountutil.Mounter
+	// pins keeps raw block devices open under pods' access points.
+	pins       *blockpin.Loops
+	runtimeAPI *runtimeserver.Server
 
 	debugListener   net.Listener
 	metricsListener net.Listener
@@ -95,6 +106,10 @@ func New(cfg Config) (_ *Agent, err error) {
 		a.closeListeners()
 		return nil, fmt.Errorf("metrics endpoint: %w", err)
 	}
+	if err := a.runtimeAPI.Listen(); err != nil {
+		a.closeListeners()
+		return nil, fmt.Errorf("runtime API: %w", err)
+	}
 	return a, nil
 }
 
@@ -114,7 +129,8 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 		metrics: NewMetrics(),
 		trimmer: &memoryTrimmer{},
 		orphans: reconciler.NewOrphans(log.Named("orphans")),
-		mounter: mountutil.New(),
+		history: timeline.New(timeline.Options{}),
+		mounter: mountutil.New(), pins: &blockpin.Loops{},
 	}
 	// Plugins that learn about the host in the background (local PV paths)
 	// have the populator try again when an answer comes.
@@ -122,16 +138,26 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot,
 		NodeMemory: m.nodeMemory, Recheck: recheck.Notify, Log: log.Named("plugins")}
 	a.csi = newCSI(cfg, host, m, a.asw)
-	a.plugins = plugins.NewRegistry(emptydir.New(host), hostpath.New(host), local.New(host), a.csi.plugin)
+	// The refresher acts on the executor, which is built after the
+	// plugins: it reaches it through a.
+	a.api = newAPIVolumes(cfg, host, m, apiVolumeDeps{
+		marker: a.asw, retrier: func() refresh.Retrier { return a.executor }, wake: wake,
+	})
+	a.plugins = plugins.NewRegistry(append([]plugins.Plugin{emptydir.New(host), hostpath.New(host), local.New(host), a.csi.plugin}, a.api.plugins...)...)
 	a.executor = operations.NewExecutor(operations.ExecutorOptions{
 		MaxConcurrent: cfg.MaxConcurrentOperations,
 		Timeout:       cfg.OperationTimeout,
-		Observer:      &reporter{log: log.Named("operations"), events: a.events, metrics: a.metrics, trimmer: a.trimmer},
+		Observer:      &reporter{log: log.Named("operations"), events: a.events, metrics: a.metrics, trimmer: a.trimmer, history: a.history},
 		OnStateChange: wake.Notify,
 	})
 	a.csi.retryOnChange(a.executor, wake)
 	a.podStatus = m.podStatus(a.executor, log)
+	a.runtimeAPI = runtimeserver.New(runtimeserver.Options{
+		Socket: cfg.RuntimeSocket, Paths: paths, Errors: a.executor, Log: log.Named("runtimeapi"),
+		Snapshots: func() (*cache.DesiredSnapshot, *cache.ActualSnapshot) { return a.dsw.Snapshot(), a.asw.Snapshot() },
+	})
 	a.populator = a.newPopulator(wake, recheck)
+	a.page = a.newPage()
 	a.reconciler = a.newReconciler(wake)
 	if cfg.LocalVolumesConfig != "" {
 		var err error
@@ -153,6 +179,7 @@ func (a *Agent) newPopulator(wake, recheck *notify.Signal) *populator.Populator 
 		ResyncPeriod: a.cfg.ResyncPeriod,
 		Recheck:      recheck.C(),
 		Events:       a.events,
+		Pods:         a.api.refresh,
 		// Every populator pass wakes the reconciler: the first one makes
 		// the sources ready (adoption, orphan cleanup) and a later one may
 		// make them complete, without changing the DSW when no pod wants
@@ -163,7 +190,8 @@ func (a *Agent) newPopulator(wake, recheck *notify.Signal) *populator.Populator 
 }
 
 func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
-	observer := multiObserver{a.metrics, a.trimmer}
+	// Every pass wakes the runtime API's waiters.
+	observer := multiObserver{a.metrics, a.trimmer, pageTrigger{a.page}, a.runtimeAPI}
 	if a.podStatus != nil {
 		observer = append(observer, a.podStatus)
 	}
@@ -172,7 +200,7 @@ func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
 	}
 	operator := &operations.Operator{
 		Plugins: a.plugins, ASW: a.asw, DSW: a.dsw, Paths: a.paths, Log: a.log.Named("operations"),
-		Claims: a.mode.claims(), Events: a.events,
+		Claims: a.mode.claims(), Events: a.events, Refresh: a.api.refresh, Pins: a.pins,
 	}
 	handler := &reconciler.OperatorHandler{Operator: operator}
 	return reconciler.New(reconciler.Options{
@@ -196,6 +224,7 @@ func (a *Agent) registerMetrics() {
 		Namespace: namespace, Name: "orphans",
 		Help: "Things left on disk the agent cannot clean or account for (see /debug/orphans).",
 	}, func() float64 { return float64(len(a.orphans.List())) }))
+	a.metrics.Registry.MustRegister(a.api.collectors()...)
 	if a.mode.cluster != nil {
 		kubeclient.RegisterMetrics(a.metrics.Registry)
 	}
@@ -217,7 +246,11 @@ func (a *Agent) closeListeners() {
 			l.Close()
 		}
 	}
+	_ = a.runtimeAPI.Shutdown(context.Background())
 }
+
+// RuntimeSocket is the runtime API's socket.
+func (a *Agent) RuntimeSocket() string { return a.cfg.RuntimeSocket }
 
 // DebugAddress is where the debug endpoint listens ("" if disabled).
 func (a *Agent) DebugAddress() string { return addrOf(a.debugListener) }
@@ -285,10 +318,17 @@ func (a *Agent) emptyTrash(ctx context.Context) error {
 // the first plans see what is already mounted.
 func (a *Agent) reconstruct() error {
 	start := time.Now()
-	r, err := reconciler.Reconstruct(a.paths, a.plugins, a.mounter.IsMountPoint)
+	pins, err := a.pins.Snapshot()
+	if err != nil {
+		return fmt.Errorf("listing the pins of raw block volumes: %w", err)
+	}
+	r, err := reconciler.Reconstruct(a.paths, a.plugins, a.mounter.IsMountPoint, func(path string) (bool, error) {
+		return a.blockMapped(pins, path)
+	})
 	if err != nil {
 		return fmt.Errorf("reconstructing state from %s: %w", a.paths.Root, err)
 	}
+	a.sweepPins(r)
 	a.asw.AddReconstructed(r.Volumes)
 	a.orphans.Set("reconstruction", r.Problems)
 	pods, devices := 0, 0
@@ -303,6 +343,40 @@ func (a *Agent) reconstruct() error {
 		zap.Int("podVolumes", pods), zap.Int("deviceMounts", devices), zap.Int("problems", len(r.Problems)),
 		zap.Duration("took", time.Since(start)))
 	return nil
+}
+
+// blockMapped reports whether a raw block volume's access point holds a
+// pinned block device: evidence enough, after a restart, that it is mapped.
+func (a *Agent) blockMapped(pins *blockpin.Snapshot, path string) (bool, error) {
+	if mounted, err := a.mounter.IsMountPoint(path); err != nil || !mounted {
+		// A driver may make a device node rather than a mount.
+		if info, serr := os.Lstat(path); serr != nil || info.Mode().Type() != os.ModeDevice {
+			return false, err
+		}
+	}
+	return pins.Pinned(path)
+}
+
+// sweepPins releases pins below the pods directory that no reconstructed
+// access point accounts for (a pin always sits on an access point, so this
+// finds nothing unless something else removed one).
+func (a *Agent) sweepPins(r *reconciler.Reconstruction) {
+	known := map[string]bool{}
+	for _, v := range r.Volumes {
+		if !v.Attributes.Block {
+			continue
+		}
+		for _, m := range v.Pods {
+			known[m.MountPath] = true
+		}
+	}
+	released, err := a.pins.Sweep(a.paths.PodsDir(), func(p string) bool { return known[p] })
+	if err != nil {
+		a.log.Warn("cannot release pins of access points no volume accounts for", zap.Error(err))
+	}
+	for _, p := range released {
+		a.log.Warn("released the pin of an access point no volume accounts for", zap.String("path", p))
+	}
 }
 
 // populatedTrigger is the populator's observer: the metrics, and a
@@ -368,6 +442,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		l.run("local volume provisioner", a.localPV.Run)
 	}
 	l.run("reconciler", untilDone(a.reconciler.Run))
+	l.run("volume refresh", untilDone(a.api.refresh.Run))
+	// Per-object watches start and stop with the pods that reference
+	// them; whatever is still watched stops with the agent.
+	l.run("object watches", untilDone(func(ctx context.Context) { <-ctx.Done(); a.api.stop() }))
+	l.run("page", untilDone(a.page.Run))
 	if a.podStatus != nil {
 		l.run("pod status", untilDone(func(ctx context.Context) { a.podStatus.Run(ctx, a.cfg.StatusWorkers) }))
 	}
@@ -395,9 +474,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
-// serve starts the HTTP endpoints; Run shuts them down last.
-func (a *Agent) serve(l *loops) []*http.Server {
-	var servers []*http.Server
+// shutdowner is a server Run shuts down last.
+type shutdowner interface {
+	Shutdown(ctx context.Context) error
+}
+
+// serve starts the HTTP endpoints and the runtime API; Run shuts them down
+// last.
+func (a *Agent) serve(l *loops) []shutdowner {
+	var servers []shutdowner
 	limits := a.cfg.HTTP
 	start := func(name string, lis net.Listener, h http.Handler) {
 		s := newHTTPServer(h, limits)
@@ -412,6 +497,8 @@ func (a *Agent) serve(l *loops) []*http.Server {
 	if a.debugListener != nil {
 		start("debug endpoint", a.debugListener, a.debugMux())
 	}
+	l.goUntilStopped("runtime API", a.runtimeAPI.Serve)
+	servers = append(servers, a.runtimeAPI)
 	if a.metricsListener != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.Registry, promhttp.HandlerOpts{}))

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -136,9 +138,32 @@ func TestRunStopsEverythingItStarted(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
+	// The operator page shows the pod, and a live view open while the
+	// agent stops ends with it.
+	if code, body, err := get("http://" + a.DebugAddress() + "/"); err != nil || code != http.StatusOK || !bytes.Contains(body, []byte("default/</span>web")) {
+		t.Errorf("GET /: %d %v, want the page with the pod default/web:\n%s", code, err, body)
+	}
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get("http://" + a.DebugAddress() + "/debug/status?watch=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first, err := bufio.NewReader(resp.Body).ReadString('}')
+	if err != nil || !strings.Contains(first, "event: status") {
+		t.Fatalf("the live view's first event: %q %v", first, err)
+	}
+	streamEnded := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, resp.Body); close(streamEnded) }()
+
 	a.stop()
 	if err := a.wait(t); err != nil {
 		t.Fatalf("Run after its context ended: %v, want nil", err)
+	}
+	select {
+	case <-streamEnded:
+	case <-time.After(10 * time.Second):
+		t.Error("a live view still streams after Run returned")
 	}
 	if _, err := os.Stat(scratch); err != nil {
 		t.Errorf("stopping removed the pod's volume: %v", err)

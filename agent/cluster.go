@@ -18,7 +18,10 @@ import (
 
 // clusterParts are what cluster mode adds to the agent.
 type clusterParts struct {
-	client      *kubeclient.Client
+	client *kubeclient.Client
+	// nodeClient has the node's own identity (--node-kubeconfig), nil
+	// without it: see objectsClient.
+	nodeClient  *kubeclient.Client
 	source      *kube.Source
 	broadcaster record.EventBroadcaster
 	recorder    record.EventRecorder
@@ -33,7 +36,7 @@ func newCluster(cfg Config) (*mode, error) {
 		return nil, err
 	}
 	configured := configuredNodeLabels(cfg)
-	total := memTotal()
+	total, _ := memTotal() // 0 if unreadable
 	return &mode{
 		source:       p.source,
 		sink:         p,
@@ -71,6 +74,18 @@ func newClusterParts(cfg Config, log *zap.Logger) (*clusterParts, error) {
 		return nil, fmt.Errorf("API client: %w", err)
 	}
 	p := &clusterParts{client: client}
+	if cfg.NodeKubeconfig != "" {
+		nodeCfg, err := kubeclient.LoadConfig(kubeclient.Options{
+			Kubeconfig: cfg.NodeKubeconfig, QPS: cfg.KubeAPIQPS, Burst: cfg.KubeAPIBurst,
+			UserAgent: "volume-agent/" + cfg.NodeName + " (node credentials)",
+		})
+		if err != nil {
+			return nil, fmt.Errorf("--node-kubeconfig: %w", err)
+		}
+		if p.nodeClient, err = kubeclient.New(nodeCfg); err != nil {
+			return nil, fmt.Errorf("--node-kubeconfig: %w", err)
+		}
+	}
 	p.source = kube.New(kube.Options{Client: client, NodeName: cfg.NodeName, Log: log.Named("source")})
 	// The broadcaster's correlator aggregates repeated events and rate
 	// limits them per object, so a volume stuck in a retry loop cannot flood
@@ -78,6 +93,16 @@ func newClusterParts(cfg Config, log *zap.Logger) (*clusterParts, error) {
 	p.broadcaster = record.NewBroadcaster(record.WithContext(context.Background()))
 	p.recorder = p.broadcaster.NewRecorder(kubeclient.Scheme, v1.EventSource{Component: "volume-agent", Host: cfg.NodeName})
 	return p, nil
+}
+
+// objectsClient reads Secrets and ConfigMaps and requests tokens: with the
+// node's identity when configured, so that the API server's Node
+// authorizer limits the agent to what the node's pods reference.
+func (p *clusterParts) objectsClient() *kubeclient.Client {
+	if p.nodeClient != nil {
+		return p.nodeClient
+	}
+	return p.client
 }
 
 func (p *clusterParts) startEvents() {

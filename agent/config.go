@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/volume-agent/volume-agent/runtimeapi"
 )
 
 // Config is the agent's configuration; cmd/volume-agent fills it from flags.
@@ -23,9 +25,15 @@ type Config struct {
 	PodManifestPath string
 	// Kubeconfig selects cluster mode with a kubeconfig file; without it
 	// and without PodManifestPath, the in-cluster configuration is used.
-	Kubeconfig   string
-	KubeAPIQPS   float32
-	KubeAPIBurst int
+	Kubeconfig string
+	// NodeKubeconfig, in cluster mode, is a kubeconfig with the node's own
+	// identity (system:node:<name>, e.g. the kubelet's): secrets,
+	// configMaps, ClusterTrustBundles and service-account tokens are then
+	// requested with it, and the API server's Node authorizer limits them
+	// to what the node's pods reference, as it does for the kubelet.
+	NodeKubeconfig string
+	KubeAPIQPS     float32
+	KubeAPIBurst   int
 	// StatusWorkers patch pod conditions in parallel (cluster mode).
 	StatusWorkers int
 
@@ -48,6 +56,9 @@ type Config struct {
 	MetricsAddress string
 	// HTTP bounds what clients of both endpoints can make the agent hold.
 	HTTP HTTPLimits
+	// RuntimeSocket is the runtime API's unix socket (default
+	// <root>/runtime.sock).
+	RuntimeSocket string
 
 	ResyncPeriod            time.Duration
 	OperationTimeout        time.Duration
@@ -79,11 +90,17 @@ func (c Config) complete() (Config, error) {
 	default:
 		return c, fmt.Errorf("--attach-mode must be controller or self, not %q", c.AttachMode)
 	}
+	if c.NodeKubeconfig != "" && c.standalone() {
+		return c, errors.New("--node-kubeconfig needs cluster mode: it is the node's identity on the API server")
+	}
 	if c.LocalVolumesConfig != "" && c.standalone() {
 		return c, errors.New("--local-volumes-config needs cluster mode: the local volume provisioner creates PersistentVolumes")
 	}
 	if c.ShutdownGracePeriod <= 0 {
 		c.ShutdownGracePeriod = 30 * time.Second
+	}
+	if c.RuntimeSocket == "" {
+		c.RuntimeSocket = runtimeapi.Socket(c.RootDir)
 	}
 	if c.PluginRegistryDir == "" {
 		c.PluginRegistryDir = filepath.Join(c.RootDir, "plugins_registry")

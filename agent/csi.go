@@ -64,7 +64,7 @@ func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorl
 		if pcfg.AttachMode == "" {
 			pcfg.AttachMode = csiplugin.AttachController
 		}
-		pcfg.Secrets = c.client.SecretData
+		pcfg.Secrets = c.objectsClient().SecretData
 		inf := k8scache.NewSharedIndexInformer(kubeclient.ListWatch(c.client.Storage, "volumeattachments", "", nil),
 			&storagev1.VolumeAttachment{}, 0, k8scache.Indexers{})
 		c.source.AddInformer(inf)

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/csi/registration"
 	"github.com/volume-agent/volume-agent/operations"
@@ -28,22 +30,25 @@ type DSWDocument struct {
 
 // DSWVolume is one desired volume.
 type DSWVolume struct {
-	Name        volume.UniqueName `json:"name"`
-	Plugin      string            `json:"plugin"`
-	SpecName    string            `json:"specName"`
-	Attributes  volume.Attributes `json:"attributes"`
-	PV          string            `json:"persistentVolume,omitempty"`
-	PVC         string            `json:"persistentVolumeClaim,omitempty"`
-	DesiredSize string            `json:"desiredSize,omitempty"`
-	Pods        []DSWVolumePod    `json:"pods"`
+	Name       volume.UniqueName `json:"name"`
+	Plugin     string            `json:"plugin"`
+	SpecName   string            `json:"specName"`
+	Attributes volume.Attributes `json:"attributes"`
+	// Mode is Filesystem or Block (a raw block volume, in volumeDevices).
+	Mode        v1.PersistentVolumeMode `json:"mode"`
+	PV          string                  `json:"persistentVolume,omitempty"`
+	PVC         string                  `json:"persistentVolumeClaim,omitempty"`
+	DesiredSize string                  `json:"desiredSize,omitempty"`
+	Pods        []DSWVolumePod          `json:"pods"`
 }
 
 // DSWVolumePod is one pod wanting a volume.
 type DSWVolumePod struct {
 	volume.PodRef
-	OuterVolumeNames []string  `json:"outerVolumeNames"`
-	ReadOnly         bool      `json:"readOnly,omitempty"`
-	Since            time.Time `json:"since"`
+	OuterVolumeNames []string         `json:"outerVolumeNames"`
+	ReadOnly         bool             `json:"readOnly,omitempty"`
+	SubPaths         []volume.SubPath `json:"subPaths,omitempty"`
+	Since            time.Time        `json:"since"`
 }
 
 // DSWPod is one pod with its volumes and errors.
@@ -71,16 +76,20 @@ type ASWDocument struct {
 
 // ASWVolume is one attached or mounted volume.
 type ASWVolume struct {
-	Name             volume.UniqueName      `json:"name"`
-	Plugin           string                 `json:"plugin"`
-	Attributes       volume.Attributes      `json:"attributes"`
-	AttachState      cache.AttachState      `json:"attachState,omitempty"`
-	DeviceMountState cache.DeviceMountState `json:"deviceMountState"`
-	DevicePath       string                 `json:"devicePath,omitempty"`
-	DeviceMountPath  string                 `json:"deviceMountPath,omitempty"`
-	Size             string                 `json:"size,omitempty"`
-	ResizeBlocked    string                 `json:"resizeBlocked,omitempty"`
-	Pods             []ASWPod               `json:"pods"`
+	Name       volume.UniqueName `json:"name"`
+	Plugin     string            `json:"plugin"`
+	Attributes volume.Attributes `json:"attributes"`
+	// Mode is Filesystem or Block; for Block, each pod's mountPath is the
+	// access point (see volume.Paths) and deviceMountPath the CSI staging
+	// directory.
+	Mode             v1.PersistentVolumeMode `json:"mode"`
+	AttachState      cache.AttachState       `json:"attachState,omitempty"`
+	DeviceMountState cache.DeviceMountState  `json:"deviceMountState"`
+	DevicePath       string                  `json:"devicePath,omitempty"`
+	DeviceMountPath  string                  `json:"deviceMountPath,omitempty"`
+	Size             string                  `json:"size,omitempty"`
+	ResizeBlocked    string                  `json:"resizeBlocked,omitempty"`
+	Pods             []ASWPod                `json:"pods"`
 }
 
 // ASWPod is one pod's mount of a volume.
@@ -91,7 +100,10 @@ type ASWPod struct {
 	MountPath       string           `json:"mountPath"`
 	RemountRequired bool             `json:"remountRequired,omitempty"`
 	Reconstructed   bool             `json:"reconstructed,omitempty"`
-	Since           time.Time        `json:"since"`
+	// SubPaths are the sub-paths prepared for the pod's containers.
+	SubPaths         []volume.SubPath `json:"subPaths,omitempty"`
+	SubPathsOutdated bool             `json:"subPathsOutdated,omitempty"`
+	Since            time.Time        `json:"since"`
 }
 
 // OperationsDocument is GET /debug/operations.
@@ -104,7 +116,7 @@ func (a *Agent) dswDocument() DSWDocument {
 	asw := a.asw.Snapshot()
 	doc := DSWDocument{Generation: s.Generation, SourcesReady: a.populator.Ready(), Volumes: []DSWVolume{}, Pods: []DSWPod{}}
 	for _, v := range s.Volumes {
-		dv := DSWVolume{Name: v.Name, Plugin: v.Plugin, SpecName: v.SpecName, Attributes: v.Attributes, Pods: []DSWVolumePod{}}
+		dv := DSWVolume{Name: v.Name, Plugin: v.Plugin, SpecName: v.SpecName, Attributes: v.Attributes, Mode: v.Attributes.Mode(), Pods: []DSWVolumePod{}}
 		if v.Spec != nil && v.Spec.PV != nil {
 			dv.PV = v.Spec.PV.Name
 			dv.PVC = v.Spec.ClaimRef()
@@ -113,14 +125,14 @@ func (a *Agent) dswDocument() DSWDocument {
 			dv.DesiredSize = v.DesiredSize.String()
 		}
 		for _, p := range v.Pods {
-			dv.Pods = append(dv.Pods, DSWVolumePod{PodRef: p.Pod.PodRef, OuterVolumeNames: p.OuterNames, ReadOnly: p.Spec.ReadOnly, Since: p.Since})
+			dv.Pods = append(dv.Pods, DSWVolumePod{PodRef: p.Pod.PodRef, OuterVolumeNames: p.OuterNames, ReadOnly: p.Spec.ReadOnly, SubPaths: p.SubPaths, Since: p.Since})
 		}
 		sort.Slice(dv.Pods, func(i, j int) bool { return dv.Pods[i].UID < dv.Pods[j].UID })
 		doc.Volumes = append(doc.Volumes, dv)
 	}
 	sort.Slice(doc.Volumes, func(i, j int) bool { return doc.Volumes[i].Name < doc.Volumes[j].Name })
 	for _, p := range s.Pods {
-		dp := DSWPod{PodRef: p.Pod.PodRef, Volumes: p.Volumes, VolumesReady: PodVolumesReady(p, asw), UnresolvedVolumes: p.Unresolved, Since: p.Since}
+		dp := DSWPod{PodRef: p.Pod.PodRef, Volumes: p.Volumes, VolumesReady: cache.PodReady(p, s, asw), UnresolvedVolumes: p.Unresolved, Since: p.Since}
 		if dp.Volumes == nil {
 			dp.Volumes = []volume.UniqueName{}
 		}
@@ -143,7 +155,7 @@ func (a *Agent) aswDocument() ASWDocument {
 	doc := ASWDocument{Generation: s.Generation, Volumes: []ASWVolume{}}
 	for _, v := range s.Volumes {
 		av := ASWVolume{
-			Name: v.Name, Plugin: v.Plugin, Attributes: v.Attributes, AttachState: v.AttachState,
+			Name: v.Name, Plugin: v.Plugin, Attributes: v.Attributes, Mode: v.Attributes.Mode(), AttachState: v.AttachState,
 			DeviceMountState: v.DeviceState, DevicePath: v.DevicePath, DeviceMountPath: v.DeviceMountPath,
 			ResizeBlocked: v.ResizeBlocked, Pods: []ASWPod{},
 		}
@@ -154,6 +166,7 @@ func (a *Agent) aswDocument() ASWDocument {
 			av.Pods = append(av.Pods, ASWPod{
 				PodRef: m.Pod, SpecName: m.SpecName, MountState: m.State, MountPath: m.MountPath,
 				RemountRequired: m.RemountRequired, Reconstructed: m.Reconstructed, Since: m.Since,
+				SubPaths: m.SubPaths, SubPathsOutdated: m.SubPathsOutdated,
 			})
 		}
 		sort.Slice(av.Pods, func(i, j int) bool { return av.Pods[i].UID < av.Pods[j].UID })
@@ -211,6 +224,7 @@ func (a *Agent) debugMux() *http.ServeMux {
 		}
 		writeJSON(w, a.localPV.Status())
 	})
+	mux.HandleFunc("GET /debug/api-volumes", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, a.api.document()) })
 	mux.HandleFunc("GET /debug/orphans", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, OrphansDocument{Orphans: a.orphans.List()})
 	})
@@ -218,6 +232,8 @@ func (a *Agent) debugMux() *http.ServeMux {
 		writeJSON(w, EventsDocument{Events: a.events.Recent()})
 	})
 	a.healthHandlers(mux)
+	// The operator page: /, /pods/..., /debug/status.
+	a.page.Register(mux)
 	// Profiles and traces last as long as the client asks (?seconds=).
 	mux.HandleFunc("/debug/pprof/", streaming(pprof.Index))
 	mux.HandleFunc("/debug/pprof/profile", streaming(pprof.Profile))

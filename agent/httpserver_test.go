@@ -214,3 +214,4 @@ func TestDebugProfileOutlastsTheWriteTimeout(t *testing.T) {
 		t.Fatalf("profile: %d, %d bytes, %v", code, len(body), err)
 	}
 }
+

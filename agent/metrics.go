@@ -131,7 +131,7 @@ func (m *Metrics) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsh
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for uid, p := range dsw.Pods {
-		if m.readyPods[uid] || !PodVolumesReady(p, asw) {
+		if m.readyPods[uid] || !cache.PodReady(p, dsw, asw) {
 			continue
 		}
 		m.readyPods[uid] = true
@@ -142,21 +142,6 @@ func (m *Metrics) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsh
 			delete(m.readyPods, uid)
 		}
 	}
-}
-
-// PodVolumesReady reports whether every volume of the pod resolved and is
-// mounted.
-func PodVolumesReady(p *cache.DesiredPod, asw *cache.ActualSnapshot) bool {
-	if len(p.Errors) > 0 || len(p.Unresolved) > 0 {
-		return false
-	}
-	for _, name := range p.Volumes {
-		m, ok := asw.PodMount(name, p.Pod.UID)
-		if !ok || m.State != cache.Mounted {
-			return false
-		}
-	}
-	return true
 }
 
 // stateCollector reports gauges computed from the caches at scrape time.

@@ -47,7 +47,7 @@ func newStandalone(cfg Config) (*mode, error) {
 	}
 	node := populator.Node{Name: cfg.NodeName, Labels: configuredNodeLabels(cfg)}
 	// Without a Node object, the node's memory is all pods may have.
-	mem := memTotal()
+	mem, _ := memTotal() // 0 if unreadable
 	return &mode{
 		source:       src,
 		isTerminated: populator.PodTerminated,

@@ -8,8 +8,8 @@ import (
 )
 
 func TestNodeMemory(t *testing.T) {
-	if got := memTotal(); got < 64<<20 {
-		t.Errorf("memTotal() = %d: /proc/meminfo not read", got)
+	if got, err := memTotal(); got < 64<<20 {
+		t.Errorf("memTotal() = %d, %v: /proc/meminfo not read", got, err)
 	}
 	node := &v1.Node{Status: v1.NodeStatus{Allocatable: v1.ResourceList{v1.ResourceMemory: resource.MustParse("3Gi")}}}
 	for _, tc := range []struct {

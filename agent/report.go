@@ -10,6 +10,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/status/events"
+	"github.com/volume-agent/volume-agent/ui/timeline"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -21,6 +22,8 @@ type reporter struct {
 	metrics *Metrics
 
 	trimmer *memoryTrimmer
+	// history is the operation timeline of the operator page.
+	history *timeline.Ring
 
 	// lastErr remembers each key's last failure: a failure that repeats
 	// unchanged is logged at debug level, so a stuck volume does not write
@@ -31,17 +34,25 @@ type reporter struct {
 
 // failureReasons maps operations to the event reason of their failure.
 var failureReasons = map[operations.Op]string{
-	operations.OpMountVolume:    events.FailedMount,
-	operations.OpMountDevice:    events.FailedMount,
-	operations.OpVerifyAttached: events.FailedAttachVolume,
-	operations.OpUnmountVolume:  events.FailedUnmount,
-	operations.OpUnmountDevice:  events.FailedUnmountDevice,
-	operations.OpExpandVolume:   events.VolumeResizeFailed,
+	operations.OpMountVolume:     events.FailedMount,
+	operations.OpPrepareSubPaths: events.FailedMount,
+	operations.OpMountDevice:     events.FailedMount,
+	operations.OpVerifyAttached:  events.FailedAttachVolume,
+	operations.OpUnmountVolume:   events.FailedUnmount,
+	operations.OpUnmountDevice:   events.FailedUnmountDevice,
+	operations.OpExpandVolume:    events.VolumeResizeFailed,
+	operations.OpMapDevice:       events.FailedMapVolume,
+	operations.OpMapVolume:       events.FailedMapVolume,
+	operations.OpUnmapVolume:     events.FailedUnmapDevice,
+	operations.OpUnmapDevice:     events.FailedUnmapDevice,
 }
 
 func (r *reporter) OperationFinished(key operations.Key, op *operations.Operation, took time.Duration, err error, retryIn time.Duration) {
 	r.metrics.OperationFinished(key, op, took, err, retryIn)
 	r.trimmer.operationFinished()
+	if r.history != nil {
+		r.history.OperationFinished(key, op, took, err, retryIn)
+	}
 	fields := []zap.Field{
 		zap.String("operation", string(op.Name)), zap.String("volume", string(key.Volume)), zap.String("plugin", op.Plugin),
 		zap.Duration("took", took),

@@ -57,6 +57,12 @@ type ActualPodMount struct {
 	MountPath       string     `json:"mountPath"`
 	State           MountState `json:"mountState"`
 	RemountRequired bool       `json:"remountRequired,omitempty"`
+	// SubPaths are the sub-paths prepared for the pod's containers, as
+	// they were wanted when prepared. SubPathsOutdated says the volume was
+	// set up again since: they are still in place but must be prepared
+	// again (a remounted volume may have new files).
+	SubPaths         []volume.SubPath `json:"subPaths,omitempty"`
+	SubPathsOutdated bool             `json:"subPathsOutdated,omitempty"`
 	// Reconstructed marks a mount found on disk after a restart and not yet
 	// matched with a pod that wants it; FoundMounted says whether a mount
 	// was in place when it was found.
@@ -204,6 +210,11 @@ func (a *ActualStateOfWorld) SetAttachState(id VolumeIdentity, state AttachState
 func (a *ActualStateOfWorld) SetDeviceState(id VolumeIdentity, state DeviceMountState, devicePath, deviceMountPath string) {
 	a.update(id, func(v *ActualVolume) {
 		v.DeviceState = state
+		// An operation has now acted on the device: what it recorded is
+		// the agent's own knowledge, no longer a guess from a restart
+		// (otherwise HasReconstructed would hold housekeeping back until
+		// the volume leaves the ASW).
+		v.DeviceReconstructed, v.DeviceFoundMounted = false, false
 		if devicePath != "" {
 			v.DevicePath = devicePath
 		}
@@ -228,6 +239,20 @@ func (a *ActualStateOfWorld) SetPodMount(id VolumeIdentity, m ActualPodMount) {
 		}
 		mm := m
 		v.Pods[m.Pod.UID] = &mm
+	})
+}
+
+// SetSubPaths records the sub-paths prepared for a pod's mount of a volume,
+// if the pod still has one.
+func (a *ActualStateOfWorld) SetSubPaths(name volume.UniqueName, pod types.UID, subPaths []volume.SubPath) {
+	a.update(VolumeIdentity{Name: name}, func(v *ActualVolume) {
+		m, ok := v.Pods[pod]
+		if !ok {
+			return
+		}
+		mm := *m
+		mm.SubPaths, mm.SubPathsOutdated = subPaths, false
+		v.Pods[pod] = &mm
 	})
 }
 
@@ -280,6 +305,32 @@ func (a *ActualStateOfWorld) MarkRemountRequired(pod types.UID) {
 		a.volumes[name] = nv
 		a.generation++
 	}
+}
+
+// MarkPodVolumeRemountRequired flags one pod's mount of a volume whose
+// plugin needs a remount when its content's sources change (API volumes,
+// CSI requiresRepublish). It reports whether such a mount was found.
+func (a *ActualStateOfWorld) MarkPodVolumeRemountRequired(name volume.UniqueName, pod types.UID) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	v, ok := a.volumes[name]
+	if !ok || !v.Attributes.RequiresRemount {
+		return false
+	}
+	m, ok := v.Pods[pod]
+	if !ok {
+		return false
+	}
+	if m.RemountRequired {
+		return true
+	}
+	nv := v.clone()
+	mm := *m
+	mm.RemountRequired = true
+	nv.Pods[pod] = &mm
+	a.volumes[name] = nv
+	a.generation++
+	return true
 }
 
 // Volume returns the current entry of a volume.
@@ -365,6 +416,10 @@ func (a *ActualStateOfWorld) Adopt(id VolumeIdentity, device bool, pods map[type
 			}
 			mm := *m
 			mm.Pod, mm.Spec, mm.State, mm.Reconstructed = p.Pod, p.Spec, Mounted, false
+			// Content that follows its sources (API volumes, CSI
+			// requiresRepublish) may have gone stale while the agent was
+			// down: it is set up again, which rewrites only what changed.
+			mm.RemountRequired = v.Attributes.RequiresRemount
 			v.Pods[uid] = &mm
 		}
 	})

@@ -284,6 +284,42 @@ func TestActualMarkRemountRequired(t *testing.T) {
 	}
 }
 
+func TestActualMarkPodVolumeRemountRequired(t *testing.T) {
+	a, _ := newASW()
+	a.SetPodMount(remountID, mountOf("p1", Mounted))
+	a.SetPodMount(remountID, mountOf("p2", Mounted))
+	a.SetPodMount(perPodID, mountOf("p1", Mounted))
+
+	if !a.MarkPodVolumeRemountRequired(remountID.Name, "p1") {
+		t.Error("mark of a mounted remount volume reported not found")
+	}
+	s := a.Snapshot()
+	if m, _ := s.PodMount(remountID.Name, "p1"); !m.RemountRequired {
+		t.Error("p1 not marked")
+	}
+	if m, _ := s.PodMount(remountID.Name, "p2"); m.RemountRequired {
+		t.Error("p2 marked: only the named pod's mount may be")
+	}
+	if a.MarkPodVolumeRemountRequired(perPodID.Name, "p1") || a.MarkPodVolumeRemountRequired(remountID.Name, "p3") || a.MarkPodVolumeRemountRequired("unknown", "p1") {
+		t.Error("marked a volume without RequiresRemount, or a pod or volume that is not there")
+	}
+	if a.MarkPodVolumeRemountRequired(remountID.Name, "p1"); a.Snapshot() != s {
+		t.Error("marking again rebuilt the snapshot")
+	}
+}
+
+func TestActualAdoptedRemountVolumesAreSetUpAgain(t *testing.T) {
+	a, _ := newASW()
+	found := &ActualVolume{Name: remountID.Name, Plugin: "test", Attributes: remountID.Attributes, DeviceState: DeviceNotMounted,
+		Pods: map[types.UID]*ActualPodMount{"p1": {Pod: volume.PodRef{UID: "p1"}, State: MountUncertain, Reconstructed: true, FoundMounted: true}}}
+	a.AddReconstructed([]*ActualVolume{found})
+	a.Adopt(remountID, false, map[types.UID]ActualPodMount{"p1": {Pod: testPod("p1").PodRef, Spec: remountID.Spec}})
+	m, _ := a.Snapshot().PodMount(remountID.Name, "p1")
+	if m.State != Mounted || !m.RemountRequired {
+		t.Errorf("adopted mount %+v: want Mounted and remount required (its content may be stale)", m)
+	}
+}
+
 func TestActualSinceKeptWhileStateUnchanged(t *testing.T) {
 	a, clk := newASW()
 	since := func() time.Time {

@@ -26,6 +26,9 @@ type PodVolume struct {
 	// DesiredSize is the size the volume should have (PV capacity) when the
 	// node may need to expand it, nil otherwise.
 	DesiredSize *resource.Quantity
+	// SubPaths are the sub-paths of the volume the pod's containers mount,
+	// sorted by container and index.
+	SubPaths []volume.SubPath
 }
 
 // DesiredPodVolume is one pod's use of a desired volume.
@@ -33,6 +36,9 @@ type DesiredPodVolume struct {
 	Pod        volume.PodInfo `json:"pod"`
 	OuterNames []string       `json:"outerVolumeNames"`
 	Spec       *volume.Spec   `json:"-"`
+	// SubPaths are the sub-paths of the volume the pod's containers mount
+	// (under any of OuterNames), sorted by container and index.
+	SubPaths []volume.SubPath `json:"subPaths,omitempty"`
 	// Since is when the pod first wanted this volume.
 	Since time.Time `json:"since"`
 }
@@ -61,6 +67,8 @@ type DesiredPod struct {
 	// were never resolved before; the reconciler must not unmount anything of
 	// this pod under those names (they may be mounted from before a restart).
 	Unresolved []string `json:"unresolvedVolumes,omitempty"`
+	// Containers are what the pod's containers mount, for the runtime API.
+	Containers []volume.Container `json:"containers,omitempty"`
 	// Since is when the pod was first seen.
 	Since time.Time `json:"since"`
 }
@@ -81,6 +89,16 @@ func (s *DesiredSnapshot) HasPodVolume(name volume.UniqueName, pod types.UID) bo
 	}
 	_, ok = v.Pods[pod]
 	return ok
+}
+
+// PodSubPaths returns the sub-paths of a volume the pod's containers mount.
+func (s *DesiredSnapshot) PodSubPaths(name volume.UniqueName, pod types.UID) []volume.SubPath {
+	if v, ok := s.Volumes[name]; ok {
+		if p, ok := v.Pods[pod]; ok {
+			return p.SubPaths
+		}
+	}
+	return nil
 }
 
 // HasVolume reports whether any pod wants the volume.
@@ -118,12 +136,19 @@ func (d *DesiredStateOfWorld) Changed() <-chan struct{} { return d.changed.C() }
 // and records errs and the names of volumes that could not be resolved.
 // It reports whether anything changed.
 func (d *DesiredStateOfWorld) SetPod(pod volume.PodInfo, vols []PodVolume, errs []*volume.PodVolumeError, unresolved []string) bool {
+	return d.SetPodWithContainers(pod, vols, errs, unresolved, nil)
+}
+
+// SetPodWithContainers is SetPod that also records what the pod's
+// containers mount.
+func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []PodVolume, errs []*volume.PodVolumeError, unresolved []string, containers []volume.Container) bool {
 	now := d.clock.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 
 	old := d.pods[pod.UID]
-	changed := old == nil || !samePodInfo(old.Pod, pod) || !slices.Equal(old.Unresolved, unresolved) || !sameErrors(old.Errors, errs)
+	changed := old == nil || !samePodInfo(old.Pod, pod) || !slices.Equal(old.Unresolved, unresolved) || !sameErrors(old.Errors, errs) ||
+		!equality.Semantic.DeepEqual(old.Containers, containers)
 
 	// Group the pod's volumes by unique name: two pod volumes may resolve to
 	// the same volume (two names for one claim).
@@ -133,6 +158,7 @@ func (d *DesiredStateOfWorld) SetPod(pod volume.PodInfo, vols []PodVolume, errs 
 		pv := &vols[i]
 		if dp, ok := wanted[pv.Name]; ok {
 			dp.OuterNames = append(dp.OuterNames, pv.OuterName)
+			dp.SubPaths = append(dp.SubPaths, pv.SubPaths...)
 			continue
 		}
 		since := now
@@ -141,7 +167,7 @@ func (d *DesiredStateOfWorld) SetPod(pod volume.PodInfo, vols []PodVolume, errs 
 				since = existing.Since
 			}
 		}
-		wanted[pv.Name] = &DesiredPodVolume{Pod: pod, OuterNames: []string{pv.OuterName}, Spec: pv.Spec, Since: since}
+		wanted[pv.Name] = &DesiredPodVolume{Pod: pod, OuterNames: []string{pv.OuterName}, Spec: pv.Spec, SubPaths: slices.Clone(pv.SubPaths), Since: since}
 		names = append(names, pv.Name)
 	}
 	sort.Slice(names, func(i, j int) bool { return names[i] < names[j] })
@@ -161,6 +187,7 @@ func (d *DesiredStateOfWorld) SetPod(pod volume.PodInfo, vols []PodVolume, errs 
 			continue // already merged into an earlier entry
 		}
 		delete(wanted, pv.Name)
+		volume.SortSubPaths(dp.SubPaths)
 		if d.setPodVolume(pv, dp) {
 			changed = true
 		}
@@ -173,7 +200,7 @@ func (d *DesiredStateOfWorld) SetPod(pod volume.PodInfo, vols []PodVolume, errs 
 	if old != nil {
 		since = old.Since
 	}
-	d.pods[pod.UID] = &DesiredPod{Pod: pod, Volumes: names, Errors: errs, Unresolved: unresolved, Since: since}
+	d.pods[pod.UID] = &DesiredPod{Pod: pod, Volumes: names, Errors: errs, Unresolved: unresolved, Containers: containers, Since: since}
 	d.bump()
 	return true
 }
@@ -184,7 +211,7 @@ func (d *DesiredStateOfWorld) setPodVolume(pv *PodVolume, dp *DesiredPodVolume) 
 	v, ok := d.volumes[pv.Name]
 	if ok {
 		if cur, ok := v.Pods[dp.Pod.UID]; ok && sameSpec(cur.Spec, dp.Spec) && slices.Equal(cur.OuterNames, dp.OuterNames) &&
-			samePodInfo(cur.Pod, dp.Pod) && v.Plugin == pv.Plugin && v.Attributes == pv.Attributes &&
+			volume.SameSubPaths(cur.SubPaths, dp.SubPaths) && samePodInfo(cur.Pod, dp.Pod) && v.Plugin == pv.Plugin && v.Attributes == pv.Attributes &&
 			sameSize(v.DesiredSize, pv.DesiredSize) {
 			return false
 		}

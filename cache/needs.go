@@ -41,6 +41,39 @@ func PodMountNeeded(m *ActualPodMount) bool {
 	return m == nil || m.State != Mounted || m.RemountRequired
 }
 
+// SubPathsNeeded reports whether the sub-paths of a pod's mount must be
+// prepared (or removed): the mount is set up, and what was prepared for it
+// is not what its containers want, or was prepared before the volume was
+// last set up again.
+func SubPathsNeeded(want []volume.SubPath, m *ActualPodMount) bool {
+	return m != nil && m.State == Mounted && !m.RemountRequired &&
+		(m.SubPathsOutdated || !volume.SameSubPaths(want, m.SubPaths))
+}
+
+// PodVolumeReady reports whether a pod can be given a volume: the pod's
+// mount is set up and the sub-paths its containers want are in place. It
+// is the one definition of a ready volume (pod conditions, the runtime
+// API, metrics).
+func PodVolumeReady(want []volume.SubPath, m *ActualPodMount) bool {
+	return m != nil && m.State == Mounted && volume.SameSubPaths(want, m.SubPaths)
+}
+
+// PodReady reports whether a pod can be given all its volumes: none of
+// them has an error, every one resolved, and each is ready for it
+// (PodVolumeReady).
+func PodReady(p *DesiredPod, dsw *DesiredSnapshot, asw *ActualSnapshot) bool {
+	if len(p.Errors) > 0 || len(p.Unresolved) > 0 {
+		return false
+	}
+	for _, name := range p.Volumes {
+		m, _ := asw.PodMount(name, p.Pod.UID)
+		if !PodVolumeReady(dsw.PodSubPaths(name, p.Pod.UID), m) {
+			return false
+		}
+	}
+	return true
+}
+
 // PodUnmountNeeded reports whether a pod's mount must be torn down: the pod
 // has one and no longer wants the volume.
 func PodUnmountNeeded(wanted bool, m *ActualPodMount) bool {
@@ -51,7 +84,8 @@ func PodUnmountNeeded(wanted bool, m *ActualPodMount) bool {
 // pending and can run now: the node has not yet made the filesystem fit it,
 // nothing said to stop retrying, and the volume is there to be grown (staged
 // for device-mountable volumes, unless the plugin can only grow it once
-// published; mounted for some pod otherwise).
+// published; mounted for some pod otherwise). A raw block volume has no
+// filesystem to grow offline: it is grown once a pod has it mapped.
 func ExpansionNeeded(desired *resource.Quantity, attrs volume.Attributes, av *ActualVolume) bool {
 	if desired == nil || av == nil || av.ResizeBlocked != "" {
 		return false
@@ -59,7 +93,7 @@ func ExpansionNeeded(desired *resource.Quantity, attrs volume.Attributes, av *Ac
 	if av.Size != nil && desired.Cmp(*av.Size) <= 0 {
 		return false
 	}
-	if attrs.DeviceMountable && !av.ExpandAfterPublish {
+	if attrs.DeviceMountable && !attrs.Block && !av.ExpandAfterPublish {
 		return av.DeviceState == DeviceGloballyMounted
 	}
 	return AnyPodMounted(av)

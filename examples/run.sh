@@ -4,11 +4,24 @@
 # /tmp/volume-agent-example, shows what it did, and on Ctrl-C (or after
 # $EXAMPLE_DURATION seconds, if set) lets it unmount everything before it
 # stops. Needs root (it mounts).
+#
+# Ctrl-C sends SIGINT to the terminal's whole process group: the agent runs
+# in a session of its own (setsid), so only this script gets it, and the
+# agent is stopped (SIGTERM) once every mount under its root is gone.
+#
+# EXAMPLE_BASE, EXAMPLE_DEBUG_ADDRESS, EXAMPLE_METRICS_ADDRESS,
+# VOLUME_AGENT_BIN and RUNTIME_CONSUMER_BIN override the directory, the
+# addresses and the binaries (tests run it that way).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
-base=/tmp/volume-agent-example
-debug=127.0.0.1:9808
+base=${EXAMPLE_BASE:-/tmp/volume-agent-example}
+debug=${EXAMPLE_DEBUG_ADDRESS:-127.0.0.1:9808}
+metrics=${EXAMPLE_METRICS_ADDRESS:-127.0.0.1:9809}
+agent_bin=${VOLUME_AGENT_BIN:-$repo/bin/volume-agent}
+consumer_bin=${RUNTIME_CONSUMER_BIN:-$repo/bin/runtime-consumer}
+# How long the agent may take to unmount everything on Ctrl-C.
+stop_timeout=${EXAMPLE_STOP_TIMEOUT:-60}
 
 if [ "$(id -u)" -ne 0 ]; then
 	echo "run as root: the agent mounts filesystems" >&2
@@ -16,29 +29,50 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 mkdir -p "$base/local/content" "$base/host"
 echo "<h1>served from a local PersistentVolume</h1>" >"$base/local/content/index.html"
+rm -f "$base/local/content/from-worker.txt"
 # The agent watches this copy; the demo tears down by emptying it.
 rm -rf "$base/manifests"
-cp -r "$here/manifests" "$base/manifests"
+mkdir -p "$base/manifests"
+for f in "$here"/manifests/*.yaml; do
+	sed "s#/tmp/volume-agent-example#$base#g" "$f" >"$base/manifests/$(basename "$f")"
+done
 
-"$repo/bin/volume-agent" --node-name example-node --root-dir "$base/root" \
-	--pod-manifest-path "$base/manifests" --debug-address "$debug" --metrics-address 127.0.0.1:9809 &
+mounts_left() { grep -c " $base/root/" /proc/self/mountinfo || true; }
+
+# Its own session: the terminal's SIGINT (Ctrl-C) reaches this script only.
+setsid "$agent_bin" --node-name example-node --root-dir "$base/root" \
+	--pod-manifest-path "$base/manifests" --debug-address "$debug" --metrics-address "$metrics" &
 agent=$!
 
+# teardown removes the manifests, waits until the agent has unmounted
+# everything (or died, or $stop_timeout seconds passed, or Ctrl-C was
+# pressed again), then stops it.
 teardown() {
-	trap - INT TERM EXIT
+	local status=$1 hurry=""
+	trap - TERM HUP EXIT
+	trap 'hurry=1' INT
 	echo
-	echo "== removing the manifests; the agent unmounts every volume"
+	echo "== removing the manifests; the agent unmounts every volume (Ctrl-C again: stop it now, mounts stay)"
 	rm -f "$base/manifests"/*.yaml
-	for _ in $(seq 200); do
-		[ -z "$(grep " $base/root/" /proc/self/mountinfo)" ] && break
-		sleep 0.05
+	local deadline=$((SECONDS + stop_timeout))
+	while [ -z "$hurry" ] && [ "$(mounts_left)" -gt 0 ] && [ $SECONDS -lt $deadline ] && kill -0 "$agent" 2>/dev/null; do
+		sleep 0.1
 	done
 	kill -TERM "$agent" 2>/dev/null || true
 	wait "$agent" 2>/dev/null || true
-	left=$(grep -c " $base/root/" /proc/self/mountinfo || true)
+	local left
+	left=$(mounts_left)
 	echo "== agent stopped; mounts left under $base/root: $left"
+	if [ "$left" -gt 0 ]; then
+		grep " $base/root/" /proc/self/mountinfo | awk '{print "  " $5}' >&2
+		status=1
+	fi
+	exit "$status"
 }
-trap teardown INT TERM EXIT
+trap 'teardown 130' INT
+trap 'teardown 143' TERM
+trap 'teardown 129' HUP
+trap 'teardown $?' EXIT
 
 for _ in $(seq 100); do
 	curl -sf "http://$debug/readyz" >/dev/null && break
@@ -58,7 +92,18 @@ for p in json.load(sys.stdin)["pods"]:
         print("    error: %s" % e["message"])
 ' 2>/dev/null || curl -s "http://$debug/debug/dsw"
 echo
-echo "Explore: curl http://$debug/debug/asw | /debug/operations | /debug/events ; curl http://127.0.0.1:9809/metrics"
+echo "== files of the pod \"configured\" (configMap, secret, downward API)"
+for f in "$base"/root/pods/*/volumes/kubernetes.io~configmap/config/app.conf \
+	"$base"/root/pods/*/volumes/kubernetes.io~downward-api/podinfo/labels; do
+	[ -e "$f" ] && { echo "  $f:"; sed 's/^/    /' "$f"; echo; }
+done
+# The pods' containers, run by an example container runtime that asks the
+# agent's runtime API (docs/runtime-api.md) where each volume is.
+echo "== containers (examples/runtime-consumer: each command in its own mount namespace, volumes from $base/root/runtime.sock)"
+"$consumer_bin" -socket "$base/root/runtime.sock" -manifests "$base/manifests" -timeout 5s 2>&1 | sed 's/^/  /' || true
+echo
+echo "Explore: open http://$debug/ in a browser, or run: bin/volume-agent status --address $debug [--watch] [--pod default/web]"
+echo "         curl http://$debug/debug/asw | /debug/operations | /debug/api-volumes | /debug/events ; curl http://$metrics/metrics"
 echo "Edit or add manifests in $base/manifests and watch the agent follow. Ctrl-C to stop."
 if [ -n "${EXAMPLE_DURATION:-}" ]; then
 	sleep "$EXAMPLE_DURATION"

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -56,6 +57,11 @@ func (c *cleaner) clean(ctx context.Context, t target, class *Class) error {
 		return err
 	} else if where != "" {
 		return fmt.Errorf("device %s (%s) is still mounted at %s: not cleaning it while it is in use", p.Device, t.Path, where)
+	}
+	if ap, err := deviceMappedAt(p.Device); err != nil {
+		return err
+	} else if ap != "" {
+		return fmt.Errorf("device %s (%s) is still mapped for a pod at %s: not cleaning it while it is in use", p.Device, t.Path, ap)
 	}
 	err := c.cleanDevice(ctx, t, class, p.Device)
 	if err != nil && ctx.Err() == context.DeadlineExceeded {
@@ -196,6 +202,32 @@ func runCommand(ctx context.Context, argv, env []string) error {
 
 // deviceMountedAt returns a mount point of the block device dev in this
 // mount namespace, "" if it has none.
+// deviceMappedAt returns the access point of a pod that has the block
+// device dev mapped as a raw block volume, if any: the backing file of a
+// loop device that pins it (the agent's pins, and the kubelet's, are loop
+// devices backed by a pod's bind mount of the device). A bind mount of a
+// device node does not show the device in the mount table, so
+// deviceMountedAt cannot see these.
+func deviceMappedAt(dev string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		return "", &os.PathError{Op: "stat", Path: dev, Err: err}
+	}
+	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range loops {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		backing := strings.TrimSuffix(strings.TrimSpace(string(raw)), " (deleted)")
+		var bst unix.Stat_t
+		if unix.Stat(backing, &bst) == nil && bst.Mode&unix.S_IFMT == unix.S_IFBLK && bst.Rdev == st.Rdev {
+			return backing, nil
+		}
+	}
+	return "", nil
+}
+
 func deviceMountedAt(dev string) (string, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(dev, &st); err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/volume-agent/volume-agent/internal/blockpin"
 	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
@@ -241,4 +242,37 @@ func TestCleanBlockDevice(t *testing.T) {
 			t.Fatalf("%v", err)
 		}
 	})
+}
+
+// A Block PV's device mapped for a pod (bind-mounted onto an access point
+// and pinned, as the agent maps raw block volumes) is not cleaned: the mount
+// table does not show it, the pin does.
+func TestDeviceMappedAt(t *testing.T) {
+	mounttest.RequireRoot(t)
+	dev := mounttest.LoopDevice(t, 8<<20)
+	dir := mounttest.TempDir(t)
+	if ap, err := deviceMappedAt(dev); err != nil || ap != "" {
+		t.Fatalf("deviceMappedAt of an unused device = %q, %v", ap, err)
+	}
+	ap := filepath.Join(dir, "access-point")
+	if err := os.WriteFile(ap, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(dev, ap, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	pins := &blockpin.Loops{}
+	if err := pins.Pin(ap); err != nil {
+		t.Fatal(err)
+	}
+	got, err := deviceMappedAt(dev)
+	if err != nil || got != ap {
+		t.Errorf("deviceMappedAt = %q, %v; want %s", got, err, ap)
+	}
+	if err := pins.Unpin(ap); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := deviceMappedAt(dev); got != "" {
+		t.Errorf("deviceMappedAt after unpinning = %q", got)
+	}
 }

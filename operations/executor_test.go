@@ -92,7 +92,9 @@ func TestExecutorConflicts(t *testing.T) {
 			if err := e.Run(tc.first, op("first", blocking(release))); err != nil {
 				t.Fatalf("first Run: %v", err)
 			}
-			err := e.Run(tc.second, op("second", noop))
+			// The second operation blocks too: started, it must still be
+			// running when IsPending is asked below.
+			err := e.Run(tc.second, op("second", blocking(release)))
 			if tc.wantConflict {
 				if !errors.Is(err, ErrAlreadyExists) || !IsExpected(err) {
 					t.Fatalf("second Run = %v, want ErrAlreadyExists", err)

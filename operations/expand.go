@@ -98,7 +98,11 @@ func (o *Operator) expansionDone(ctx context.Context, t *Target, size *resource.
 		}
 	}
 	o.ASW.SetSize(t.Volume, size)
-	o.event(t, events.Normal, events.FileSystemResizeSuccessful, fmt.Sprintf("filesystem of volume %s grown to %s on node", t.Spec.Name, size))
+	what := "filesystem of volume"
+	if t.Attributes.Block {
+		what = "raw block volume" // no filesystem: the device itself grew
+	}
+	o.event(t, events.Normal, events.FileSystemResizeSuccessful, fmt.Sprintf("%s %s grown to %s on node", what, t.Spec.Name, size))
 	return nil
 }
 

@@ -15,6 +15,9 @@ const (
 	OpMountDevice Op = "mount_device"
 	// OpMountVolume sets a volume up for one pod.
 	OpMountVolume Op = "mount_volume"
+	// OpPrepareSubPaths prepares the sub-paths of a pod's volume that its
+	// containers mount (and removes those they no longer do).
+	OpPrepareSubPaths Op = "prepare_subpaths"
 	// OpExpandVolume grows a volume's filesystem on the node (the
 	// kubelet's name for it).
 	OpExpandVolume Op = "volume_fs_resize"
@@ -22,7 +25,52 @@ const (
 	OpUnmountDevice Op = "unmount_device"
 	// OpDetachVolume detaches a volume no pod uses.
 	OpDetachVolume Op = "detach_volume"
+
+	// The operations of raw block volumes (Attributes.Block) take the
+	// places of the four mount operations above, under the kubelet's
+	// names, so logs, metrics and events tell them apart.
+
+	// OpMapDevice prepares a block volume's device once per node (CSI:
+	// stage with the block capability).
+	OpMapDevice Op = "map_device"
+	// OpMapVolume gives one pod the block device at its access point and
+	// pins the device.
+	OpMapVolume Op = "map_volume"
+	// OpUnmapVolume releases the pin and removes one pod's access point.
+	OpUnmapVolume Op = "unmap_volume"
+	// OpUnmapDevice undoes OpMapDevice once no pod has the device.
+	OpUnmapDevice Op = "unmap_device"
 )
 
 // Ops lists every kind of operation.
-var Ops = []Op{OpUnmountVolume, OpVerifyAttached, OpMountDevice, OpMountVolume, OpExpandVolume, OpUnmountDevice, OpDetachVolume}
+var Ops = []Op{OpUnmountVolume, OpVerifyAttached, OpMountDevice, OpMountVolume, OpPrepareSubPaths, OpExpandVolume, OpUnmountDevice, OpDetachVolume,
+	OpMapDevice, OpMapVolume, OpUnmapVolume, OpUnmapDevice}
+
+// Block reports whether op is one of the raw block operations.
+func (op Op) Block() bool {
+	switch op {
+	case OpMapDevice, OpMapVolume, OpUnmapVolume, OpUnmapDevice:
+		return true
+	}
+	return false
+}
+
+// ForMode returns the operation that does op's job for a volume of the
+// given kind: the block counterpart of a mount operation for a raw block
+// volume, op itself otherwise.
+func ForMode(op Op, block bool) Op {
+	if !block {
+		return op
+	}
+	switch op {
+	case OpMountDevice:
+		return OpMapDevice
+	case OpMountVolume:
+		return OpMapVolume
+	case OpUnmountVolume:
+		return OpUnmapVolume
+	case OpUnmountDevice:
+		return OpUnmapDevice
+	}
+	return op
+}

@@ -5,13 +5,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/internal/blockpin"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/subpath"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/volume"
@@ -38,6 +41,44 @@ type Operator struct {
 	// API server).
 	Claims ClaimStatus
 	Events events.Recorder
+	// Pins keeps raw block devices open under their access points.
+	Pins blockpin.Pinner
+	// Refresh, when set, learns about every successful set up: whether
+	// the volume's sources changed while it ran, and when the plugin wants
+	// it set up again (refresh.Refresher).
+	Refresh Refresh
+	// SubPaths prepares and removes containers' sub-paths of volumes
+	// (default: subpath.Host, on this node).
+	SubPaths SubPaths
+}
+
+// Refresh tracks content that follows its sources (API volumes, CSI
+// requiresRepublish).
+type Refresh interface {
+	// Generation counts the changes the volume was told about.
+	Generation(name volume.UniqueName, pod types.UID) uint64
+	// MountDone: SetUp succeeded, having started at generation gen;
+	// refreshAt is when the plugin wants it set up again (zero: never).
+	MountDone(name volume.UniqueName, pod types.UID, gen uint64, refreshAt time.Time)
+}
+
+// SubPaths prepares the sub-paths of a pod's volume (a directory of
+// targets <dir>/<container>/<index>) and removes them: subpath.Host on the
+// node, a recording fake in tests.
+type SubPaths interface {
+	// Sync makes dir hold exactly the targets of want, bound into
+	// volumeDir.
+	Sync(volumeDir, dir string, want []subpath.Mount) error
+	// Clean removes every target in dir and dir; an error means some are
+	// still in place.
+	Clean(dir string) error
+}
+
+func (o *Operator) subPaths() SubPaths {
+	if o.SubPaths == nil {
+		return subpath.Host{}
+	}
+	return o.SubPaths
 }
 
 // Target is a volume (and, for pod operations, a pod) an operation is about.
@@ -51,6 +92,9 @@ type Target struct {
 	SpecName string
 	// DesiredSize is the size node expansion must reach, if pending.
 	DesiredSize *resource.Quantity
+	// SubPaths are the sub-paths the pod's containers mount, for
+	// prepare_subpaths.
+	SubPaths []volume.SubPath
 	// Waiting are the pods a volume-wide operation works for.
 	Waiting []volume.PodRef
 }
@@ -143,12 +187,26 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 	if av != nil {
 		req.DevicePath, req.PublishContext = av.DevicePath, av.PublishContext
 	}
+	var gen uint64
+	if o.Refresh != nil {
+		gen = o.Refresh.Generation(t.Volume, t.Pod.UID)
+	}
 	err = p.SetUp(ctx, req)
 	mount := cache.ActualPodMount{Pod: t.Pod.PodRef, SpecName: t.SpecName, MountPath: req.Dir, Spec: t.Spec}
 	switch {
 	case err == nil:
 		mount.State = cache.Mounted
+		if prev != nil && ((prev.State == cache.Mounted && len(prev.SubPaths) > 0) || prev.SubPathsOutdated) {
+			// Set up again (a remount), or found after a restart with
+			// sub-paths on disk: what is there is prepared again (and
+			// what is no longer wanted removed); prepared ones stay
+			// usable meanwhile.
+			mount.SubPaths, mount.SubPathsOutdated = prev.SubPaths, true
+		}
 		o.ASW.SetPodMount(t.identity(), mount)
+		if o.Refresh != nil {
+			o.Refresh.MountDone(t.Volume, t.Pod.UID, gen, req.RefreshAt)
+		}
 	case volume.IsUncertain(err):
 		mount.State = cache.MountUncertain
 		o.ASW.SetPodMount(t.identity(), mount)
@@ -173,20 +231,65 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target, mountPath strin
 		return err
 	}
 	prev := podMount(av, t)
+	// Never tear a volume down under a sub-path bind mount of it.
+	if err := o.cleanSubPaths(t); err != nil {
+		return err
+	}
 	req := &plugins.TearDownRequest{
 		VolumeName: t.Volume, Spec: prev.Spec, Pod: t.Pod.PodRef, Dir: mountPath,
 		DeviceMountPath: av.DeviceMountPath, Log: o.logger(t, OpUnmountVolume),
 	}
 	if err := p.TearDown(ctx, req); err != nil {
-		if prev.State != cache.MountUncertain {
+		if prev.State != cache.MountUncertain || len(prev.SubPaths) > 0 {
 			m := *prev
-			m.State = cache.MountUncertain
+			m.State, m.SubPaths = cache.MountUncertain, nil
 			o.ASW.SetPodMount(t.identity(), m)
 		}
 		return err
 	}
 	o.ASW.DeletePodMount(t.Volume, t.Pod.UID)
 	o.removePodDirs(t)
+	return nil
+}
+
+// PrepareSubPaths prepares the sub-paths of a pod's volume that its
+// containers mount, safely (see internal/subpath), at
+// volume.Paths.SubPathTarget, and removes those they no longer mount.
+func (o *Operator) PrepareSubPaths(ctx context.Context, t *Target) error {
+	av, needed := o.needed(OpPrepareSubPaths, t)
+	if !needed {
+		return ErrStale
+	}
+	m := podMount(av, t)
+	dir := o.Paths.VolumeSubPathsDir(t.Pod.UID, t.Plugin, t.SpecName)
+	if len(t.SubPaths) == 0 {
+		if err := o.cleanSubPaths(t); err != nil {
+			return err
+		}
+	} else {
+		want := make([]subpath.Mount, len(t.SubPaths))
+		for i, s := range t.SubPaths {
+			want[i] = subpath.Mount{Container: s.Container, Index: s.Index, MountPath: s.MountPath, SubPath: s.Path, ReadOnly: s.ReadOnly,
+				// The content of API data volumes is the agent's to keep
+				// in sync with its sources: no directory is added to it.
+				NoCreate: volume.ReadOnlyForContainers(t.Plugin)}
+		}
+		if err := o.subPaths().Sync(m.MountPath, dir, want); err != nil {
+			return err
+		}
+	}
+	o.ASW.SetSubPaths(t.Volume, t.Pod.UID, t.SubPaths)
+	return nil
+}
+
+// cleanSubPaths removes every sub-path of the pod's volume, and the
+// directories that held them once empty.
+func (o *Operator) cleanSubPaths(t *Target) error {
+	dir := o.Paths.VolumeSubPathsDir(t.Pod.UID, t.Plugin, t.SpecName)
+	if err := o.subPaths().Clean(dir); err != nil {
+		return fmt.Errorf("removing the sub-paths prepared for the pod's containers (the volume stays until they are gone): %w", err)
+	}
+	mountutil.RemoveEmptyDirs(filepath.Dir(dir), o.Paths.PodDir(t.Pod.UID))
 	return nil
 }
 

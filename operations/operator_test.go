@@ -133,7 +133,7 @@ func (p *opFakePlugin) TearDown(_ context.Context, req *plugins.TearDownRequest)
 	if err := p.record("TearDown", *req); err != nil {
 		return err
 	}
-	if err := os.Remove(req.Dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.RemoveAll(req.Dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	return nil
@@ -487,14 +487,12 @@ func TestOperatorMountDevice(t *testing.T) {
 		{kind: opAttachable, prior: "device uncertain", outcome: opUncertain, wantErr: "uncertain", wantCall: true, wantASW: attached + "Uncertain"},
 		{kind: opAttachable, prior: "device uncertain", outcome: opFinal, wantErr: "final", wantCall: true, wantASW: attached + "NotMounted"},
 
-		// A device mount found on disk: the same. The mark that it was
-		// reconstructed stays until the volume leaves the ASW, even once
-		// mounted by an operation (which keeps reconciler.HasReconstructed
-		// true, holding housekeeping back): current behaviour, recorded
-		// here so that a change to it is deliberate.
-		{kind: opAttachable, prior: "device reconstructed", outcome: opSucceeds, wantCall: true, wantASW: attached + "GloballyMounted(reconstructed)"},
-		{kind: opAttachable, prior: "device reconstructed", outcome: opUncertain, wantErr: "uncertain", wantCall: true, wantASW: attached + "Uncertain(reconstructed)"},
-		{kind: opAttachable, prior: "device reconstructed", outcome: opFinal, wantErr: "final", wantCall: true, wantASW: attached + "NotMounted(reconstructed)"},
+		// A device mount found on disk: the same, and the mark that it was
+		// reconstructed goes, whatever the outcome: the operation's result
+		// is what the agent now knows.
+		{kind: opAttachable, prior: "device reconstructed", outcome: opSucceeds, wantCall: true, wantASW: attached + "GloballyMounted"},
+		{kind: opAttachable, prior: "device reconstructed", outcome: opUncertain, wantErr: "uncertain", wantCall: true, wantASW: attached + "Uncertain"},
+		{kind: opAttachable, prior: "device reconstructed", outcome: opFinal, wantErr: "final", wantCall: true, wantASW: attached + "NotMounted"},
 
 		// Mounted since the plan was made.
 		{kind: opAttachable, prior: "device mounted", wantErr: "stale", wantASW: attached + "GloballyMounted"},
@@ -612,7 +610,7 @@ func TestOperatorUnmountDevice(t *testing.T) {
 		{kind: opAttachable, prior: "device mounted", outcome: opFinal, wantErr: "final", wantCall: true, wantASW: "attach=Attached device=Uncertain"},
 		{kind: opAttachable, prior: "device uncertain", outcome: opSucceeds, wantCall: true, wantASW: "attach=Attached device=NotMounted"},
 		{kind: opAttachable, prior: "device uncertain", outcome: opFinal, wantErr: "final", wantCall: true, wantASW: "attach=Attached device=Uncertain"},
-		{kind: opAttachable, prior: "device reconstructed", outcome: opSucceeds, wantCall: true, wantASW: "attach=Attached device=NotMounted(reconstructed)"},
+		{kind: opAttachable, prior: "device reconstructed", outcome: opSucceeds, wantCall: true, wantASW: "attach=Attached device=NotMounted"},
 		{kind: opAttachable, prior: "device reconstructed", outcome: opFinal, wantErr: "final", wantCall: true, wantASW: "attach=Attached device=Uncertain(reconstructed)"},
 
 		// Nothing is left of a volume that is not attachable.

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -83,6 +84,10 @@ type SetUpRequest struct {
 	// volumes.
 	DeviceMountPath string
 	Log             *zap.Logger
+	// RefreshAt is set by SetUp when the content it wrote goes stale at a
+	// known time (a token due for refresh, a CSI volume that must be
+	// republished): the volume is set up again then.
+	RefreshAt time.Time
 }
 
 // TearDownRequest asks a plugin to remove a volume from one pod.
@@ -213,6 +218,39 @@ type ReconstructedDevice struct {
 	Mounted bool
 	// Attached: an attachment made by the agent may remain to be released.
 	Attached bool
+}
+
+// BlockMapper is implemented by plugins that can give pods a volume as a raw
+// block device (volumeMode Block, used in volumeDevices). Nothing is ever
+// formatted or mounted for such a volume: the device itself is what the pod
+// gets.
+//
+// The agent (not the plugin) pins the device under each pod's access point
+// after MapPodDevice and releases the pin before UnmapPodDevice.
+type BlockMapper interface {
+	// MapDevice prepares the device once per node for volumes whose
+	// Attributes are DeviceMountable (CSI: NodeStageVolume with the block
+	// capability into the staging directory req.DeviceMountPath).
+	MapDevice(ctx context.Context, req *DeviceRequest) error
+	// UnmapDevice undoes MapDevice once no pod has the device mapped.
+	UnmapDevice(ctx context.Context, req *DeviceRequest) error
+	// MapPodDevice places the block device at the access point req.Dir,
+	// a file path whose parent exists (see volume.Paths), so that stat(2)
+	// on it reports the device and opening it opens the device. It must be
+	// idempotent and must verify, when it runs, that what it places is a
+	// block device.
+	MapPodDevice(ctx context.Context, req *SetUpRequest) error
+	// UnmapPodDevice removes the access point req.Dir (unmounting it) and
+	// never touches the device's data. It must be idempotent.
+	UnmapPodDevice(ctx context.Context, req *TearDownRequest) error
+}
+
+// BlockReconstructor is implemented by BlockMappers whose access points can
+// be found on disk after a restart: given an entry of
+// <root>/pods/<uid>/volumeDevices/<plugin>/, it names the volume the way
+// the populator would (with Attributes.Block set).
+type BlockReconstructor interface {
+	ReconstructPodDevice(pod types.UID, specName, path string) (volume.UniqueName, volume.Attributes, error)
 }
 
 // SetUpWithoutMount is implemented by plugins some of whose volumes are set

@@ -193,6 +193,17 @@ func (c countingPlugin) Attributes(spec *volume.Spec) (volume.Attributes, error)
 	}
 }
 
+// countingLocal is countingPlugin for the local plugin, keeping its optional
+// capabilities (raw block volumes).
+type countingLocal struct {
+	*local.Plugin
+	calls *atomic.Int64
+}
+
+func (c countingLocal) Attributes(spec *volume.Spec) (volume.Attributes, error) {
+	return countingPlugin{c.Plugin, c.calls}.Attributes(spec)
+}
+
 // testPlugins returns the real emptyDir, hostPath and local plugins, each
 // counting its Attributes calls in *calls.
 func testPlugins(t *testing.T, calls *atomic.Int64) *plugins.Registry {
@@ -206,7 +217,7 @@ func testPlugins(t *testing.T, calls *atomic.Int64) *plugins.Registry {
 		countingPlugin{hostpath.New(host), calls},
 		// Every answer about a path is checked again in the background
 		// at once: host changes reach the next pass but one.
-		countingPlugin{local.NewWithOptions(host, pathcheck.Options{MaxAge: time.Nanosecond}), calls},
+		countingLocal{local.NewWithOptions(host, pathcheck.Options{MaxAge: time.Nanosecond}), calls},
 	)
 }
 

@@ -62,8 +62,20 @@ type Options struct {
 	Recheck  <-chan struct{}
 	Events   events.Recorder
 	Observer Observer
-	Clock    clock.WithTicker
-	Log      *zap.Logger
+	// Pods, when set, is told about every pod whose volumes the DSW is
+	// given (before they are desired, and again after any change to the
+	// pod) and about pods that left (refresh.Refresher).
+	Pods  PodObserver
+	Clock clock.WithTicker
+	Log   *zap.Logger
+}
+
+// PodObserver follows the pods the populator resolves.
+type PodObserver interface {
+	// PodUpdated: the pod is new or changed; used are the volumes its
+	// containers use.
+	PodUpdated(pod *v1.Pod, used []*v1.Volume)
+	PodRemoved(uid types.UID)
 }
 
 // Populator fills the DSW from a Source.
@@ -170,6 +182,9 @@ func (p *Populator) Sync(force bool) {
 	for uid := range p.state {
 		if !seen[uid] {
 			delete(p.state, uid)
+			if p.opts.Pods != nil {
+				p.opts.Pods.PodRemoved(uid)
+			}
 		}
 	}
 	p.ready.Store(true)
@@ -193,10 +208,15 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 
 	var vols []cache.PodVolume
 	var unresolved []string
+	var mounts podContainers
 	if err := volume.ValidatePathElement(string(pod.UID)); err != nil {
 		next.errs = append(next.errs, &volume.PodVolumeError{Pod: info.PodRef, Reason: ReasonPodUIDUnusable, Err: err})
 	} else {
 		usage := volumeUsage(pod)
+		if p.opts.Pods != nil && (st == nil || st.pod != pod) {
+			p.opts.Pods.PodUpdated(pod, usedVolumes(pod, usage))
+		}
+		mounts = containerMounts(pod, node.Name)
 		for i := range pod.Spec.Volumes {
 			vol := &pod.Spec.Volumes[i]
 			use, used := usage[vol.Name]
@@ -206,7 +226,7 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 			pv, verr := r.resolve(pod, info, vol, use)
 			if verr == nil {
 				next.resolved[vol.Name] = pv
-				vols = append(vols, pv)
+				vols = append(vols, withSubPaths(pv, mounts.subPaths[vol.Name]))
 				continue
 			}
 			if errors.Is(verr, plugins.ErrNotReady) {
@@ -218,19 +238,35 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 			}
 			if old, ok := prev[vol.Name]; ok {
 				next.resolved[vol.Name] = old
-				vols = append(vols, old)
+				vols = append(vols, withSubPaths(old, mounts.subPaths[vol.Name]))
 			} else {
 				unresolved = append(unresolved, vol.Name)
 			}
 		}
 	}
+	next.errs = append(next.errs, mounts.errs...)
 	next.deps = r.deps
 	sort.Strings(unresolved)
 	next.notices = r.notices
 	p.reportNewErrors(st, next.errs)
 	p.reportNewNotices(st, next.notices)
 	p.state[pod.UID] = next
-	p.opts.DSW.SetPod(info, vols, next.errs, unresolved)
+	p.opts.DSW.SetPodWithContainers(info, vols, next.errs, unresolved, mounts.containers)
+}
+
+// withSubPaths gives a resolved volume the sub-paths the pod's containers
+// mount of it: read-only when the mount or the volume is, or when
+// containers get the volume read-only anyway.
+func withSubPaths(pv cache.PodVolume, subPaths []volume.SubPath) cache.PodVolume {
+	if len(subPaths) == 0 {
+		return pv
+	}
+	pv.SubPaths = make([]volume.SubPath, len(subPaths))
+	for i, s := range subPaths {
+		s.ReadOnly = s.ReadOnly || pv.Spec.ReadOnly || volume.ReadOnlyForContainers(pv.Plugin)
+		pv.SubPaths[i] = s
+	}
+	return pv
 }
 
 // depsUnchanged reports whether every object a pod's resolution read is
@@ -260,6 +296,16 @@ func (p *Populator) depsUnchanged(deps []dep) bool {
 		}
 	}
 	return true
+}
+
+func usedVolumes(pod *v1.Pod, usage map[string]usage) []*v1.Volume {
+	var out []*v1.Volume
+	for i := range pod.Spec.Volumes {
+		if _, ok := usage[pod.Spec.Volumes[i].Name]; ok {
+			out = append(out, &pod.Spec.Volumes[i])
+		}
+	}
+	return out
 }
 
 // reportNewErrors emits an event and a metric for errors that are new since

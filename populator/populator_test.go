@@ -672,3 +672,43 @@ func TestSyncNodeAffinityUsesCurrentNode(t *testing.T) {
 		t.Errorf("after relabelling: errors %v, volumes %v", reasons(p.Errors), p.Volumes)
 	}
 }
+
+// podRecorder is a PodObserver that records its calls.
+type podRecorder struct {
+	updated []string // "<pod>:<used volumes>"
+	removed []types.UID
+}
+
+func (r *podRecorder) PodUpdated(pod *v1.Pod, used []*v1.Volume) {
+	var names []string
+	for _, v := range used {
+		names = append(names, v.Name)
+	}
+	r.updated = append(r.updated, pod.Name+":"+strings.Join(names, ","))
+}
+
+func (r *podRecorder) PodRemoved(uid types.UID) { r.removed = append(r.removed, uid) }
+
+func TestSyncTellsPodObserver(t *testing.T) {
+	rec := &podRecorder{}
+	h := newHarness(t, func(o *Options) { o.Pods = rec })
+	pod := newPod("web", withVolume(emptyDirVol("used")), withUnusedVolume(emptyDirVol("unused")))
+	h.src.Add(pod)
+	h.pop.Sync(false)
+	h.pop.Sync(true) // the same pod object: not told again
+	if want := []string{"web:used"}; !slices.Equal(rec.updated, want) {
+		t.Errorf("updated %v, want %v (used volumes only, once per pod object)", rec.updated, want)
+	}
+	changed := pod.DeepCopy()
+	changed.Labels = map[string]string{"a": "b"}
+	h.src.Add(changed)
+	h.pop.Sync(false)
+	if len(rec.updated) != 2 {
+		t.Errorf("a changed pod object must be told again: %v", rec.updated)
+	}
+	h.src.Add(withPhaseCopy(changed, v1.PodSucceeded))
+	h.pop.Sync(false)
+	if !slices.Equal(rec.removed, []types.UID{pod.UID}) {
+		t.Errorf("removed %v, want the terminated pod", rec.removed)
+	}
+}

@@ -179,10 +179,16 @@ func (r *resolver) resolve(pod *v1.Pod, podInfo volume.PodInfo, vol *v1.Volume, 
 	if err != nil {
 		return fail(ReasonUnsupported, err)
 	}
+	if _, ok := plugin.(plugins.BlockMapper); spec.IsBlock() && !ok {
+		return fail(ReasonUnsupported, fmt.Errorf("volume plugin %s does not support raw block volumes (volumeMode Block)", plugin.Name()))
+	}
 	attrs, err := plugin.Attributes(spec)
 	if err != nil {
 		return fail(ReasonInvalid, err)
 	}
+	// The volume mode decides which operations the volume gets; it comes
+	// from the PV, never from the plugin's guess.
+	attrs.Block = spec.IsBlock()
 	pv := cache.PodVolume{Plugin: plugin.Name(), Attributes: attrs, OuterName: vol.Name, Spec: spec}
 	if attrs.Shared() {
 		pv.Name = volume.SharedName(plugin.Name(), attrs.Identity)

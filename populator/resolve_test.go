@@ -4,6 +4,7 @@ import (
 	"errors"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -12,6 +13,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/emptydir"
 	"github.com/volume-agent/volume-agent/plugins/hostpath"
 	"github.com/volume-agent/volume-agent/plugins/local"
@@ -371,16 +374,6 @@ func TestResolveErrors(t *testing.T) {
 			wantReason: ReasonInvalid, wantMsg: `local path "relative" of PV pv-1 is not absolute`,
 		},
 		{
-			name: "local PV used as raw block",
-			setup: func(dir string) (*v1.Pod, []any) {
-				return bound(dir, func(pod *v1.Pod, _ *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) {
-					useAsDevice(pod)
-					pv.Spec.VolumeMode = ptr.To(v1.PersistentVolumeBlock)
-				})
-			},
-			wantReason: ReasonInvalid, wantMsg: "raw block (volumeDevices) use of local PV pv-1 is not supported",
-		},
-		{
 			name: "local PV with a mount option a bind mount cannot honour",
 			setup: func(dir string) (*v1.Pod, []any) {
 				return bound(dir, func(_ *v1.Pod, _ *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) {
@@ -440,6 +433,24 @@ func affinity(key string, op v1.NodeSelectorOperator, values ...string) *v1.Volu
 	return &v1.VolumeNodeAffinity{Required: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
 		MatchExpressions: []v1.NodeSelectorRequirement{{Key: key, Operator: op, Values: values}},
 	}}}}
+}
+
+// A plugin without raw block support gets a Block volume refused for the
+// pod, naming the plugin.
+func TestResolveBlockUnsupportedByPlugin(t *testing.T) {
+	pod, objs := bound(t.TempDir(), func(pod *v1.Pod, _ *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) {
+		useAsDevice(pod)
+		pv.Spec.VolumeMode = ptr.To(v1.PersistentVolumeBlock)
+	})
+	src := newFakeSource()
+	src.Add(objs...)
+	host := plugins.Host{Paths: volume.Paths{Root: t.TempDir()}, Mounter: mountutil.New(), NodeName: testNode}
+	// countingPlugin hides every capability but Plugin.
+	r := &resolver{store: src, plugins: plugins.NewRegistry(countingPlugin{local.New(host), &atomic.Int64{}}), node: testNodeInfo}
+	_, err := r.resolve(pod, podInfo(pod), &pod.Spec.Volumes[0], volumeUsage(pod)["data"])
+	if err == nil || err.Reason != ReasonUnsupported || !strings.Contains(err.Error(), "kubernetes.io/local-volume does not support raw block volumes") {
+		t.Errorf("error = %v, want %s naming the plugin", err, ReasonUnsupported)
+	}
 }
 
 func TestResolveLookupFailed(t *testing.T) {
@@ -502,6 +513,23 @@ func TestResolveSuccess(t *testing.T) {
 				return newPod("web", withVolume(vol)), nil
 			},
 			wantName: func(pod *v1.Pod) volume.UniqueName { return volume.PodScopedName(hostpath.Name, pod.UID, "host") },
+		},
+		{
+			name: "local PV used as raw block (volumeDevices)",
+			setup: func(dir string) (*v1.Pod, []any) {
+				return bound(dir, func(pod *v1.Pod, _ *v1.PersistentVolumeClaim, pv *v1.PersistentVolume) {
+					useAsDevice(pod)
+					pv.Spec.VolumeMode = ptr.To(v1.PersistentVolumeBlock)
+					pv.Spec.Local.Path = "/dev/disk/by-id/not-looked-at-when-resolving"
+				})
+			},
+			wantName:  func(*v1.Pod) volume.UniqueName { return volume.SharedName(local.Name, "pv-1") },
+			wantAttrs: volume.Attributes{Identity: "pv-1", Block: true},
+			check: func(t *testing.T, _ *v1.Pod, _ []any, pv cache.PodVolume) {
+				if !pv.Spec.IsBlock() {
+					t.Errorf("spec mode %s, want Block", pv.Spec.Mode)
+				}
+			},
 		},
 		{
 			name:      "local PV through a claim",

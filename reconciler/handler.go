@@ -20,6 +20,7 @@ func target(a *Action) *operations.Target {
 	return &operations.Target{
 		Volume: a.Volume, Plugin: a.Plugin, Attributes: a.Attributes,
 		Spec: a.Spec, Pod: a.Pod, SpecName: a.SpecName, DesiredSize: a.DesiredSize, Waiting: a.Pods,
+		SubPaths: a.SubPaths,
 	}
 }
 
@@ -32,6 +33,8 @@ func (h *OperatorHandler) Operation(a *Action) *operations.Operation {
 		fn = func(ctx context.Context) error { return h.Operator.MountDevice(ctx, t) }
 	case operations.OpMountVolume:
 		fn = func(ctx context.Context) error { return h.Operator.MountVolume(ctx, t) }
+	case operations.OpPrepareSubPaths:
+		fn = func(ctx context.Context) error { return h.Operator.PrepareSubPaths(ctx, t) }
 	case operations.OpUnmountVolume:
 		mountPath := a.MountPath
 		fn = func(ctx context.Context) error { return h.Operator.UnmountVolume(ctx, t, mountPath) }
@@ -43,6 +46,15 @@ func (h *OperatorHandler) Operation(a *Action) *operations.Operation {
 		fn = func(ctx context.Context) error { return h.Operator.DetachVolume(ctx, t) }
 	case operations.OpExpandVolume:
 		fn = func(ctx context.Context) error { return h.Operator.ExpandVolume(ctx, t) }
+	case operations.OpMapDevice:
+		fn = func(ctx context.Context) error { return h.Operator.MapDevice(ctx, t) }
+	case operations.OpMapVolume:
+		fn = func(ctx context.Context) error { return h.Operator.MapVolume(ctx, t) }
+	case operations.OpUnmapVolume:
+		accessPoint := a.MountPath
+		fn = func(ctx context.Context) error { return h.Operator.UnmapVolume(ctx, t, accessPoint) }
+	case operations.OpUnmapDevice:
+		fn = func(ctx context.Context) error { return h.Operator.UnmapDevice(ctx, t) }
 	default:
 		return nil
 	}

@@ -17,12 +17,15 @@ import (
 
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/internal/atomicfile"
+	"github.com/volume-agent/volume-agent/internal/subpath"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
 // CleanPodDirs removes what is left of pods that are gone once nothing of
-// theirs is mounted or known any more: empty volume directories, empty
-// state directories, the pod directory. It never deletes a file or a
+// theirs is mounted or known any more: sub-path bind mounts (the agent's
+// own, which a crash between preparing them and tearing the volume down can
+// leave), empty volume directories, empty state directories, the pod
+// directory. Apart from sub-path targets it never deletes a file or a
 // non-empty directory and never touches a mount point; whatever it cannot
 // remove is returned as a problem to report.
 func CleanPodDirs(paths volume.Paths, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, isMountPoint func(string) (bool, error)) []Problem {
@@ -46,16 +49,16 @@ func CleanPodDirs(paths volume.Paths, dsw *cache.DesiredSnapshot, asw *cache.Act
 			continue
 		}
 		podDir := paths.PodDir(uid)
-		var left []string
-		for _, sub := range []string{"volumes", "volume-state"} {
-			left = append(left, removeEmptyTree(filepath.Join(podDir, sub), layoutDepth, isMountPoint)...)
+		left := cleanSubPaths(paths.PodSubPathsDir(uid))
+		for _, sub := range []string{"volume-subpaths", "volumes", "volumeDevices", "volume-state"} {
+			left = append(left, removeEmptyTree(filepath.Join(podDir, sub), layoutDepth[sub], isMountPoint)...)
 		}
 		if err := unix.Rmdir(podDir); err == nil || errors.Is(err, unix.ENOENT) {
 			continue
 		}
 		rest, _ := os.ReadDir(podDir)
 		for _, r := range rest {
-			if r.Name() != "volumes" && r.Name() != "volume-state" {
+			if r.Name() != "volumes" && r.Name() != "volumeDevices" && r.Name() != "volume-state" && r.Name() != "volume-subpaths" {
 				left = append(left, filepath.Join(podDir, r.Name()))
 			}
 		}
@@ -69,10 +72,28 @@ func CleanPodDirs(paths volume.Paths, dsw *cache.DesiredSnapshot, asw *cache.Act
 	return problems
 }
 
-// layoutDepth is how deep the agent's own directories go below a pod's
-// volumes and volume-state directories (<plugin>/<volume>). Below that is a
-// volume's content, the pod's, which housekeeping never walks.
-const layoutDepth = 2
+// layoutDepth is how deep the agent's own directories go below each of a
+// pod's directories: <plugin>/<volume> (<plugin>/<volume>/<container>/<index>
+// for sub-paths). Below that is a volume's content, the pod's, which
+// housekeeping never walks.
+var layoutDepth = map[string]int{"volumes": 2, "volumeDevices": 2, "volume-state": 2, "volume-subpaths": 4}
+
+// cleanSubPaths removes the sub-path targets of every volume of a gone pod
+// (<dir>/<plugin>/<specName>/<container>/<index>) and returns what it had
+// to leave.
+func cleanSubPaths(dir string) []string {
+	plugins, _ := os.ReadDir(dir)
+	var left []string
+	for _, pl := range plugins {
+		vols, _ := os.ReadDir(filepath.Join(dir, pl.Name()))
+		for _, v := range vols {
+			if err := subpath.Clean(filepath.Join(dir, pl.Name(), v.Name())); err != nil {
+				left = append(left, err.Error())
+			}
+		}
+	}
+	return left
+}
 
 // removeEmptyTree removes empty directories bottom-up below and including
 // dir, at most depth levels down, and returns the paths it had to leave

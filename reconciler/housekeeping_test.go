@@ -17,6 +17,7 @@ import (
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/subpath"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -401,5 +402,37 @@ func TestOrphansReportOnceAndClear(t *testing.T) {
 	o.Set("housekeeping", []Problem{c})
 	if n := logs.Len(); n != 1 {
 		t.Errorf("a problem that came back: %d lines", n)
+	}
+}
+
+// A crash between preparing a pod's sub-paths and tearing its volume down
+// (or a volume torn down by an older agent) leaves sub-path bind mounts of
+// a gone pod: they are the agent's own and are removed, the volume they
+// were bound from untouched; those of a pod still known are left alone.
+func TestCleanPodDirsRemovesSubPathsOfGonePods(t *testing.T) {
+	mounttest.RequireRoot(t)
+	w := newHKWorld(t)
+	vol := mounttest.TempDir(t)
+	mounttest.WriteFile(t, filepath.Join(vol, "logs", "app.log"), "data")
+	for _, uid := range []types.UID{"gone", "desired"} {
+		for i, sub := range []string{"logs", "logs/app.log"} {
+			target := w.paths.SubPathTarget(uid, "kubernetes.io/local-volume", "pv-1", "app", i)
+			if err := subpath.Prepare(subpath.Request{VolumeDir: vol, SubPath: sub, Target: target}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	problems := CleanPodDirs(w.paths, hkDesired("desired"), hkActual(), w.isMountPoint)
+	if len(problems) != 0 {
+		t.Errorf("problems: %+v", problems)
+	}
+	if got := w.podDirs(); !slices.Equal(got, []string{"desired"}) {
+		t.Errorf("left under pods/: %v", got)
+	}
+	if n := len(mounttest.MountsUnder(t, w.paths.PodSubPathsDir("desired"))); n != 2 {
+		t.Errorf("%d sub-path mounts of the desired pod left, want its 2", n)
+	}
+	if got := mounttest.ReadFile(t, filepath.Join(vol, "logs", "app.log")); got != "data" {
+		t.Errorf("the volume's file now holds %q", got)
 	}
 }

@@ -63,6 +63,13 @@ func enrichWorld(r *rand.Rand, dsw *cache.DesiredSnapshot, asw *cache.ActualSnap
 				dv.Attributes = publishOnly
 			}
 		}
+		if r.IntN(4) == 0 {
+			// A raw block volume: the same world, with map operations.
+			av.Attributes.Block = true
+			if dv := dsw.Volumes[name]; dv != nil {
+				dv.Attributes.Block = true
+			}
+		}
 		if r.IntN(5) == 0 {
 			av.DeviceReconstructed = true
 		}
@@ -75,6 +82,21 @@ func enrichWorld(r *rand.Rand, dsw *cache.DesiredSnapshot, asw *cache.ActualSnap
 		for _, uid := range slices.Sorted(maps.Keys(av.Pods)) {
 			if r.IntN(4) == 0 {
 				av.Pods[uid].Reconstructed = true
+			}
+			switch r.IntN(4) {
+			case 0:
+				prepared(string(uid), "a")(av)
+			case 1:
+				prepared(string(uid), "a")(av)
+				outdated(string(uid))(av)
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(dsw.Volumes)) {
+		dv := dsw.Volumes[name]
+		for _, uid := range slices.Sorted(maps.Keys(dv.Pods)) {
+			if r.IntN(3) == 0 {
+				withSubPaths(dv, string(uid), "a")
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"fmt"
 	"sort"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -14,9 +15,9 @@ import (
 // phase orders operations: unmount, then mount, then device teardown.
 func phase(op operations.Op) int {
 	switch op {
-	case operations.OpUnmountVolume:
+	case operations.OpUnmountVolume, operations.OpUnmapVolume:
 		return 1
-	case operations.OpUnmountDevice, operations.OpDetachVolume:
+	case operations.OpUnmountDevice, operations.OpUnmapDevice, operations.OpDetachVolume:
 		return 3
 	}
 	return 2
@@ -40,6 +41,9 @@ type Action struct {
 	// DesiredSize is the size to grow to, for volume_fs_resize and for a
 	// device mount while expansion is pending.
 	DesiredSize *resource.Quantity
+	// SubPaths are the sub-paths the pod's containers mount, for
+	// prepare_subpaths.
+	SubPaths []volume.SubPath
 	// Pods are the pods waiting for a volume-wide action (attach, device
 	// mount, expansion), so failures can be reported to them.
 	Pods []volume.PodRef
@@ -102,7 +106,7 @@ func planUnmounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, orphans
 				continue
 			}
 			out = append(out, Action{
-				Op: operations.OpUnmountVolume, Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes,
+				Op: operations.ForMode(operations.OpUnmountVolume, av.Attributes.Block), Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes,
 				Pod: volume.PodInfo{PodRef: m.Pod}, Spec: m.Spec, SpecName: m.SpecName, MountPath: m.MountPath,
 				Reason: "no longer desired (mount " + string(m.State) + ")",
 			})
@@ -117,7 +121,8 @@ func protectedPod(dsw *cache.DesiredSnapshot, uid types.UID) bool {
 }
 
 // planMounts: phase 2. For each desired volume: attach, then mount the device
-// once, then set it up for every pod that does not have it mounted. State
+// once, then set it up for every pod that does not have it mounted (for a raw
+// block volume: map the device, then map it for every pod). State
 // reconstructed after a restart is left alone until the sources are ready:
 // the first ready pass adopts what is in place, without any operation.
 func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready bool, out []Action) []Action {
@@ -139,7 +144,7 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready boo
 			if av != nil && av.DeviceState == cache.DeviceMountUncertain {
 				reason = "device mount uncertain"
 			}
-			out = append(out, volumeAction(operations.OpMountDevice, reason))
+			out = append(out, volumeAction(operations.ForMode(operations.OpMountDevice, dv.Attributes.Block), reason))
 			continue
 		}
 		expand := cache.ExpansionNeeded(dv.DesiredSize, dv.Attributes, av)
@@ -155,6 +160,12 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready boo
 				m = av.Pods[uid]
 			}
 			if !cache.PodMountNeeded(m) {
+				if cache.SubPathsNeeded(dp.SubPaths, m) {
+					out = append(out, Action{
+						Op: operations.OpPrepareSubPaths, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
+						Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, SubPaths: dp.SubPaths, Reason: subPathsReason(dp, m),
+					})
+				}
 				continue
 			}
 			reason := "remount required"
@@ -168,7 +179,7 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready boo
 				reason = "mount uncertain"
 			}
 			out = append(out, Action{
-				Op: operations.OpMountVolume, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
+				Op: operations.ForMode(operations.OpMountVolume, dv.Attributes.Block), Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
 				Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, Reason: reason,
 			})
 		}
@@ -177,6 +188,13 @@ func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready boo
 		}
 	}
 	return out
+}
+
+func subPathsReason(dp *cache.DesiredPodVolume, m *cache.ActualPodMount) string {
+	if m.SubPathsOutdated {
+		return "volume set up again since its sub-paths were prepared"
+	}
+	return fmt.Sprintf("sub-paths changed (%d wanted, %d prepared)", len(dp.SubPaths), len(m.SubPaths))
 }
 
 func expansionReason(dv *cache.DesiredVolume, av *cache.ActualVolume) string {
@@ -198,7 +216,7 @@ func planDeviceTeardown(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, o
 		a := Action{Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes, Spec: av.Spec}
 		switch {
 		case cache.DeviceUnmountNeeded(wanted, av):
-			a.Op, a.Reason = operations.OpUnmountDevice, "no pod uses it (device "+string(av.DeviceState)+")"
+			a.Op, a.Reason = operations.ForMode(operations.OpUnmountDevice, av.Attributes.Block), "no pod uses it (device "+string(av.DeviceState)+")"
 		case cache.DetachNeeded(wanted, av):
 			a.Op, a.Reason = operations.OpDetachVolume, "no pod uses it (attach "+string(av.AttachState)+")"
 		default:

@@ -23,6 +23,8 @@ var (
 	sharedDirAttrs  = volume.Attributes{Identity: "dir"} // shared, no device mount (local directory PV)
 	deviceAttrs     = volume.Attributes{Identity: "dev", DeviceMountable: true}
 	attachableAttrs = volume.Attributes{Identity: "disk", DeviceMountable: true, Attachable: true}
+	localBlockAttrs = volume.Attributes{Identity: "lblk", Block: true} // local block PV: nothing staged
+	csiBlockAttrs   = volume.Attributes{Identity: "cblk", DeviceMountable: true, Attachable: true, Block: true}
 )
 
 const testPlugin = "test/plugin"
@@ -107,6 +109,32 @@ func mounted(uids ...string) avOpt {
 func uncertain(uid string) avOpt { return podMount(uid, cache.MountUncertain, false) }
 
 func remount(uid string) avOpt { return podMount(uid, cache.Mounted, true) }
+
+// subPathsOf builds a pod's sub-paths of a volume, one container mount
+// each.
+func subPathsOf(paths ...string) []volume.SubPath {
+	var out []volume.SubPath
+	for i, p := range paths {
+		out = append(out, volume.SubPath{Container: "main", Index: i, MountPath: "/m/" + p, Path: p})
+	}
+	return out
+}
+
+// withSubPaths makes the pod's containers mount the given sub-paths of v.
+func withSubPaths(v *cache.DesiredVolume, uid string, paths ...string) *cache.DesiredVolume {
+	v.Pods[types.UID(uid)].SubPaths = subPathsOf(paths...)
+	return v
+}
+
+// prepared records the pod's sub-paths of the volume as prepared.
+func prepared(uid string, paths ...string) avOpt {
+	return func(v *cache.ActualVolume) { v.Pods[types.UID(uid)].SubPaths = subPathsOf(paths...) }
+}
+
+// outdated marks the pod's prepared sub-paths outdated.
+func outdated(uid string) avOpt {
+	return func(v *cache.ActualVolume) { v.Pods[types.UID(uid)].SubPathsOutdated = true }
+}
 
 func device(s cache.DeviceMountState) avOpt {
 	return func(v *cache.ActualVolume) { v.DeviceState = s }
@@ -221,6 +249,9 @@ const (
 	vDev  volume.UniqueName = "test/plugin/dev"
 	vDisk volume.UniqueName = "test/plugin/disk"
 	vDir  volume.UniqueName = "test/plugin/dir"
+
+	vLocalBlk volume.UniqueName = "test/plugin/lblk"
+	vCSIBlk   volume.UniqueName = "test/plugin/cblk"
 )
 
 type planCase struct {
@@ -307,6 +338,54 @@ func planCases() []planCase {
 		{
 			name: "remount required but not desired: unmount, not remount",
 			asw:  []*cache.ActualVolume{avol(vA, remountAttrs, remount("p1"))},
+			want: []act{{operations.OpUnmountVolume, vA, "p1", ""}},
+		},
+
+		// Sub-paths.
+		{
+			name: "mounted, sub-paths wanted, none prepared",
+			dsw:  []*cache.DesiredVolume{withSubPaths(dvol(vA, perPodAttrs, "p1"), "p1", "logs")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"))},
+			want: []act{{operations.OpPrepareSubPaths, vA, "p1", "sub-paths changed (1 wanted, 0 prepared)"}},
+		},
+		{
+			name: "sub-paths prepared as wanted",
+			dsw:  []*cache.DesiredVolume{withSubPaths(dvol(vA, perPodAttrs, "p1", "p2"), "p1", "logs", "conf")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1", "p2"), prepared("p1", "logs", "conf"))},
+		},
+		{
+			name: "sub-paths prepared but another one wanted now",
+			dsw:  []*cache.DesiredVolume{withSubPaths(dvol(vA, perPodAttrs, "p1"), "p1", "logs/canary")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"), prepared("p1", "logs/stable"))},
+			want: []act{{operations.OpPrepareSubPaths, vA, "p1", "sub-paths changed (1 wanted, 1 prepared)"}},
+		},
+		{
+			name: "sub-paths prepared, none wanted any more",
+			dsw:  []*cache.DesiredVolume{dvol(vA, sharedDirAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vA, sharedDirAttrs, mounted("p1"), prepared("p1", "logs"))},
+			want: []act{{operations.OpPrepareSubPaths, vA, "p1", "sub-paths changed (0 wanted, 1 prepared)"}},
+		},
+		{
+			name: "sub-paths prepared before the volume was set up again",
+			dsw:  []*cache.DesiredVolume{withSubPaths(dvol(vA, remountAttrs, "p1"), "p1", "key")},
+			asw:  []*cache.ActualVolume{avol(vA, remountAttrs, mounted("p1"), prepared("p1", "key"), outdated("p1"))},
+			want: []act{{operations.OpPrepareSubPaths, vA, "p1", "volume set up again since its sub-paths were prepared"}},
+		},
+		{
+			name: "sub-paths wait for an uncertain mount to be set up",
+			dsw:  []*cache.DesiredVolume{withSubPaths(dvol(vA, perPodAttrs, "p1"), "p1", "logs")},
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, uncertain("p1"))},
+			want: []act{{operations.OpMountVolume, vA, "p1", "mount uncertain"}},
+		},
+		{
+			name: "sub-paths wait for a remount",
+			dsw:  []*cache.DesiredVolume{withSubPaths(dvol(vA, remountAttrs, "p1"), "p1", "key")},
+			asw:  []*cache.ActualVolume{avol(vA, remountAttrs, remount("p1"), prepared("p1", "old"))},
+			want: []act{{operations.OpMountVolume, vA, "p1", "remount required"}},
+		},
+		{
+			name: "a pod that no longer wants the volume: unmounted, sub-paths and all",
+			asw:  []*cache.ActualVolume{avol(vA, perPodAttrs, mounted("p1"), prepared("p1", "logs"))},
 			want: []act{{operations.OpUnmountVolume, vA, "p1", ""}},
 		},
 
@@ -647,6 +726,68 @@ func planCases() []planCase {
 				{operations.OpExpandVolume, vA, "", ""},
 				{operations.OpMountVolume, vA, "p1", "remount required"},
 			},
+		},
+
+		// Raw block volumes (volumeMode Block) get the map operations, in
+		// the same order and on the same predicates as mounts.
+		{
+			name: "local block volume: mapped for each pod, no device phase",
+			dsw:  []*cache.DesiredVolume{dvol(vLocalBlk, localBlockAttrs, "p1", "p2")},
+			asw:  []*cache.ActualVolume{avol(vLocalBlk, localBlockAttrs, mounted("p1"))},
+			want: []act{{operations.OpMapVolume, vLocalBlk, "p2", "not mounted"}},
+		},
+		{
+			name: "CSI block volume: attach, then map the device (stage), then each pod",
+			dsw:  []*cache.DesiredVolume{dvol(vCSIBlk, csiBlockAttrs, "p1")},
+			want: []act{{operations.OpVerifyAttached, vCSIBlk, "", "not attached"}},
+		},
+		{
+			name: "CSI block volume attached: map_device",
+			dsw:  []*cache.DesiredVolume{dvol(vCSIBlk, csiBlockAttrs, "p1")},
+			asw:  []*cache.ActualVolume{avol(vCSIBlk, csiBlockAttrs, attach(cache.Attached))},
+			want: []act{{operations.OpMapDevice, vCSIBlk, "", "device not mounted"}},
+		},
+		{
+			name: "CSI block volume staged: map_volume for the pods",
+			dsw:  []*cache.DesiredVolume{dvol(vCSIBlk, csiBlockAttrs, "p1", "p2")},
+			asw:  []*cache.ActualVolume{avol(vCSIBlk, csiBlockAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted), uncertain("p2"))},
+			want: []act{
+				{operations.OpMapVolume, vCSIBlk, "p1", "not mounted"},
+				{operations.OpMapVolume, vCSIBlk, "p2", "mount uncertain"},
+			},
+		},
+		{
+			name: "block volumes no pod wants: unmap_volume, then (next pass) unmap_device and detach",
+			asw: []*cache.ActualVolume{
+				avol(vCSIBlk, csiBlockAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted), mounted("p1")),
+				avol(vLocalBlk, localBlockAttrs, uncertain("p2")),
+			},
+			want: []act{
+				{operations.OpUnmapVolume, vCSIBlk, "p1", "no longer desired (mount Mounted)"},
+				{operations.OpUnmapVolume, vLocalBlk, "p2", "no longer desired (mount Uncertain)"},
+			},
+		},
+		{
+			name: "block device no pod has: unmap_device",
+			asw:  []*cache.ActualVolume{avol(vCSIBlk, csiBlockAttrs, attach(cache.Attached), device(cache.DeviceMountUncertain))},
+			want: []act{{operations.OpUnmapDevice, vCSIBlk, "", "no pod uses it (device Uncertain)"}},
+		},
+		{
+			name: "block device unmapped: detach",
+			asw:  []*cache.ActualVolume{avol(vCSIBlk, csiBlockAttrs, attach(cache.Attached))},
+			want: []act{{operations.OpDetachVolume, vCSIBlk, "", ""}},
+		},
+		{
+			name: "block volume expansion waits for a pod to have it mapped (no offline growth)",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vCSIBlk, csiBlockAttrs, "p1"), "2Gi")},
+			asw:  []*cache.ActualVolume{avol(vCSIBlk, csiBlockAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted), size("1Gi"))},
+			want: []act{{operations.OpMapVolume, vCSIBlk, "p1", "not mounted"}},
+		},
+		{
+			name: "block volume mapped: expanded online",
+			dsw:  []*cache.DesiredVolume{withSize(dvol(vCSIBlk, csiBlockAttrs, "p1"), "2Gi")},
+			asw:  []*cache.ActualVolume{avol(vCSIBlk, csiBlockAttrs, attach(cache.Attached), device(cache.DeviceGloballyMounted), size("1Gi"), mounted("p1"))},
+			want: []act{{operations.OpExpandVolume, vCSIBlk, "", ""}},
 		},
 	}
 }

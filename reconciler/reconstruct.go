@@ -37,8 +37,9 @@ type Reconstruction struct {
 // populator would. Everything found is uncertain and marked reconstructed:
 // until matched with a pod that wants it, it may only be torn down, and only
 // once the sources have been read completely. isMountPoint tells what is
-// actually mounted.
-func Reconstruct(paths volume.Paths, reg *plugins.Registry, isMountPoint func(string) (bool, error)) (*Reconstruction, error) {
+// actually mounted; isMapped tells whether a raw block volume's access point
+// holds a block device that is pinned (only then is it adopted as mapped).
+func Reconstruct(paths volume.Paths, reg *plugins.Registry, isMountPoint, isMapped func(string) (bool, error)) (*Reconstruction, error) {
 	r := &Reconstruction{}
 	vols := map[volume.UniqueName]*cache.ActualVolume{}
 	get := func(name volume.UniqueName, plugin string, attrs volume.Attributes) *cache.ActualVolume {
@@ -66,17 +67,21 @@ func Reconstruct(paths volume.Paths, reg *plugins.Registry, isMountPoint func(st
 				r.Problems = append(r.Problems, Problem{Path: found.path, PodUID: uid, Reason: fmt.Sprintf("volume plugin %q is not available on this node", found.plugin)})
 				continue
 			}
-			rec, ok := p.(plugins.Reconstructor)
-			if !ok {
-				r.Problems = append(r.Problems, Problem{Path: found.path, PodUID: uid, Reason: fmt.Sprintf("volume plugin %q cannot reconstruct volumes", found.plugin)})
-				continue
-			}
-			name, attrs, err := rec.ReconstructPodVolume(uid, found.specName, found.path)
+			name, attrs, err := reconstructPodEntry(p, uid, found)
 			if err != nil {
 				r.Problems = append(r.Problems, Problem{Path: found.path, PodUID: uid, Reason: err.Error()})
 				continue
 			}
-			mounted, err := isMountPoint(found.path)
+			check := isMountPoint
+			if attrs.Block {
+				check = isMapped
+				if found.stateOnly {
+					// Only the state file is left: the access point it
+					// describes would be here.
+					found.path = paths.PodDevicePath(uid, found.plugin, found.specName)
+				}
+			}
+			mounted, err := check(found.path)
 			if err != nil {
 				r.Problems = append(r.Problems, Problem{Path: found.path, PodUID: uid, Reason: err.Error()})
 				continue
@@ -85,6 +90,10 @@ func Reconstruct(paths volume.Paths, reg *plugins.Registry, isMountPoint func(st
 			v.Pods[uid] = &cache.ActualPodMount{
 				Pod: volume.PodRef{UID: uid}, SpecName: found.specName, MountPath: found.path,
 				State: cache.MountUncertain, Reconstructed: true, FoundMounted: mounted,
+				// Sub-paths on disk are checked (kept if still wanted,
+				// removed if not) once the mount is adopted, or removed
+				// with it.
+				SubPathsOutdated: exists(paths.VolumeSubPathsDir(uid, found.plugin, found.specName)),
 			}
 		}
 	}
@@ -139,36 +148,67 @@ func Reconstruct(paths volume.Paths, reg *plugins.Registry, isMountPoint func(st
 	return r, nil
 }
 
-type podVolumeEntry struct {
-	plugin, specName, path string
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
 
-// podVolumeEntries lists a pod's volume directories and, for volumes whose
-// directory is gone but whose state file remains (a crash between the two),
-// the directory they would have.
+type podVolumeEntry struct {
+	plugin, specName, path string
+	// block: found under volumeDevices/ (a raw block access point).
+	block bool
+	// stateOnly: only the pod volume state file was found.
+	stateOnly bool
+}
+
+// reconstructPodEntry asks the entry's plugin to name it.
+func reconstructPodEntry(p plugins.Plugin, uid types.UID, found podVolumeEntry) (volume.UniqueName, volume.Attributes, error) {
+	if found.block {
+		rec, ok := p.(plugins.BlockReconstructor)
+		if !ok {
+			return "", volume.Attributes{}, fmt.Errorf("volume plugin %q cannot reconstruct raw block volumes", found.plugin)
+		}
+		name, attrs, err := rec.ReconstructPodDevice(uid, found.specName, found.path)
+		attrs.Block = true
+		return name, attrs, err
+	}
+	rec, ok := p.(plugins.Reconstructor)
+	if !ok {
+		return "", volume.Attributes{}, fmt.Errorf("volume plugin %q cannot reconstruct volumes", found.plugin)
+	}
+	return rec.ReconstructPodVolume(uid, found.specName, found.path)
+}
+
+// podVolumeEntries lists a pod's volume directories and raw block access
+// points and, for volumes whose directory is gone but whose state file
+// remains (a crash between the two), the directory they would have.
 func podVolumeEntries(paths volume.Paths, uid types.UID) []podVolumeEntry {
 	var out []podVolumeEntry
 	seen := map[string]bool{}
-	volumesDir := paths.PodVolumesDir(uid)
-	plugins, _ := os.ReadDir(volumesDir)
-	for _, pl := range plugins {
-		if !pl.IsDir() {
-			continue
-		}
-		plugin := volume.UnescapePlugin(pl.Name())
-		entries, _ := os.ReadDir(filepath.Join(volumesDir, pl.Name()))
-		for _, e := range entries {
-			if strings.HasPrefix(e.Name(), ".") {
-				// Not a volume (names never start with a dot): the
-				// debris of a set-up that was interrupted.
+	for _, top := range []struct {
+		dir   string
+		block bool
+	}{{paths.PodVolumesDir(uid), false}, {paths.PodDevicesDir(uid), true}} {
+		plugins, _ := os.ReadDir(top.dir)
+		for _, pl := range plugins {
+			if !pl.IsDir() {
 				continue
 			}
-			out = append(out, podVolumeEntry{plugin: plugin, specName: e.Name(), path: filepath.Join(volumesDir, pl.Name(), e.Name())})
-			seen[plugin+"/"+e.Name()] = true
+			plugin := volume.UnescapePlugin(pl.Name())
+			entries, _ := os.ReadDir(filepath.Join(top.dir, pl.Name()))
+			for _, e := range entries {
+				if strings.HasPrefix(e.Name(), ".") {
+					// Not a volume (names never start with a dot): the
+					// debris of a set-up that was interrupted.
+					continue
+				}
+				out = append(out, podVolumeEntry{plugin: plugin, specName: e.Name(), path: filepath.Join(top.dir, pl.Name(), e.Name()), block: top.block})
+				seen[plugin+"/"+e.Name()] = true
+			}
 		}
 	}
 	stateDir := filepath.Join(paths.PodDir(uid), "volume-state")
-	plugins, _ = os.ReadDir(stateDir)
+	plugins, _ := os.ReadDir(stateDir)
 	for _, pl := range plugins {
 		plugin := volume.UnescapePlugin(pl.Name())
 		atomicfile.RemoveTemps(filepath.Join(stateDir, pl.Name()))
@@ -178,7 +218,7 @@ func podVolumeEntries(paths volume.Paths, uid types.UID) []podVolumeEntry {
 			if !ok || strings.HasPrefix(name, ".") || seen[plugin+"/"+name] {
 				continue
 			}
-			out = append(out, podVolumeEntry{plugin: plugin, specName: name, path: paths.PodVolumeDir(uid, plugin, name)})
+			out = append(out, podVolumeEntry{plugin: plugin, specName: name, path: paths.PodVolumeDir(uid, plugin, name), stateOnly: true})
 		}
 	}
 	return out

@@ -217,7 +217,7 @@ func (w *rcWorld) mountTmpfs(dir string) {
 
 func (w *rcWorld) reconstruct() *Reconstruction {
 	w.t.Helper()
-	r, err := Reconstruct(w.paths, w.plugins, w.isMountPoint)
+	r, err := Reconstruct(w.paths, w.plugins, w.isMountPoint, w.isMountPoint)
 	if err != nil {
 		w.t.Fatalf("Reconstruct: %v", err)
 	}
@@ -590,7 +590,7 @@ func TestReconstructRealMountTable(t *testing.T) {
 	tmpfs := w.podVolume("pod-a", emptydir.Name, "mem", false)
 	mounttest.MountTmpfs(t, tmpfs)
 	dir := w.podVolume("pod-a", emptydir.Name, "disk", false)
-	r, err := Reconstruct(w.paths, w.plugins, w.mounter.IsMountPoint)
+	r, err := Reconstruct(w.paths, w.plugins, w.mounter.IsMountPoint, w.mounter.IsMountPoint)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1207,4 +1207,80 @@ func stripAdoptions(as []Adoption) []Adoption {
 		out = append(out, b)
 	}
 	return out
+}
+
+// Raw block access points under <root>/pods/<uid>/volumeDevices are
+// reconstructed as Block volumes named as the populator names them; the
+// mapping check (a pinned block device) decides whether they were found in
+// place. A CSI block volume whose access point is gone but whose state is
+// left is reconstructed at its access point path, not a volume directory.
+func TestReconstructBlockAccessPoints(t *testing.T) {
+	w := newRCWorld(t)
+	mapped := w.paths.PodDevicePath("pod-a", local.Name, "pv-blk")
+	notMapped := w.paths.PodDevicePath("pod-b", local.Name, "pv-blk")
+	for _, ap := range []string{mapped, notMapped} {
+		w.writeFile(ap, "")
+	}
+	w.mounted[mapped] = true
+
+	spec := csiSpec("pv-cblk", "handle-b")
+	spec.Mode = v1.PersistentVolumeBlock
+	cname, _, cattrs := w.populatorName("pod-c", spec)
+	st := csiplugin.PodState{VolumeName: cname, Driver: rcDriver, VolumeID: "handle-b", PV: "pv-cblk",
+		TargetPath: w.paths.PodDevicePath("pod-c", csiplugin.Name, "pv-cblk"), SpecName: "pv-cblk", PodUID: "pod-c", Block: true}
+	if err := atomicfile.WriteJSON(w.paths.PodVolumeStateFile("pod-c", csiplugin.Name, "pv-cblk"), st); err != nil {
+		t.Fatal(err)
+	}
+
+	r := w.reconstruct()
+	checkNoProblems(t, r)
+	if !cattrs.Block {
+		t.Fatal("the CSI plugin's attributes of a Block PV lack Block")
+	}
+	lname, _, lattrs := w.populatorName("pod-a", func() *volume.Spec {
+		s := localSpec("pv-blk", "/dev/not-looked-at")
+		s.Mode = v1.PersistentVolumeBlock
+		return s
+	}())
+	want := []*cache.ActualVolume{
+		rcVolume(cname, csiplugin.Name, volume.Attributes{Identity: cattrs.Identity, DeviceMountable: true, Block: true},
+			rcPod("pod-c", "pv-cblk", w.paths.PodDevicePath("pod-c", csiplugin.Name, "pv-cblk"), false)),
+		rcVolume(lname, local.Name, lattrs, rcPod("pod-a", "pv-blk", mapped, true), rcPod("pod-b", "pv-blk", notMapped, false)),
+	}
+	slices.SortFunc(want, func(a, b *cache.ActualVolume) int { return strings.Compare(string(a.Name), string(b.Name)) })
+	checkVolumes(t, r.Volumes, want)
+}
+
+// A pod volume with sub-paths on disk is found with them outdated: they are
+// checked once the mount is adopted (or removed with it).
+func TestReconstructSubPaths(t *testing.T) {
+	w := newRCWorld(t)
+	disk := emptyDirSpec("scratch", v1.StorageMediumDefault)
+	dir := w.podVolume("pod-a", emptydir.Name, "scratch", true)
+	plainDir := w.podVolume("pod-a", emptydir.Name, "plain", true)
+	w.mkdir(w.paths.SubPathTarget("pod-a", emptydir.Name, "scratch", "app", 0))
+	r := w.reconstruct()
+	checkNoProblems(t, r)
+	name, plugin, attrs := w.populatorName("pod-a", disk)
+	plainName, _, _ := w.populatorName("pod-a", emptyDirSpec("plain", v1.StorageMediumDefault))
+	withSubPaths := rcPod("pod-a", "scratch", dir, true)
+	withSubPaths.SubPathsOutdated = true
+	want := []*cache.ActualVolume{
+		rcVolume(plainName, plugin, attrs, rcPod("pod-a", "plain", plainDir, true)),
+		rcVolume(name, plugin, attrs, withSubPaths),
+	}
+	slices.SortFunc(want, func(a, b *cache.ActualVolume) int { return strings.Compare(string(a.Name), string(b.Name)) })
+	checkVolumes(t, r.Volumes, want)
+}
+
+// A volumeDevices entry of a plugin that cannot reconstruct block access
+// points is left alone and reported.
+func TestReconstructBlockEntryOfAPluginWithoutBlock(t *testing.T) {
+	w := newRCWorld(t)
+	ap := w.paths.PodDevicePath("pod-a", emptydir.Name, "scratch")
+	w.writeFile(ap, "")
+	r := w.reconstruct()
+	if len(r.Volumes) != 0 || len(r.Problems) != 1 || r.Problems[0].Path != ap || !strings.Contains(r.Problems[0].Reason, "cannot reconstruct raw block volumes") {
+		t.Errorf("reconstruction: %s", rcJSON(r))
+	}
 }

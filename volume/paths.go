@@ -5,21 +5,41 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
 )
 
 // Paths is the layout of the agent's root directory. It is the only place
-// that knows it; docs/root-dir.md describes it for people.
+// that knows it; README.md (root directory layout) and docs/block-volumes.md
+// describe it for people.
 //
 //	<root>/pods/<podUID>/volumes/<plugin~escaped>/<specName>   the volume as the pod sees it
+//	<root>/pods/<podUID>/volumeDevices/<plugin~escaped>/<specName>
+//	                                                           a raw block volume's access point (below)
 //	<root>/pods/<podUID>/volume-state/<plugin~escaped>/<specName>.json
 //	                                                           what teardown needs after a restart
+//	<root>/pods/<podUID>/volume-subpaths/<plugin~escaped>/<specName>/<container>/<index>
+//	                                                           a container's subPath of the volume (bind mount)
 //	<root>/plugins/<plugin~escaped>/mounts/<identity>/globalmount
-//	                                                           device (staging) mount of a shared volume
+//	                                                           device (staging) mount of a shared volume;
+//	                                                           for a Block CSI volume, its staging directory
 //	<root>/plugins/<plugin~escaped>/mounts/<identity>/state.json
 //	<root>/trash/<entry>                                      a volume directory being deleted
+//
+// A raw block volume (volumeMode Block, used in a container's
+// volumeDevices) gets one access point per pod and volume, at PodDevicePath:
+// an empty regular file with the volume's block device bind-mounted onto it
+// (by the agent for local volumes, by the CSI driver's NodePublishVolume for
+// CSI volumes, whose publish target it is). stat(2) on it reports the block
+// device (S_IFBLK and its major:minor), and opening it opens the device, so a
+// container runtime creates the container's device node from it. It is
+// never a symlink. While it exists the agent holds the device open through a
+// read-only loop device backed by the access point (see internal/blockpin),
+// so the device cannot be released and its number reused under the pod. The
+// actual state records it as the pod mount's MountPath of a volume whose
+// Attributes.Block is set; it is usable once that mount is Mounted.
 type Paths struct {
 	Root string
 }
@@ -48,6 +68,18 @@ func (p Paths) PodVolumesDir(pod types.UID) string {
 // PodVolumeDir is where the pod's volume is made available.
 func (p Paths) PodVolumeDir(pod types.UID, plugin, specName string) string {
 	return filepath.Join(p.PodVolumesDir(pod), EscapePlugin(plugin), specName)
+}
+
+// PodDevicesDir holds the pod's raw block volumes' access points, one
+// directory per plugin.
+func (p Paths) PodDevicesDir(pod types.UID) string {
+	return filepath.Join(p.PodDir(pod), "volumeDevices")
+}
+
+// PodDevicePath is the access point of the pod's raw block volume: a file
+// onto which the block device is bind-mounted (see Paths).
+func (p Paths) PodDevicePath(pod types.UID, plugin, specName string) string {
+	return filepath.Join(p.PodDevicesDir(pod), EscapePlugin(plugin), specName)
 }
 
 // PodVolumeStateFile records what tearing the pod's volume down needs.
@@ -104,4 +136,23 @@ func ValidatePathElement(s string) error {
 		}
 	}
 	return nil
+}
+
+// PodSubPathsDir holds the sub-paths prepared for the pod's containers.
+func (p Paths) PodSubPathsDir(pod types.UID) string {
+	return filepath.Join(p.PodDir(pod), "volume-subpaths")
+}
+
+// VolumeSubPathsDir holds the sub-paths of one of the pod's volumes: one
+// directory per container, one target per volumeMounts index. Unlike the
+// kubelet's volume-subpaths/<specName>, the plugin is part of the path, as
+// for the volume itself: two volumes of a pod may share a spec name.
+func (p Paths) VolumeSubPathsDir(pod types.UID, plugin, specName string) string {
+	return filepath.Join(p.PodSubPathsDir(pod), EscapePlugin(plugin), specName)
+}
+
+// SubPathTarget is the bind mount of a container's sub-path of a volume,
+// what a container runtime mounts into the container.
+func (p Paths) SubPathTarget(pod types.UID, plugin, specName, container string, index int) string {
+	return filepath.Join(p.VolumeSubPathsDir(pod, plugin, specName), container, strconv.Itoa(index))
 }

@@ -89,6 +89,18 @@ type Attributes struct {
 	Attachable bool `json:"attachable,omitempty"`
 	// RequiresRemount volumes are set up again on every pod update.
 	RequiresRemount bool `json:"requiresRemount,omitempty"`
+	// Block volumes are raw block devices the pods use in volumeDevices
+	// (volumeMode Block): they are mapped, never formatted or mounted, and
+	// each pod gets an access point at Paths.PodDevicePath.
+	Block bool `json:"block,omitempty"`
+}
+
+// Mode is the volume mode the attributes describe, as Kubernetes spells it.
+func (a Attributes) Mode() v1.PersistentVolumeMode {
+	if a.Block {
+		return v1.PersistentVolumeBlock
+	}
+	return v1.PersistentVolumeFilesystem
 }
 
 // Shared reports whether all pods using the volume share one ASW entry.

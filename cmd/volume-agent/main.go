@@ -1,9 +1,13 @@
 // Command volume-agent manages the volumes of the pods on its node, the way
 // the kubelet's volume manager does, as a standalone program. See README.md.
+//
+// `volume-agent status` shows what a running agent's page shows, in a
+// terminal (package ui/statuscmd).
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -17,9 +21,23 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/volume-agent/volume-agent/agent"
+	"github.com/volume-agent/volume-agent/ui/statuscmd"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "status" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		err := statuscmd.Main(ctx, os.Args[2:], os.Stdout, os.Stderr)
+		stop()
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "volume-agent status:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "volume-agent:", err)
 		os.Exit(1)
@@ -43,6 +61,7 @@ func run() error {
 	fs.StringVar(&cfg.HostRoot, "host-root", "/", "where the node's root filesystem is visible (e.g. /host in a container); hostPath and local paths are resolved within it, symbolic links as on the node")
 	fs.StringVar(&cfg.PodManifestPath, "pod-manifest-path", "", "standalone mode: directory of Pod, PV, PVC, StorageClass and CSIDriver manifests (YAML or JSON)")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "cluster mode: kubeconfig file (without it and without --pod-manifest-path, the in-cluster configuration is used)")
+	fs.StringVar(&cfg.NodeKubeconfig, "node-kubeconfig", "", "cluster mode: kubeconfig with the node's own identity (system:node:<name>, e.g. the kubelet's /var/lib/kubelet/kubeconfig); secrets, configMaps and service-account tokens for API volumes are requested with it, so the Node authorizer limits them to what this node's pods reference")
 	var qps float64
 	fs.Float64Var(&qps, "kube-api-qps", 20, "cluster mode: sustained requests per second to the API server (watches do not count)")
 	fs.IntVar(&cfg.KubeAPIBurst, "kube-api-burst", 40, "cluster mode: request burst to the API server")
@@ -59,6 +78,7 @@ func run() error {
 	fs.DurationVar(&cfg.CSIProbePeriod, "csi-probe-period", 30*time.Second, "how often registered CSI drivers are probed; three failures in a row deregister a driver")
 	fs.StringVar(&cfg.LocalVolumesConfig, "local-volumes-config", "", "cluster mode: turn on the local volume provisioner with this configuration file (see docs/local-volumes.md); reloaded on change")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "127.0.0.1:9808", "address of the debug endpoint (/debug/*, /healthz, /readyz); empty disables it")
+	fs.StringVar(&cfg.RuntimeSocket, "runtime-socket", "", "unix socket of the runtime API, for container runtimes (root only; see docs/runtime-api.md; default <root-dir>/runtime.sock)")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9809", "address of the Prometheus endpoint (/metrics); empty disables it")
 	fs.DurationVar(&cfg.ResyncPeriod, "resync-period", time.Minute, "longest time between two full passes of the populator and the reconciler (changes trigger passes at once)")
 	fs.DurationVar(&cfg.OperationTimeout, "operation-timeout", 2*time.Minute, "time limit of each volume operation")

@@ -1,6 +1,8 @@
 // Package kubeclient talks to the Kubernetes API server with REST clients for
-// exactly the API groups the agent uses (core/v1, storage.k8s.io/v1) and a
-// scheme holding only their types.
+// exactly the API groups the agent uses (core/v1, storage.k8s.io/v1,
+// certificates.k8s.io/v1beta1 for ClusterTrustBundles, and the
+// authentication.k8s.io/v1 TokenRequest) and a scheme holding only their
+// types.
 //
 // It deliberately does not use the generated clientset: importing
 // k8s.io/client-go/kubernetes registers every API group of Kubernetes at
@@ -17,9 +19,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -31,10 +36,10 @@ import (
 	"k8s.io/client-go/tools/metrics"
 )
 
-// Scheme knows core/v1 and storage.k8s.io/v1, nothing else.
+// Scheme knows the agent's API groups, nothing else.
 var Scheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{v1.AddToScheme, storagev1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{v1.AddToScheme, storagev1.AddToScheme, authenticationv1.AddToScheme, certificatesv1beta1.AddToScheme} {
 		if err := add(s); err != nil {
 			panic(err)
 		}
@@ -55,9 +60,10 @@ type Options struct {
 
 // Client holds REST clients for the API groups the agent uses.
 type Client struct {
-	Core    rest.Interface
-	Storage rest.Interface
-	Config  *rest.Config
+	Core         rest.Interface
+	Storage      rest.Interface
+	Certificates rest.Interface
+	Config       *rest.Config
 }
 
 // LoadConfig reads a kubeconfig (or the in-cluster configuration).
@@ -95,7 +101,11 @@ func New(cfg *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{Core: core, Storage: storage, Config: cfg}, nil
+	certs, err := restClient(cfg, certificatesv1beta1.SchemeGroupVersion, "/apis")
+	if err != nil {
+		return nil, err
+	}
+	return &Client{Core: core, Storage: storage, Certificates: certs, Config: cfg}, nil
 }
 
 func restClient(base *rest.Config, gv schema.GroupVersion, apiPath string) (*rest.RESTClient, error) {
@@ -198,6 +208,39 @@ func (c *Client) SecretData(ctx context.Context, namespace, name string) (map[st
 		return nil, err
 	}
 	return s.Data, nil
+}
+
+// RequestToken asks for a service-account token (TokenRequest, the
+// serviceaccounts/token subresource). The response holds the token: never
+// log it.
+func (c *Client) RequestToken(ctx context.Context, namespace, serviceAccount string, spec authenticationv1.TokenRequestSpec) (*authenticationv1.TokenRequest, error) {
+	out := &authenticationv1.TokenRequest{}
+	err := c.Core.Post().Namespace(namespace).Resource("serviceaccounts").Name(serviceAccount).SubResource("token").
+		Body(&authenticationv1.TokenRequest{Spec: spec}).Do(ctx).Into(out)
+	return out, err
+}
+
+// ServesClusterTrustBundles reports whether the API server serves
+// certificates.k8s.io/v1beta1 ClusterTrustBundles (beta and off by default
+// in Kubernetes 1.36).
+func (c *Client) ServesClusterTrustBundles(ctx context.Context) (bool, error) {
+	raw, err := c.Certificates.Get().AbsPath("/apis/certificates.k8s.io/v1beta1").SetHeader("Accept", "application/json").DoRaw(ctx)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	var list metav1.APIResourceList
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return false, err
+	}
+	for _, r := range list.APIResources {
+		if r.Name == "clustertrustbundles" {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // CreateVolumeAttachment creates a VolumeAttachment; one that exists

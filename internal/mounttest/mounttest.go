@@ -215,9 +215,13 @@ func Exists(t testing.TB, path string) bool {
 // CleanupMounts registers a cleanup that unmounts everything under dir.
 // Cleanups run last-registered first: call it after creating dir (so that
 // the unmount runs before dir is removed) and before mounting anything.
+// Loop devices backed by files under dir (the agent's pins of raw block
+// volumes, a CSI driver's devices) are detached first: they hold their
+// mounts busy, and a lazy unmount would leave them attached for good.
 func CleanupMounts(t testing.TB, dir string) {
 	t.Helper()
 	t.Cleanup(func() {
+		DetachLoopsUnder(t, dir)
 		if err := UnmountUnder(dir); err != nil {
 			t.Errorf("cleaning up mounts: %v", err)
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -87,6 +88,33 @@ func TestMountTmpfs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestMountTmpfsNoSwapAndResize(t *testing.T) {
+	mounttest.RequireRoot(t)
+	m := mountutil.New()
+	dir := mkdir(t, filepath.Join(mounttest.TempDir(t), "tmpfs"))
+	if err := m.MountTmpfs(dir, mountutil.TmpfsOptions{SizeBytes: 1 << 20, Mode: 0o755, NoSwap: true}); err != nil {
+		t.Fatal(err)
+	}
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	if mi := mounttest.MountAt(t, dir); !slices.Contains(mi.SuperOptions, "noswap") {
+		t.Logf("kernel %s did not take noswap (needs 6.4+): super options %v", unix.ByteSliceToString(uts.Release[:]), mi.SuperOptions)
+	}
+	mounttest.WriteFile(t, filepath.Join(dir, "keep"), "data")
+	if err := m.MountTmpfs(dir, mountutil.TmpfsOptions{SizeBytes: 4 << 20, Resize: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got := mounttest.FSSize(t, dir); got != 4<<20 {
+		t.Errorf("size after resize %d, want %d", got, 4<<20)
+	}
+	if got := mounttest.ReadFile(t, filepath.Join(dir, "keep")); got != "data" {
+		t.Errorf("resizing lost the content: %q", got)
+	}
+	if n := len(mounttest.MountsAt(t, dir)); n != 1 {
+		t.Errorf("%d mounts at the directory after a resize, want 1", n)
 	}
 }
 

@@ -51,6 +51,60 @@ func RemoveContents(ctx context.Context, dir string) error {
 	return r.run(ctx)
 }
 
+// RemoveAllAt removes the entry name of the directory open at parentFD
+// and, if it is a directory, everything below it, with the guarantees of
+// RemoveAll; path names the entry in errors. An entry that is a mount point
+// is not removed (ErrMountPointInside). A missing entry is already removed.
+func RemoveAllAt(ctx context.Context, parentFD int, name, path string) error {
+	err := unix.Unlinkat(parentFD, name, unix.AT_REMOVEDIR)
+	switch {
+	case err == nil, errors.Is(err, unix.ENOENT):
+		return nil
+	case errors.Is(err, unix.ENOTDIR):
+		if err := unix.Unlinkat(parentFD, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			return &os.PathError{Op: "unlink", Path: path, Err: err}
+		}
+		return nil
+	case errors.Is(err, unix.EBUSY):
+		return fmt.Errorf("%w: %s", ErrMountPointInside, path)
+	case !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST):
+		return &os.PathError{Op: "rmdir", Path: path, Err: err}
+	}
+	parent, err := statAt(parentFD, "")
+	if err != nil {
+		return &os.PathError{Op: "statx", Path: path + "/..", Err: err}
+	}
+	fd, err := unix.Openat(parentFD, name, dirFlags, 0)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return nil
+	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR):
+		// Swapped for a link or a file since: remove that entry.
+		if err := unix.Unlinkat(parentFD, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			return &os.PathError{Op: "unlink", Path: path, Err: err}
+		}
+		return nil
+	case err != nil:
+		return &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	w, err := newWalker(fd, path)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	if !onMountOf(w.rootStat, parent) {
+		return fmt.Errorf("%w: %s", ErrMountPointInside, path)
+	}
+	r := remover{w: w}
+	if err := r.run(ctx); err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(parentFD, name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+		return &os.PathError{Op: "rmdir", Path: path, Err: err}
+	}
+	return nil
+}
+
 // remover is one removal walk: depth first, each directory removed as the
 // walk climbs out of it.
 type remover struct {

@@ -275,3 +275,67 @@ func TestRemoveAllOfMountPoint(t *testing.T) {
 		t.Errorf("data on the mount was deleted: %v", err)
 	}
 }
+
+// RemoveAllAt removes one entry of an open directory, whatever it is,
+// with RemoveAll's guarantees: a link is removed, not followed; a tree is
+// removed without leaving it; a mount point (the entry or inside it) is
+// left with its data.
+func TestRemoveAllAt(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		root    bool
+		make    func(t *testing.T, entry, out string)
+		wantErr error
+		gone    bool
+		// data, below the entry, is on a mount and must stay.
+		data string
+	}{
+		{"missing", false, func(*testing.T, string, string) {}, nil, true, ""},
+		{"file", false, func(t *testing.T, entry, _ string) { mounttest.WriteFile(t, entry, "x") }, nil, true, ""},
+		{"link to a directory outside", false, func(t *testing.T, entry, out string) {
+			if err := os.Symlink(out, entry); err != nil {
+				t.Fatal(err)
+			}
+		}, nil, true, ""},
+		{"empty directory", false, func(t *testing.T, entry, _ string) { mkdir(t, entry) }, nil, true, ""},
+		{"tree", false, func(t *testing.T, entry, out string) { tree(t, mkdir(t, entry), out) }, nil, true, ""},
+		{"mount point", true, func(t *testing.T, entry, _ string) {
+			mounttest.MountTmpfs(t, mkdir(t, entry))
+			mounttest.WriteFile(t, filepath.Join(entry, "data.txt"), "data")
+		}, safefs.ErrMountPointInside, false, "data.txt"},
+		{"mount point inside", true, func(t *testing.T, entry, _ string) {
+			mounttest.MountTmpfs(t, mkdir(t, filepath.Join(entry, "sub")))
+			mounttest.WriteFile(t, filepath.Join(entry, "sub", "data.txt"), "data")
+		}, safefs.ErrMountPointInside, false, "sub/data.txt"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.root {
+				mounttest.RequireRoot(t)
+			}
+			tmp := mounttest.TempDir(t)
+			out := outside(t, tmp)
+			parent := mkdir(t, filepath.Join(tmp, "parent"))
+			entry := filepath.Join(parent, "entry")
+			tc.make(t, entry, out)
+			dfd, err := unix.Open(parent, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(dfd)
+			err = safefs.RemoveAllAt(context.Background(), dfd, "entry", entry)
+			if (tc.wantErr == nil && err != nil) || (tc.wantErr != nil && !errors.Is(err, tc.wantErr)) {
+				t.Fatalf("RemoveAllAt = %v, want %v", err, tc.wantErr)
+			}
+			_, err = os.Lstat(entry)
+			if gone := errors.Is(err, os.ErrNotExist); gone != tc.gone {
+				t.Errorf("entry gone: %v, want %v", gone, tc.gone)
+			}
+			if tc.data != "" {
+				if _, err := os.Stat(filepath.Join(entry, tc.data)); err != nil {
+					t.Errorf("data on the mount was deleted: %v", err)
+				}
+			}
+			checkOutside(t, out)
+		})
+	}
+}

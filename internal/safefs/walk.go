@@ -140,6 +140,12 @@ func openRoot(dir string) (*walker, error) {
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
 	}
+	return newWalker(fd, dir)
+}
+
+// newWalker makes the open directory fd, named dir in messages, the root
+// of a walk; the walker owns the descriptor.
+func newWalker(fd int, dir string) (*walker, error) {
 	st, err := statAt(fd, "")
 	if err != nil {
 		unix.Close(fd)
@@ -171,11 +177,15 @@ func (w *walker) current() *frame {
 
 // sameMount reports whether st is on the root's mount: never a mount root
 // below the root, same device, and (where the kernel says) the same mount.
-func (w *walker) sameMount(st fileStat) bool {
-	if st.dev != w.rootStat.dev || st.mountRoot {
+func (w *walker) sameMount(st fileStat) bool { return onMountOf(st, w.rootStat) }
+
+// onMountOf reports whether st is on the mount of dir without being the
+// root of a mount itself.
+func onMountOf(st, dir fileStat) bool {
+	if st.dev != dir.dev || st.mountRoot {
 		return false
 	}
-	return !st.hasMntID || !w.rootStat.hasMntID || st.mntID == w.rootStat.mntID
+	return !st.hasMntID || !dir.hasMntID || st.mntID == dir.mntID
 }
 
 // next returns the current directory's next entry ("." and ".." left

@@ -55,8 +55,9 @@ func TestAttributes(t *testing.T) {
 			s.VolumeLifecycleModes = []storagev1.VolumeLifecycleMode{ephemeral}
 		}), spec: pvSpec("pv-1", "vol-1"), wantErr: "does not allow the Persistent lifecycle mode"},
 		{name: "PV without a handle", spec: pvSpec("pv-1", ""), wantErr: "no CSI driver or volume handle"},
-		{name: "raw block", spec: func() *volume.Spec { s := pvSpec("pv-1", "vol-1"); s.Mode = v1.PersistentVolumeBlock; return s }(),
-			wantErr: "raw block"},
+		{name: "raw block: staged and published like any PV, with Block set", csiDriver: driverSpec(nil),
+			spec: func() *volume.Spec { s := pvSpec("pv-1", "vol-1"); s.Mode = v1.PersistentVolumeBlock; return s }(),
+			want: func() volume.Attributes { a := shared(true, false); a.Block = true; return a }()},
 		{name: "CSIDriver lookup fails", lookupErr: errors.New("informer broken"), spec: pvSpec("pv-1", "vol-1"), wantErr: "informer broken"},
 		{name: "inline without CSIDriver: refused", spec: inlineSpec("scratch", nil),
 			wantErr: "needs a CSIDriver object listing the Ephemeral lifecycle mode"},

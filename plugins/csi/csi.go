@@ -81,6 +81,8 @@ var (
 	_ plugins.Expander            = (*Plugin)(nil)
 	_ plugins.Reconstructor       = (*Plugin)(nil)
 	_ plugins.DeviceReconstructor = (*Plugin)(nil)
+	_ plugins.BlockMapper         = (*Plugin)(nil)
+	_ plugins.BlockReconstructor  = (*Plugin)(nil)
 )
 
 // New returns the plugin.
@@ -109,15 +111,12 @@ func (p *Plugin) CanSupport(spec *volume.Spec) bool {
 // inline volume is per pod and needs a CSIDriver that allows the Ephemeral
 // lifecycle mode.
 func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
-	if spec.IsBlock() {
-		return volume.Attributes{}, fmt.Errorf("raw block (volumeDevices) CSI volumes are not supported yet")
-	}
 	if spec.PV != nil {
 		src := spec.PV.Spec.CSI
 		if src.Driver == "" || src.VolumeHandle == "" {
 			return volume.Attributes{}, fmt.Errorf("PV %s has no CSI driver or volume handle", spec.PV.Name)
 		}
-		attrs := volume.Attributes{Identity: src.Driver + "^" + src.VolumeHandle, DeviceMountable: true}
+		attrs := volume.Attributes{Identity: src.Driver + "^" + src.VolumeHandle, DeviceMountable: true, Block: spec.IsBlock()}
 		drv, err := p.cfg.CSIDriver(src.Driver)
 		switch {
 		case err == nil:
@@ -175,6 +174,8 @@ type source struct {
 	accessModes    []v1.PersistentVolumeAccessMode
 	mountOptions   []string
 	pvName         string
+	// block: the pod uses the volume as a raw block device.
+	block bool
 }
 
 func sourceOf(spec *volume.Spec, pod volume.PodRef) source {
@@ -184,7 +185,7 @@ func sourceOf(spec *volume.Spec, pod volume.PodRef) source {
 			driver: c.Driver, handle: c.VolumeHandle, fsType: c.FSType, readOnly: spec.ReadOnly || c.ReadOnly,
 			context: c.VolumeAttributes, stageSecret: c.NodeStageSecretRef, publishSecret: c.NodePublishSecretRef,
 			controllerPub: c.ControllerPublishSecretRef, accessModes: spec.PV.Spec.AccessModes,
-			mountOptions: plugins.MountOptions(spec), pvName: spec.PV.Name,
+			mountOptions: plugins.MountOptions(spec), pvName: spec.PV.Name, block: spec.IsBlock(),
 		}
 	}
 	c := spec.Volume.CSI
@@ -226,7 +227,17 @@ func (p *Plugin) ReconstructPodVolume(pod types.UID, specName, _ string) (volume
 	if st.Inline {
 		return volume.PodScopedName(Name, pod, specName), volume.Attributes{}, nil
 	}
-	return st.VolumeName, volume.Attributes{Identity: st.Driver + "^" + st.VolumeID, DeviceMountable: true}, nil
+	return st.VolumeName, volume.Attributes{Identity: st.Driver + "^" + st.VolumeID, DeviceMountable: true, Block: st.Block}, nil
+}
+
+// ReconstructPodDevice implements plugins.BlockReconstructor, from the same
+// state file as ReconstructPodVolume.
+func (p *Plugin) ReconstructPodDevice(pod types.UID, specName, path string) (volume.UniqueName, volume.Attributes, error) {
+	name, attrs, err := p.ReconstructPodVolume(pod, specName, path)
+	if err == nil && !attrs.Block {
+		return "", volume.Attributes{}, fmt.Errorf("CSI state of pod %s volume %s does not describe a raw block volume", pod, specName)
+	}
+	return name, attrs, err
 }
 
 // ReconstructDevice implements plugins.DeviceReconstructor from the state
@@ -252,11 +263,15 @@ func (p *Plugin) ReconstructDevice(volumeDir string) (*plugins.ReconstructedDevi
 	identity := st.Driver + "^" + st.VolumeID
 	d := &plugins.ReconstructedDevice{
 		Name:            volume.SharedName(Name, identity),
-		Attributes:      volume.Attributes{Identity: identity, DeviceMountable: true, Attachable: st.Attachable || st.Attachment != ""},
+		Attributes:      volume.Attributes{Identity: identity, DeviceMountable: true, Attachable: st.Attachable || st.Attachment != "", Block: st.Block},
 		DeviceMountPath: p.cfg.Host.Paths.DeviceMountPath(Name, identity),
 		Attached:        st.Attachment != "",
 	}
-	if st.Staged {
+	if st.Staged && st.Block {
+		// Staging a block volume mounts nothing of ours: it was done if
+		// the driver said so (recorded after it did).
+		d.Mounted = st.BlockStaged
+	} else if st.Staged {
 		if d.Mounted, err = p.cfg.Host.Mounter.IsMountPoint(d.DeviceMountPath); err != nil {
 			return nil, err
 		}

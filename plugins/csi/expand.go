@@ -35,7 +35,9 @@ func (p *Plugin) Expand(ctx context.Context, req *plugins.ExpandRequest) (*resou
 		staging = req.DeviceMountPath
 	}
 	path := req.VolumePath
-	if path == "" {
+	if path == "" && !src.block {
+		// A raw block volume's staging directory is not the device: it
+		// is grown through a pod's access point.
 		path = staging
 	}
 	if path == "" {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	v1 "k8s.io/api/core/v1"
@@ -40,6 +41,11 @@ type DeviceState struct {
 	AttachMode  string            `json:"attachMode,omitempty"`
 	// Attachable: attached before staging (by a controller or the agent).
 	Attachable bool `json:"attachable,omitempty"`
+	// Block: a raw block volume, staged with the block capability.
+	// BlockStaged records that NodeStageVolume succeeded (nothing is
+	// mounted to show it).
+	Block       bool `json:"block,omitempty"`
+	BlockStaged bool `json:"blockStaged,omitempty"`
 }
 
 // PodState is persisted for each pod's publish.
@@ -53,6 +59,8 @@ type PodState struct {
 	Inline      bool              `json:"inline,omitempty"`
 	SpecName    string            `json:"specName"`
 	PodUID      string            `json:"podUID"`
+	// Block: TargetPath is a raw block volume's access point (a file).
+	Block bool `json:"block,omitempty"`
 }
 
 // ErrStateMismatch: a state file disagrees with what the volume's identity
@@ -102,7 +110,11 @@ func (p *Plugin) checkPodState(st *PodState, pod types.UID, specName string, nam
 	if st.SpecName != specName {
 		why = append(why, fmt.Sprintf("it is for volume %q, not %q", st.SpecName, specName))
 	}
-	if want := p.cfg.Host.Paths.PodVolumeDir(pod, Name, specName); st.TargetPath != want {
+	want := p.cfg.Host.Paths.PodVolumeDir(pod, Name, specName)
+	if st.Block {
+		want = p.cfg.Host.Paths.PodDevicePath(pod, Name, specName)
+	}
+	if st.TargetPath != want {
 		why = append(why, fmt.Sprintf("target path %q is not %q", st.TargetPath, want))
 	}
 	own := volume.SharedName(Name, st.Driver+"^"+st.VolumeID)
@@ -191,6 +203,12 @@ func (p *Plugin) secrets(ctx context.Context, ref *v1.SecretReference) (map[stri
 
 // capability describes how the pod uses the volume, in CSI terms.
 func capability(src source, mountGroup string) *csi.VolumeCapability {
+	if src.block {
+		return &csi.VolumeCapability{
+			AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: accessMode(src)},
+		}
+	}
 	return &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{
 			FsType: src.fsType, MountFlags: src.mountOptions, VolumeMountGroup: mountGroup,
@@ -231,6 +249,7 @@ func (p *Plugin) MountDevice(ctx context.Context, req *plugins.DeviceRequest) er
 	state := &DeviceState{
 		VolumeName: req.VolumeName, Driver: src.driver, VolumeID: src.handle, PV: src.pvName,
 		StagingPath: req.DeviceMountPath, Staged: d.StageUnstage, AttachMode: p.cfg.AttachMode, Attachable: req.Attachable,
+		Block: src.block,
 	}
 	if prev, err := ReadDeviceState(p.deviceStateFile(req.Identity)); err == nil && p.checkDeviceState(prev, req.Identity, "") == nil {
 		state.Attachment = prev.Attachment
@@ -254,6 +273,51 @@ func (p *Plugin) MountDevice(ctx context.Context, req *plugins.DeviceRequest) er
 	})
 	if err != nil {
 		return fmt.Errorf("NodeStageVolume of %s (driver %s): %w", src.handle, src.driver, csiclient.Classify(err))
+	}
+	if src.block {
+		state.BlockStaged = true
+		if err := atomicfile.WriteJSON(p.deviceStateFile(req.Identity), state); err != nil {
+			return volume.Uncertain(fmt.Errorf("recording that %s is staged: %w", src.handle, err))
+		}
+	}
+	return nil
+}
+
+// MapDevice implements plugins.BlockMapper: NodeStageVolume with the block
+// capability, into the staging directory (the driver decides what, if
+// anything, it puts there).
+func (p *Plugin) MapDevice(ctx context.Context, req *plugins.DeviceRequest) error {
+	return p.MountDevice(ctx, req)
+}
+
+// UnmapDevice implements plugins.BlockMapper: NodeUnstageVolume.
+func (p *Plugin) UnmapDevice(ctx context.Context, req *plugins.DeviceRequest) error {
+	return p.UnmountDevice(ctx, req)
+}
+
+// MapPodDevice implements plugins.BlockMapper: NodePublishVolume with the
+// block capability and the access point as target path, which the driver
+// creates (the CSI spec has the CO create only its parent). What the driver
+// leaves there must be a block device.
+func (p *Plugin) MapPodDevice(ctx context.Context, req *plugins.SetUpRequest) error {
+	return p.SetUp(ctx, req)
+}
+
+// UnmapPodDevice implements plugins.BlockMapper: NodeUnpublishVolume, then
+// the access point is removed.
+func (p *Plugin) UnmapPodDevice(ctx context.Context, req *plugins.TearDownRequest) error {
+	return p.TearDown(ctx, req)
+}
+
+// checkBlockTarget verifies that a publish left a block device at target,
+// without following a symbolic link.
+func checkBlockTarget(target string) error {
+	info, err := os.Lstat(target)
+	if err != nil {
+		return err
+	}
+	if info.Mode().Type() != fs.ModeDevice {
+		return fmt.Errorf("%s is not a block device (%s)", target, info.Mode().Type())
 	}
 	return nil
 }
@@ -316,7 +380,7 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	}
 	state := &PodState{
 		VolumeName: req.VolumeName, Driver: src.driver, VolumeID: src.handle, PV: src.pvName, TargetPath: req.Dir,
-		StagingPath: staging, Inline: src.inline, SpecName: req.Spec.Name, PodUID: string(req.Pod.UID),
+		StagingPath: staging, Inline: src.inline, SpecName: req.Spec.Name, PodUID: string(req.Pod.UID), Block: src.block,
 	}
 	stateFile := p.podStateFile(req.Pod.PodRef, req.Spec.Name)
 	if err := atomicfile.WriteJSON(stateFile, state); err != nil {
@@ -329,6 +393,11 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	if mounted, err := p.cfg.Host.Mounter.IsMountPoint(req.Dir); err != nil {
 		return err
 	} else if mounted && !req.Spec.InlineEphemeral && !remount(drvObj) {
+		if src.block {
+			if err := checkBlockTarget(req.Dir); err != nil {
+				return volume.Uncertain(err)
+			}
+		}
 		return nil // published before (a restart adopted it)
 	}
 
@@ -348,7 +417,7 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	}
 	policy := fsGroupPolicy(drvObj)
 	mountGroup := ""
-	if req.Pod.FSGroup != nil && d.VolumeMountGroup && policy != storagev1.NoneFSGroupPolicy {
+	if req.Pod.FSGroup != nil && d.VolumeMountGroup && policy != storagev1.NoneFSGroupPolicy && !src.block {
 		mountGroup = strconv.FormatInt(*req.Pod.FSGroup, 10)
 	}
 	secrets, err := p.secrets(ctx, src.publishSecret)
@@ -373,13 +442,27 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 		}
 		return fmt.Errorf("NodePublishVolume of %s (driver %s): %w", src.handle, src.driver, err)
 	}
+	if src.block {
+		if err := checkBlockTarget(req.Dir); err != nil {
+			return volume.Uncertain(fmt.Errorf("driver %s published %s, but: %w", src.driver, src.handle, err))
+		}
+		return nil
+	}
 	if mountGroup == "" && applyFSGroup(policy, src) {
 		if err := plugins.ApplyFSGroup(ctx, req.Dir, req.Pod, src.readOnly); err != nil {
 			return volume.Uncertain(fmt.Errorf("applying fsGroup: %w", err))
 		}
 	}
+	if remount(drvObj) {
+		req.RefreshAt = time.Now().Add(RepublishPeriod)
+	}
 	return nil
 }
+
+// RepublishPeriod is how often a volume of a driver with requiresRepublish
+// is published again (the kubelet does it on every pod sync, 60-90 s), so
+// the driver can renew what it provides (credentials, tokens).
+const RepublishPeriod = time.Minute
 
 func remount(drv *storagev1.CSIDriver) bool {
 	return drv != nil && drv.Spec.RequiresRepublish != nil && *drv.Spec.RequiresRepublish

@@ -186,6 +186,14 @@ func TestNodePublishRequest(t *testing.T) {
 				VolumeCapability: mountCap("ext4", nil, rwo, ""), VolumeContext: map[string]string{"a": "b"}}
 		},
 	}, {
+		name: "PV, requiresRepublish", caps: caps{stage: true},
+		csiDriver: &storagev1.CSIDriverSpec{RequiresRepublish: ptr.To(true)},
+		spec:      pvSpec("pv-1", "vol-1"),
+		want: func(in *csiPublishInputs) *csi.NodePublishVolumeRequest {
+			return &csi.NodePublishVolumeRequest{VolumeId: "vol-1", StagingTargetPath: in.staging, TargetPath: in.dir,
+				VolumeCapability: mountCap("ext4", nil, rwo, "")}
+		},
+	}, {
 		name: "PV, driver without staging: no staging path", caps: caps{},
 		spec: pvSpec("pv-1", "vol-1"),
 		want: func(in *csiPublishInputs) *csi.NodePublishVolumeRequest {
@@ -293,8 +301,13 @@ func TestNodePublishRequest(t *testing.T) {
 					// A driver creates the target.
 					return &csi.NodePublishVolumeResponse{}, os.MkdirAll(r.TargetPath, 0o750)
 				})
+			before := time.Now()
 			if err := f.plugin().SetUp(ctx(t), req); err != nil {
 				t.Fatalf("SetUp: %v", err)
+			}
+			republish := c.csiDriver != nil && c.csiDriver.RequiresRepublish != nil && *c.csiDriver.RequiresRepublish
+			if republish != !req.RefreshAt.IsZero() || (republish && req.RefreshAt.Before(before.Add(csiplugin.RepublishPeriod))) {
+				t.Errorf("RefreshAt = %v, want now + %v exactly for requiresRepublish drivers", req.RefreshAt, csiplugin.RepublishPeriod)
 			}
 			st, err := csiplugin.ReadPodState(f.podStateFile(p, c.spec.Name))
 			if err != nil {

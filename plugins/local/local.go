@@ -1,8 +1,10 @@
 // Package local implements local PersistentVolumes (pv.spec.local): a
 // directory on the node is bind-mounted into each pod; a block device is
 // formatted if blank (never reformatted), mounted once at a global path and
-// bind-mounted from there into each pod. Tearing down never deletes data: the
-// volume outlives its pods.
+// bind-mounted from there into each pod; a block device of a Block volume
+// (volumeDevices) is never formatted or mounted, only bind-mounted onto each
+// pod's access point. Tearing down never deletes data: the volume outlives
+// its pods.
 package local
 
 import (
@@ -50,6 +52,8 @@ var (
 	_ plugins.Expander            = (*Plugin)(nil)
 	_ plugins.Reconstructor       = (*Plugin)(nil)
 	_ plugins.DeviceReconstructor = (*Plugin)(nil)
+	_ plugins.BlockMapper         = (*Plugin)(nil)
+	_ plugins.BlockReconstructor  = (*Plugin)(nil)
 )
 
 // New returns the plugin.
@@ -90,13 +94,15 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 	if !filepath.IsAbs(path) {
 		return volume.Attributes{}, fmt.Errorf("local path %q of PV %s is not absolute", path, spec.PV.Name)
 	}
-	if spec.IsBlock() {
-		return volume.Attributes{}, fmt.Errorf("raw block (volumeDevices) use of local PV %s is not supported yet", spec.PV.Name)
-	}
 	for _, el := range strings.Split(path, "/") {
 		if el == ".." {
 			return volume.Attributes{}, fmt.Errorf("local path %q of PV %s must not contain '..'", path, spec.PV.Name)
 		}
+	}
+	if spec.IsBlock() {
+		// Checked to be a block device each time it is mapped (see
+		// MapPodDevice), not here: nothing is staged, so no device phase.
+		return volume.Attributes{Identity: spec.PV.Name, Block: true}, nil
 	}
 	typ, err := p.paths.Type(path)
 	if errors.Is(err, pathcheck.ErrPending) {
@@ -258,6 +264,9 @@ func (p *Plugin) TearDown(_ context.Context, req *plugins.TearDownRequest) error
 // mounted (resize2fs online for ext*, xfs_growfs for xfs). A directory has
 // nothing to grow: its size is its filesystem's.
 func (p *Plugin) Expand(_ context.Context, req *plugins.ExpandRequest) (*resource.Quantity, error) {
+	if req.Spec.IsBlock() {
+		return nil, fmt.Errorf("local PV %s is a raw block device, whose size is the device's: %w", req.Spec.PV.Name, plugins.ErrExpansionNotSupported)
+	}
 	if req.DeviceMountPath == "" {
 		return nil, fmt.Errorf("local PV %s is a directory: %w", req.Spec.PV.Name, plugins.ErrExpansionNotSupported)
 	}

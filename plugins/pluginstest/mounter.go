@@ -47,7 +47,14 @@ func (c Call) String() string {
 	parts = append(parts, c.Target)
 	switch c.Op {
 	case "MountTmpfs":
+		if c.Tmpfs.Resize {
+			parts = append(parts, fmt.Sprintf("resize size=%d", c.Tmpfs.SizeBytes))
+			break
+		}
 		parts = append(parts, fmt.Sprintf("size=%d mode=%#o", c.Tmpfs.SizeBytes, c.Tmpfs.Mode.Perm()))
+		if c.Tmpfs.NoSwap {
+			parts = append(parts, "noswap")
+		}
 	case "BindMount":
 		if c.Bind.ReadOnly {
 			parts = append(parts, "ro")
@@ -207,10 +214,22 @@ func (m *Mounter) mountOn(c Call, source string) error {
 }
 
 // MountTmpfs implements plugins.Mounter.
+// A resize changes the tmpfs at target, which must be mounted, and mounts
+// nothing new.
 func (m *Mounter) MountTmpfs(target string, o mountutil.TmpfsOptions) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.mountOn(Call{Op: "MountTmpfs", Target: target, Tmpfs: o}, "tmpfs")
+	c := Call{Op: "MountTmpfs", Target: target, Tmpfs: o}
+	if !o.Resize {
+		return m.mountOn(c, "tmpfs")
+	}
+	if f := m.begin(c); f != nil {
+		return f.Err
+	}
+	if len(m.table[filepath.Clean(target)]) == 0 {
+		return &os.PathError{Op: "resize tmpfs", Path: target, Err: unix.EINVAL}
+	}
+	return nil
 }
 
 // BindMount implements plugins.Mounter.

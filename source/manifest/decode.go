@@ -10,6 +10,7 @@ import (
 	"io"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -35,10 +36,12 @@ const (
 	kindPV
 	kindStorageClass
 	kindCSIDriver
+	kindConfigMap
+	kindSecret
 	numKinds
 )
 
-var kindNames = [numKinds]string{"Pod", "PersistentVolumeClaim", "PersistentVolume", "StorageClass", "CSIDriver"}
+var kindNames = [numKinds]string{"Pod", "PersistentVolumeClaim", "PersistentVolume", "StorageClass", "CSIDriver", "ConfigMap", "Secret"}
 
 func (k kind) String() string { return kindNames[k] }
 
@@ -54,6 +57,8 @@ var (
 		corev1.SchemeGroupVersion.WithKind("PersistentVolume"):      kindPV,
 		storagev1.SchemeGroupVersion.WithKind("StorageClass"):       kindStorageClass,
 		storagev1.SchemeGroupVersion.WithKind("CSIDriver"):          kindCSIDriver,
+		corev1.SchemeGroupVersion.WithKind("ConfigMap"):             kindConfigMap,
+		corev1.SchemeGroupVersion.WithKind("Secret"):                kindSecret,
 	}
 
 	// listKinds maps list kinds to the kind their items have when they do not
@@ -65,6 +70,8 @@ var (
 		corev1.SchemeGroupVersion.WithKind("PersistentVolumeList"):      corev1.SchemeGroupVersion.WithKind("PersistentVolume"),
 		storagev1.SchemeGroupVersion.WithKind("StorageClassList"):       storagev1.SchemeGroupVersion.WithKind("StorageClass"),
 		storagev1.SchemeGroupVersion.WithKind("CSIDriverList"):          storagev1.SchemeGroupVersion.WithKind("CSIDriver"),
+		corev1.SchemeGroupVersion.WithKind("ConfigMapList"):             corev1.SchemeGroupVersion.WithKind("ConfigMap"),
+		corev1.SchemeGroupVersion.WithKind("SecretList"):                corev1.SchemeGroupVersion.WithKind("Secret"),
 	}
 )
 
@@ -393,10 +400,57 @@ func (p *parser) prepare(o *object) error {
 		err = prepareMeta(&obj.ObjectMeta, kindCSIDriver, false, isCSIDriverName)
 		defaultCSIDriver(&obj.Spec)
 		o.name = obj.Name
+	case *corev1.ConfigMap:
+		err = prepareMeta(&obj.ObjectMeta, kindConfigMap, true, validation.IsDNS1123Subdomain)
+		if err == nil {
+			err = checkKeys(obj.Data, obj.BinaryData)
+		}
+		o.ns, o.name = obj.Namespace, obj.Name
+	case *corev1.Secret:
+		err = prepareMeta(&obj.ObjectMeta, kindSecret, true, validation.IsDNS1123Subdomain)
+		// As the API server does: stringData is merged into data.
+		for k, v := range obj.StringData {
+			if obj.Data == nil {
+				obj.Data = map[string][]byte{}
+			}
+			obj.Data[k] = []byte(v)
+		}
+		obj.StringData = nil
+		if obj.Type == "" {
+			obj.Type = corev1.SecretTypeOpaque
+		}
+		if err == nil {
+			err = checkKeys[[]byte](nil, obj.Data)
+		}
+		o.ns, o.name = obj.Namespace, obj.Name
 	default:
 		err = fmt.Errorf("unexpected type %T", o.obj)
 	}
 	return err
+}
+
+// checkKeys applies the API's rule for ConfigMap and Secret keys, which
+// become file names: [-._a-zA-Z0-9]+, and no key in both maps.
+func checkKeys[V any](data map[string]V, binary map[string][]byte) error {
+	var errs []string
+	for k := range data {
+		for _, msg := range validation.IsConfigMapKey(k) {
+			errs = append(errs, fmt.Sprintf("key %q: %s", k, msg))
+		}
+		if _, dup := binary[k]; dup {
+			errs = append(errs, fmt.Sprintf("key %q is in both data and binaryData", k))
+		}
+	}
+	for k := range binary {
+		for _, msg := range validation.IsConfigMapKey(k) {
+			errs = append(errs, fmt.Sprintf("key %q: %s", k, msg))
+		}
+	}
+	if len(errs) > 0 {
+		slices.Sort(errs)
+		return errors.New(strings.Join(errs, "; "))
+	}
+	return nil
 }
 
 func prepareMeta(m *metav1.ObjectMeta, k kind, namespaced bool, validName func(string) []string) error {

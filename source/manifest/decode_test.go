@@ -132,8 +132,8 @@ metadata: {name: anyone}
 			name: "unsupported kind",
 			in: podYAML + `---
 apiVersion: v1
-kind: ConfigMap
-metadata: {name: cm}
+kind: Service
+metadata: {name: svc}
 ---
 apiVersion: storage.k8s.io/v1beta1
 kind: CSIDriver
@@ -142,7 +142,7 @@ metadata: {name: old}
 			want: want{
 				objects: []string{"Pod default/web"},
 				warnings: []string{
-					`document 2 (line 15): unsupported kind "ConfigMap" (apiVersion "v1")`,
+					`document 2 (line 15): unsupported kind "Service" (apiVersion "v1")`,
 					`document 3 (line 19): unsupported kind "CSIDriver" (apiVersion "storage.k8s.io/v1beta1")`,
 				},
 			},

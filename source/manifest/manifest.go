@@ -1,4 +1,4 @@
-// Package manifest is the Source of standalone mode: it reads Pods,
+// Package manifest is the Source of standalone mode: it reads Pods, ConfigMaps, Secrets,
 // PersistentVolumeClaims, PersistentVolumes, StorageClasses and CSIDrivers
 // from YAML or JSON files in one directory and follows changes to them.
 //
@@ -74,6 +74,9 @@ type Source struct {
 	dirErr   string                // owned by Run
 	dups     map[source.InputError]struct{}
 	watchDir fileID // identity of the directory the watch is on
+	// objectChanged is told about ConfigMap and Secret changes (set
+	// before Run, called from it).
+	objectChanged ObjectChanged
 }
 
 var (

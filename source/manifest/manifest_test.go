@@ -751,3 +751,69 @@ func TestConcurrentReaders(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+func TestConfigMapsAndSecrets(t *testing.T) {
+	dir := t.TempDir()
+	cm := "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: app}\ndata: {app.conf: \"x=1\"}\nbinaryData: {raw: AAEC}\n"
+	secret := "apiVersion: v1\nkind: Secret\nmetadata: {name: creds, namespace: team}\ndata: {user: YWRtaW4=}\nstringData: {password: hunter2}\n"
+	write(t, dir, "objects.yaml", docs(cm, secret))
+	s := newSource(t, dir, "here", nil)
+	type change struct{ kind, ns, name string }
+	var changes []change
+	s.OnObjectChange(func(kind, ns, name string) { changes = append(changes, change{kind, ns, name}) })
+	rescan(s)
+
+	c, err := s.ConfigMap("default", "app")
+	if err != nil || c.Data["app.conf"] != "x=1" || string(c.BinaryData["raw"]) != "\x00\x01\x02" {
+		t.Fatalf("ConfigMap = %+v, %v", c, err)
+	}
+	sec, err := s.Secret("team", "creds")
+	if err != nil || string(sec.Data["user"]) != "admin" || string(sec.Data["password"]) != "hunter2" || sec.StringData != nil {
+		t.Fatalf("Secret = %+v, %v (stringData must be merged into data, as the API server does)", sec, err)
+	}
+	if _, err := s.Secret("default", "creds"); !apierrors.IsNotFound(err) {
+		t.Errorf("a Secret of another namespace: %v, want NotFound", err)
+	}
+	if len(changes) != 2 {
+		t.Errorf("changes after the first read: %v", changes)
+	}
+
+	// Reformatted, same objects: no change reported.
+	changes = nil
+	replace(t, dir, "objects.yaml", "# comment\n"+docs(cm, secret))
+	rescan(s)
+	if len(changes) != 0 {
+		t.Errorf("unchanged objects reported as changed: %v", changes)
+	}
+
+	// One key edited: only that object.
+	replace(t, dir, "objects.yaml", docs(strings.Replace(cm, "x=1", "x=2", 1), secret))
+	rescan(s)
+	if len(changes) != 1 || changes[0] != (change{"ConfigMap", "default", "app"}) {
+		t.Errorf("changes after an edit: %v", changes)
+	}
+
+	// Removed: reported, NotFound.
+	changes = nil
+	replace(t, dir, "objects.yaml", docs(strings.Replace(cm, "x=1", "x=2", 1)))
+	rescan(s)
+	if len(changes) != 1 || changes[0] != (change{"Secret", "team", "creds"}) {
+		t.Errorf("changes after removing the secret: %v", changes)
+	}
+	if _, err := s.Secret("team", "creds"); !apierrors.IsNotFound(err) {
+		t.Errorf("removed Secret: %v", err)
+	}
+}
+
+func TestInvalidConfigMapKey(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "bad.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: bad}\ndata: {\"../x\": \"1\"}\n")
+	s := newSource(t, dir, "here", nil)
+	rescan(s)
+	if e := errorsOf(s); !strings.Contains(e, `key "../x"`) {
+		t.Errorf("errors = %q", e)
+	}
+	if _, err := s.ConfigMap("default", "bad"); !apierrors.IsNotFound(err) {
+		t.Errorf("a ConfigMap with an invalid key was served: %v", err)
+	}
+}

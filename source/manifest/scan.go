@@ -317,5 +317,7 @@ func (c kindCounts) fields() []zap.Field {
 		zap.Int("pvs", c[kindPV]),
 		zap.Int("storageClasses", c[kindStorageClass]),
 		zap.Int("csiDrivers", c[kindCSIDriver]),
+		zap.Int("configMaps", c[kindConfigMap]),
+		zap.Int("secrets", c[kindSecret]),
 	}
 }

@@ -28,7 +28,10 @@ type snapshot struct {
 	pvs     map[string]*corev1.PersistentVolume
 	classes map[string]*storagev1.StorageClass
 	drivers map[string]*storagev1.CSIDriver
-	errors  []source.InputError
+	// configMaps and secrets are read by API volumes.
+	configMaps map[objKey]*corev1.ConfigMap
+	secrets    map[objKey]*corev1.Secret
+	errors     []source.InputError
 	// unread are inputs that never parsed: their objects are unknown.
 	unread []string
 }
@@ -39,6 +42,9 @@ func emptySnapshot() *snapshot {
 		pvs:     map[string]*corev1.PersistentVolume{},
 		classes: map[string]*storagev1.StorageClass{},
 		drivers: map[string]*storagev1.CSIDriver{},
+
+		configMaps: map[objKey]*corev1.ConfigMap{},
+		secrets:    map[objKey]*corev1.Secret{},
 	}
 }
 
@@ -48,6 +54,8 @@ func (a *snapshot) equal(b *snapshot) bool {
 		maps.Equal(a.pvs, b.pvs) &&
 		maps.Equal(a.classes, b.classes) &&
 		maps.Equal(a.drivers, b.drivers) &&
+		maps.Equal(a.configMaps, b.configMaps) &&
+		maps.Equal(a.secrets, b.secrets) &&
 		slices.Equal(a.errors, b.errors)
 }
 
@@ -93,6 +101,22 @@ func (s *Source) CSIDriver(name string) (*storagev1.CSIDriver, error) {
 	return nil, apierrors.NewNotFound(storagev1.Resource("csidrivers"), name)
 }
 
+// ConfigMap returns a ConfigMap.
+func (s *Source) ConfigMap(namespace, name string) (*corev1.ConfigMap, error) {
+	if c, ok := s.snap.Load().configMaps[objKey{namespace, name}]; ok {
+		return c, nil
+	}
+	return nil, apierrors.NewNotFound(corev1.Resource("configmaps"), name)
+}
+
+// Secret returns a Secret (stringData merged into data).
+func (s *Source) Secret(namespace, name string) (*corev1.Secret, error) {
+	if c, ok := s.snap.Load().secrets[objKey{namespace, name}]; ok {
+		return c, nil
+	}
+	return nil, apierrors.NewNotFound(corev1.Resource("secrets"), name)
+}
+
 // UnreadInputs implements source.Completeness: files that never parsed, so
 // their pods are unknown.
 func (s *Source) UnreadInputs() []string {
@@ -130,6 +154,9 @@ func (s *Source) rebuild() bool {
 		pvs:     make(map[string]*corev1.PersistentVolume, len(old.pvs)),
 		classes: make(map[string]*storagev1.StorageClass, len(old.classes)),
 		drivers: make(map[string]*storagev1.CSIDriver, len(old.drivers)),
+
+		configMaps: make(map[objKey]*corev1.ConfigMap, len(old.configMaps)),
+		secrets:    make(map[objKey]*corev1.Secret, len(old.secrets)),
 	}
 	if s.dirErr != "" {
 		n.errors = append(n.errors, source.InputError{Input: s.dir, Error: s.dirErr})
@@ -190,6 +217,10 @@ func (s *Source) rebuild() bool {
 				n.classes[o.name] = obj
 			case *storagev1.CSIDriver:
 				n.drivers[o.name] = obj
+			case *corev1.ConfigMap:
+				n.configMaps[o.key()] = reuse(obj, old.configMaps[o.key()])
+			case *corev1.Secret:
+				n.secrets[o.key()] = reuse(obj, old.secrets[o.key()])
 			}
 		}
 	}
@@ -202,7 +233,39 @@ func (s *Source) rebuild() bool {
 		return false
 	}
 	s.snap.Store(n)
+	s.notifyObjectChanges(old, n)
 	return true
+}
+
+// ObjectChanged is told about ConfigMaps and Secrets that were added,
+// changed or removed: kind is "ConfigMap" or "Secret".
+type ObjectChanged func(kind, namespace, name string)
+
+// OnObjectChange registers f; call it before Run.
+func (s *Source) OnObjectChange(f ObjectChanged) { s.objectChanged = f }
+
+// notifyObjectChanges reports the ConfigMaps and Secrets that differ
+// between two snapshots. Unchanged objects keep their pointer (reuse), so
+// comparing pointers suffices.
+func (s *Source) notifyObjectChanges(old, n *snapshot) {
+	if s.objectChanged == nil {
+		return
+	}
+	diff(old.configMaps, n.configMaps, func(k objKey) { s.objectChanged("ConfigMap", k.ns, k.name) })
+	diff(old.secrets, n.secrets, func(k objKey) { s.objectChanged("Secret", k.ns, k.name) })
+}
+
+func diff[V comparable](a, b map[objKey]V, changed func(objKey)) {
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			changed(k)
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			changed(k)
+		}
+	}
 }
 
 // logDuplicate logs a duplicate the first time it is seen, not on every

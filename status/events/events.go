@@ -25,6 +25,7 @@ const (
 	FailedAttachVolume         = "FailedAttachVolume"
 	FailedUnmount              = "FailedUnmount"
 	FailedUnmountDevice        = "FailedUnmountDevice"
+	FailedUnmapDevice          = "FailedUnmapDevice"
 	SuccessfulMountVolume      = "SuccessfulMountVolume"
 	FileSystemResizeSuccessful = "FileSystemResizeSuccessful"
 	FileSystemResizeFailed     = "FileSystemResizeFailed"

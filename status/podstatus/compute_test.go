@@ -43,6 +43,8 @@ func specName(v volume.UniqueName) string {
 	return "data"
 }
 
+var logsSubPath = []volume.SubPath{{Container: "app", Index: 0, MountPath: "/logs", Path: "logs"}}
+
 func TestCompute(t *testing.T) {
 	boom := errors.New("mount: permission denied")
 	stuck := errors.New("NodeStageVolume: driver not registered")
@@ -51,8 +53,11 @@ func TestCompute(t *testing.T) {
 		volumes   []volume.UniqueName
 		podErrors []*volume.PodVolumeError
 		mounts    []mount
-		errs      podstatus.Errors
-		want      podstatus.Condition
+		// subPaths are the pod's containers' sub-paths of volA;
+		// prepared those recorded as prepared.
+		subPaths, prepared []volume.SubPath
+		errs               podstatus.Errors
+		want               podstatus.Condition
 	}{
 		{
 			name: "no volumes",
@@ -127,6 +132,30 @@ func TestCompute(t *testing.T) {
 				Message: string(volB) + ": mount: permission denied"},
 		},
 		{
+			name:     "sub-paths prepared",
+			volumes:  []volume.UniqueName{volA},
+			mounts:   []mount{{volA, pod.PodRef, cache.Mounted}},
+			subPaths: logsSubPath, prepared: logsSubPath,
+			want: podstatus.Condition{Status: v1.ConditionTrue, Reason: podstatus.ReasonMounted, Message: "all volumes are mounted"},
+		},
+		{
+			name:     "mounted, sub-paths not prepared yet",
+			volumes:  []volume.UniqueName{volA},
+			mounts:   []mount{{volA, pod.PodRef, cache.Mounted}},
+			subPaths: logsSubPath,
+			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonWaiting,
+				Message: "waiting for volumes to be mounted: cache (sub-paths)"},
+		},
+		{
+			name:     "preparing the sub-paths failed",
+			volumes:  []volume.UniqueName{volA},
+			mounts:   []mount{{volA, pod.PodRef, cache.Mounted}},
+			subPaths: logsSubPath,
+			errs:     lastErrors{{Volume: volA, Pod: pod.UID}: errors.New("symlink leaves the volume")},
+			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonMountFailed,
+				Message: "cache (sub-paths): symlink leaves the volume"},
+		},
+		{
 			name:    "failures sorted",
 			volumes: []volume.UniqueName{volA, volB},
 			mounts:  []mount{{volB, pod.PodRef, cache.MountUncertain}},
@@ -142,7 +171,11 @@ func TestCompute(t *testing.T) {
 			var vols []cache.PodVolume
 			for _, v := range c.volumes {
 				spec := &volume.Spec{Name: specName(v), Volume: &v1.Volume{Name: specName(v)}}
-				vols = append(vols, cache.PodVolume{Name: v, Plugin: plugin, OuterName: specName(v), Spec: spec})
+				pv := cache.PodVolume{Name: v, Plugin: plugin, OuterName: specName(v), Spec: spec}
+				if v == volA {
+					pv.SubPaths = c.subPaths
+				}
+				vols = append(vols, pv)
 			}
 			dsw.SetPod(pod, vols, c.podErrors, nil)
 			asw := cache.NewActualStateOfWorld(clock)
@@ -150,12 +183,17 @@ func TestCompute(t *testing.T) {
 				asw.SetPodMount(cache.VolumeIdentity{Name: m.vol, Plugin: plugin},
 					cache.ActualPodMount{Pod: m.pod, SpecName: specName(m.vol), MountPath: "/pods/" + string(m.pod.UID) + "/" + specName(m.vol), State: m.state})
 			}
+			asw.SetSubPaths(volA, pod.UID, c.prepared)
 			p := dsw.Snapshot().Pods[pod.UID]
 			if p == nil {
 				t.Fatal("pod not in the DSW")
 			}
-			if got := podstatus.Compute(p, asw.Snapshot(), c.errs); got != c.want {
+			got := podstatus.Compute(p, dsw.Snapshot(), asw.Snapshot(), c.errs)
+			if got != c.want {
 				t.Errorf("Compute:\n got %+v\nwant %+v", got, c.want)
+			}
+			if ready := cache.PodReady(p, dsw.Snapshot(), asw.Snapshot()); ready != (got.Status == v1.ConditionTrue) {
+				t.Errorf("cache.PodReady = %v, but the condition is %s", ready, got.Status)
 			}
 		})
 	}

@@ -93,8 +93,9 @@ func New(p Patcher, getPod PodGetter, errs Errors, log *zap.Logger) *Reporter {
 	}
 }
 
-// Compute derives the condition of a pod from the snapshots.
-func Compute(p *cache.DesiredPod, asw *cache.ActualSnapshot, errs Errors) Condition {
+// Compute derives the condition of a pod from the snapshots. It is True
+// exactly when cache.PodReady holds.
+func Compute(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, errs Errors) Condition {
 	if len(p.Errors) > 0 {
 		msgs := make([]string, 0, len(p.Errors))
 		for _, e := range p.Errors {
@@ -106,12 +107,15 @@ func Compute(p *cache.DesiredPod, asw *cache.ActualSnapshot, errs Errors) Condit
 	var waiting, failed []string
 	for _, name := range p.Volumes {
 		m, ok := asw.PodMount(name, p.Pod.UID)
-		if ok && m.State == cache.Mounted {
+		if cache.PodVolumeReady(dsw.PodSubPaths(name, p.Pod.UID), m) {
 			continue
 		}
 		label := string(name)
 		if ok {
 			label = m.SpecName
+			if m.State == cache.Mounted {
+				label += " (sub-paths)"
+			}
 		}
 		if errs != nil {
 			err := errs.LastError(operations.Key{Volume: name, Pod: p.Pod.UID})
@@ -141,7 +145,7 @@ func (r *Reporter) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnaps
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for uid, p := range dsw.Pods {
-		c := Compute(p, asw, r.errs)
+		c := Compute(p, dsw, asw, r.errs)
 		if old, ok := r.want[uid]; ok && old.cond == c {
 			continue
 		}

@@ -1,8 +1,10 @@
-// Command bench is the end-to-end benchmark of volume-agent in standalone
-// mode: it starts the real binary, writes N pod manifests with M
-// emptyDir{medium: Memory} volumes each, and reports the time until every
-// volume is mounted, the CPU the idle agent uses with them mounted, its RSS,
-// and the time until everything is unmounted after the manifests are deleted.
+// Command bench is the end-to-end benchmark of volume-agent. The default
+// scenario is standalone mode: it starts the real binary, writes N pod
+// manifests with M emptyDir{medium: Memory} volumes each, and reports the
+// time until every volume is mounted, the CPU the idle agent uses with them
+// mounted, its RSS, and the time until everything is unmounted after the
+// manifests are deleted. -scenario api-volumes is cluster mode with API
+// volumes (see apivolumes.go).
 //
 // Mounts are counted in /proc/self/mountinfo, the kernel's own view. The
 // agent's root directory is, by default, on a dedicated ext4 filesystem on a
@@ -36,17 +38,28 @@ func main() {
 }
 
 type options struct {
-	agent   string
-	pods    int
-	volumes int
-	idle    time.Duration
-	rootFS  string
-	timeout time.Duration
+	agent    string
+	scenario string
+	pods     int
+	volumes  int
+	idle     time.Duration
+	rootFS   string
+	timeout  time.Duration
+	// api-volumes scenario
+	kubeQPS         int
+	nodeCredentials bool
+	updates         int
+	dumpMetrics     string
 }
 
 func run() error {
 	var o options
 	flag.StringVar(&o.agent, "agent", "bin/volume-agent", "volume-agent binary")
+	flag.StringVar(&o.scenario, "scenario", "emptydir", "emptydir (standalone mode, Memory emptyDirs) or api-volumes (cluster mode, kube-api-access + configMap + secret per pod)")
+	flag.IntVar(&o.kubeQPS, "kube-qps", 0, "api-volumes: the agent's --kube-api-qps (burst twice that); 0: its default")
+	flag.BoolVar(&o.nodeCredentials, "node-credentials", false, "api-volumes: run the agent with --node-kubeconfig")
+	flag.IntVar(&o.updates, "updates", 10, "api-volumes: ConfigMap updates timed")
+	flag.StringVar(&o.dumpMetrics, "dump-metrics", "", "api-volumes: write the agent's /metrics here at the end")
 	flag.IntVar(&o.pods, "pods", 500, "pods")
 	flag.IntVar(&o.volumes, "volumes", 4, "Memory emptyDir volumes per pod")
 	flag.DurationVar(&o.idle, "idle", 20*time.Second, "how long to measure idle CPU with everything mounted")
@@ -78,6 +91,9 @@ func run() error {
 		defer cleanup()
 	}
 	defer unmountBelow(root)
+	if o.scenario == "api-volumes" {
+		return runAPIVolumes(o, work, root)
+	}
 
 	debugAddr, metricsAddr := freeAddr(), freeAddr()
 	cmd := exec.Command(o.agent, "--node-name", "bench-node", "--root-dir", root, "--pod-manifest-path", manifests,

@@ -19,8 +19,9 @@ import (
 	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
-// agentBinary is the volume-agent built by TestMain.
-var agentBinary string
+// agentBinary is the volume-agent built by TestMain, consumerBinary
+// examples/runtime-consumer (in a directory anyone may read).
+var agentBinary, consumerBinary string
 
 // skipReason, when set, makes every test skip.
 var skipReason string
@@ -42,12 +43,17 @@ func run(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	// Without the race detector: the agents of this suite must be ready
 	// within startTimeout.
-	bins, err := e2eutil.Build(context.Background(), dir, e2eutil.BuildOptions{})
+	bins, err := e2eutil.Build(context.Background(), dir, e2eutil.BuildOptions{RuntimeConsumer: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "building volume-agent:", err)
 		return 1
 	}
-	agentBinary = bins.AgentBin
+	// The consumer also runs as a user who is not root.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	agentBinary, consumerBinary = bins.AgentBin, bins.RuntimeConsumerBin
 	return m.Run()
 }
 

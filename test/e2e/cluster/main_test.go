@@ -45,8 +45,17 @@ func TestMain(m *testing.M) {
 	os.Exit(e2eutil.RunSuite(m, &suite, e2eutil.SuiteOptions{
 		Name:      "cluster",
 		CSIDriver: true,
-		KeepDir:   os.Getenv("VOLUME_AGENT_E2E_KEEP") != "",
-		Check:     checkRBAC,
+		ControlPlane: e2eutil.ControlPlaneOptions{
+			Nodes: []string{nodeCredsTest + "-node", trustBundleTest + "-node"},
+			// ClusterTrustBundles and their projection are beta and off by
+			// default in 1.36.
+			APIServerArgs: []string{
+				"--feature-gates=ClusterTrustBundle=true,ClusterTrustBundleProjection=true",
+				"--runtime-config=certificates.k8s.io/v1beta1/clustertrustbundles=true",
+			},
+		},
+		KeepDir: os.Getenv("VOLUME_AGENT_E2E_KEEP") != "",
+		Check:   checkRBAC,
 	}))
 }
 
@@ -122,6 +131,10 @@ func checkRBAC() bool {
 			continue
 		}
 		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: %s %s by %s was forbidden: %s\n", e.Verb, e.RequestURI, e.UserAgent, d.ResponseStatus.Message)
+		ok = false
+	}
+	if bad := broadReads(events, suite.User); len(bad) > 0 {
+		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: secrets or configMaps listed or watched without a name selector: %v\n", bad)
 		ok = false
 	}
 	var rules []rbacv1.PolicyRule

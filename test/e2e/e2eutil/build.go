@@ -18,6 +18,8 @@ type BuildOptions struct {
 	Race bool
 	// CSIDriver builds the test CSI driver as well.
 	CSIDriver bool
+	// RuntimeConsumer builds examples/runtime-consumer as well.
+	RuntimeConsumer bool
 }
 
 // Binaries are the programs Build built.
@@ -27,6 +29,8 @@ type Binaries struct {
 	AgentBin string
 	// CSIDriverBin is test/csidriver/cmd/test-csi-driver, if built.
 	CSIDriverBin string
+	// RuntimeConsumerBin is examples/runtime-consumer, if built.
+	RuntimeConsumerBin string
 }
 
 // Build builds the agent and, if asked, the test CSI driver into dir, at
@@ -34,7 +38,7 @@ type Binaries struct {
 func Build(ctx context.Context, dir string, o BuildOptions) (Binaries, error) {
 	var b Binaries
 	var wg sync.WaitGroup
-	var agentErr, driverErr error
+	var agentErr, driverErr, consumerErr error
 	if b.AgentBin = os.Getenv("VOLUME_AGENT_BINARY"); b.AgentBin == "" {
 		b.AgentBin = filepath.Join(dir, "volume-agent")
 		args := []string{"-o", b.AgentBin}
@@ -47,11 +51,18 @@ func Build(ctx context.Context, dir string, o BuildOptions) (Binaries, error) {
 		b.CSIDriverBin = filepath.Join(dir, "test-csi-driver")
 		wg.Go(func() { driverErr = goBuild(ctx, "-o", b.CSIDriverBin, "./test/csidriver/cmd/test-csi-driver") })
 	}
+	if o.RuntimeConsumer {
+		b.RuntimeConsumerBin = filepath.Join(dir, "runtime-consumer")
+		wg.Go(func() { consumerErr = goBuild(ctx, "-o", b.RuntimeConsumerBin, "./examples/runtime-consumer") })
+	}
 	wg.Wait()
 	if agentErr != nil {
 		return b, agentErr
 	}
-	return b, driverErr
+	if driverErr != nil {
+		return b, driverErr
+	}
+	return b, consumerErr
 }
 
 // goBuild runs go build with args in the repository.

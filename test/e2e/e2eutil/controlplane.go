@@ -30,6 +30,12 @@ type ControlPlaneOptions struct {
 	// Allowed is what the agent's ServiceAccount must be allowed, besides
 	// watching pods, before StartControlPlane returns.
 	Allowed []authorizationv1.ResourceAttributes
+	// Nodes get credentials of their own (system:node:<name> in group
+	// system:nodes, see cluster.Options.Nodes), for agents run with the
+	// node's identity (--node-kubeconfig).
+	Nodes []string
+	// APIServerArgs are added to kube-apiserver's flags (feature gates).
+	APIServerArgs []string
 }
 
 // ControlPlane is a running etcd, kube-apiserver and
@@ -67,7 +73,7 @@ func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (_ *ControlPl
 	if err != nil {
 		return nil, err
 	}
-	c, err := cluster.Start(ctx, cluster.Options{ControllerManager: true, Dir: o.Dir})
+	c, err := cluster.Start(ctx, cluster.Options{ControllerManager: true, Dir: o.Dir, Nodes: o.Nodes, APIServerArgs: o.APIServerArgs})
 	if err != nil {
 		return nil, fmt.Errorf("starting the control plane: %w", err)
 	}

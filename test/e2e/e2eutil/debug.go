@@ -35,6 +35,7 @@ type DSWVolume struct {
 	Name        string   `json:"name"`
 	Plugin      string   `json:"plugin"`
 	SpecName    string   `json:"specName"`
+	Mode        string   `json:"mode"`
 	PV          string   `json:"persistentVolume"`
 	DesiredSize string   `json:"desiredSize"`
 	Pods        []PodRef `json:"pods"`
@@ -81,6 +82,7 @@ type ASW struct {
 type ASWVolume struct {
 	Name             string   `json:"name"`
 	Plugin           string   `json:"plugin"`
+	Mode             string   `json:"mode"`
 	AttachState      string   `json:"attachState"`
 	DeviceMountState string   `json:"deviceMountState"`
 	DeviceMountPath  string   `json:"deviceMountPath"`
@@ -188,6 +190,45 @@ type Drivers struct {
 	} `json:"drivers"`
 }
 
+// APIVolumes is GET /debug/api-volumes: what API volumes were built from,
+// what is watched, and the tokens' lifetimes (never content).
+type APIVolumes struct {
+	Credentials string `json:"credentials"`
+	Volumes     []struct {
+		Volume string `json:"volume"`
+		Plugin string `json:"plugin"`
+		Pod    PodRef `json:"pod"`
+		Inputs []struct {
+			Kind            string    `json:"kind"`
+			Name            string    `json:"name"`
+			ResourceVersion string    `json:"resourceVersion"`
+			Missing         bool      `json:"missing"`
+			RefreshAt       time.Time `json:"refreshAt"`
+		} `json:"inputs"`
+		LastWritten time.Time `json:"lastWritten"`
+		Writes      int       `json:"writes"`
+	} `json:"volumes"`
+	Watches []struct {
+		Resource string `json:"resource"`
+		Key      struct {
+			Namespace string `json:"namespace"`
+			Name      string `json:"name"`
+		} `json:"key"`
+		Owners    int  `json:"owners"`
+		Immutable bool `json:"immutable"`
+	} `json:"watches"`
+	Tokens []struct {
+		Namespace      string    `json:"namespace"`
+		ServiceAccount string    `json:"serviceAccount"`
+		PodUID         string    `json:"podUID"`
+		Expires        time.Time `json:"expires"`
+		RefreshAt      time.Time `json:"refreshAt"`
+	} `json:"tokens"`
+}
+
+// APIVolumes reads /debug/api-volumes.
+func (a *Agent) APIVolumes() (*APIVolumes, error) { return getDoc[APIVolumes](a, "/debug/api-volumes") }
+
 // DSW reads /debug/dsw.
 func (a *Agent) DSW() (*DSW, error) { return getDoc[DSW](a, "/debug/dsw") }
 
@@ -212,6 +253,17 @@ func (a *Agent) Drivers() (*Drivers, error) { return getDoc[Drivers](a, "/debug/
 func getDoc[T any](a *Agent, path string) (*T, error) {
 	var doc T
 	return &doc, a.getJSON(path, &doc)
+}
+
+// GetRaw returns a document of the debug endpoint as text.
+func (a *Agent) GetRaw(path string) (string, error) {
+	resp, err := a.client.Get(a.debugURL + path)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return string(body), err
 }
 
 // getJSON decodes a JSON document of the debug endpoint.

@@ -18,6 +18,11 @@ const (
 	HostPathPlugin = "kubernetes.io/host-path"
 	LocalPlugin    = "kubernetes.io/local-volume"
 	CSIPlugin      = "kubernetes.io/csi"
+	// API volumes.
+	ConfigMapPlugin   = "kubernetes.io/configmap"
+	SecretPlugin      = "kubernetes.io/secret"
+	DownwardAPIPlugin = "kubernetes.io/downward-api"
+	ProjectedPlugin   = "kubernetes.io/projected"
 )
 
 // VolumeDir is where the agent mounts a pod's volume under its root
@@ -41,8 +46,9 @@ func escape(plugin string) string { return strings.ReplaceAll(plugin, "/", "~") 
 
 // Pod is a pod in namespace, on node unless that is "", whose one
 // container mounts every volume at /mnt/<name> (the agent only mounts
-// volumes some container uses), without a service account token (the
-// agent has no projected-volume plugin). It has its TypeMeta, for
+// volumes some container uses), without a service account token (tests of
+// other volumes need no kube-api-access volume; set
+// AutomountServiceAccountToken to nil for one). It has its TypeMeta, for
 // manifests.
 func Pod(namespace, node, name string, vols ...corev1.Volume) *corev1.Pod {
 	c := corev1.Container{Name: "main", Image: "registry.k8s.io/pause:3.10"}

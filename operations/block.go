@@ -1,0 +1,200 @@
+package operations
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/plugins"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// The bodies of the raw block operations. They record state in the ASW
+// exactly as the mount operations do (a device state for the volume, a pod
+// "mount" whose MountPath is the access point), so that the planner's
+// predicates, reconstruction and adoption need no second vocabulary; only the
+// plugin calls differ, and map_volume pins the device.
+
+func (o *Operator) blockMapper(t *Target) (plugins.BlockMapper, error) {
+	p, err := o.plugin(t.Plugin)
+	if err != nil {
+		return nil, err
+	}
+	bm, ok := p.(plugins.BlockMapper)
+	if !ok {
+		return nil, fmt.Errorf("volume plugin %s does not support raw block volumes", t.Plugin)
+	}
+	return bm, nil
+}
+
+// MapDevice prepares a raw block volume's device once per node (CSI:
+// NodeStageVolume with the block capability). Nothing is formatted or
+// mounted.
+func (o *Operator) MapDevice(ctx context.Context, t *Target) error {
+	av, needed := o.needed(OpMapDevice, t)
+	if !needed {
+		return ErrStale
+	}
+	bm, err := o.blockMapper(t)
+	if err != nil {
+		return err
+	}
+	req := &plugins.DeviceRequest{
+		VolumeName: t.Volume, Spec: t.Spec, Identity: t.Attributes.Identity, Attachable: t.Attributes.Attachable,
+		DeviceMountPath: o.Paths.DeviceMountPath(t.Plugin, t.Attributes.Identity),
+		Log:             o.logger(t, OpMapDevice),
+	}
+	if av != nil {
+		req.DevicePath, req.PublishContext = av.DevicePath, av.PublishContext
+	}
+	err = bm.MapDevice(ctx, req)
+	switch {
+	case err == nil:
+		o.ASW.SetDeviceState(t.identity(), cache.DeviceGloballyMounted, req.DevicePath, req.DeviceMountPath)
+	case volume.IsUncertain(err):
+		o.ASW.SetDeviceState(t.identity(), cache.DeviceMountUncertain, req.DevicePath, req.DeviceMountPath)
+	case av != nil && av.DeviceState == cache.DeviceMountUncertain:
+		o.ASW.SetDeviceState(t.identity(), cache.DeviceNotMounted, "", "")
+	}
+	return err
+}
+
+// MapVolume gives one pod the block device at its access point and pins the
+// device there. A pin that cannot be made leaves the mapping uncertain: it
+// is retried while the pod wants the volume and undone when it does not.
+func (o *Operator) MapVolume(ctx context.Context, t *Target) error {
+	av, needed := o.needed(OpMapVolume, t)
+	if !needed {
+		return ErrStale
+	}
+	bm, err := o.blockMapper(t)
+	if err != nil {
+		return err
+	}
+	req := &plugins.SetUpRequest{
+		VolumeName: t.Volume, Spec: t.Spec, Pod: t.Pod,
+		Dir: o.Paths.PodDevicePath(t.Pod.UID, t.Plugin, t.SpecName),
+		Log: o.logger(t, OpMapVolume),
+	}
+	if t.Attributes.DeviceMountable {
+		req.DeviceMountPath = av.DeviceMountPath
+	}
+	if av != nil {
+		req.DevicePath, req.PublishContext = av.DevicePath, av.PublishContext
+	}
+	prev := podMount(av, t)
+	mount := cache.ActualPodMount{Pod: t.Pod.PodRef, SpecName: t.SpecName, MountPath: req.Dir, Spec: t.Spec}
+	if _, err := mountutil.EnsureDir(filepath.Dir(req.Dir), 0o750); err != nil {
+		return err
+	}
+	var gen uint64
+	if o.Refresh != nil {
+		gen = o.Refresh.Generation(t.Volume, t.Pod.UID)
+	}
+	err = bm.MapPodDevice(ctx, req)
+	if err == nil {
+		if err = o.pin(req.Dir); err != nil {
+			err = volume.Uncertain(err)
+		}
+	}
+	switch {
+	case err == nil:
+		mount.State = cache.Mounted
+		o.ASW.SetPodMount(t.identity(), mount)
+		if o.Refresh != nil {
+			// A CSI driver with requiresRepublish is published again.
+			o.Refresh.MountDone(t.Volume, t.Pod.UID, gen, req.RefreshAt)
+		}
+	case volume.IsUncertain(err):
+		mount.State = cache.MountUncertain
+		o.ASW.SetPodMount(t.identity(), mount)
+	case prev != nil && prev.State == cache.MountUncertain && !prev.Reconstructed:
+		o.ASW.DeletePodMount(t.Volume, t.Pod.UID)
+		mountutil.RemoveEmptyDirs(filepath.Dir(req.Dir), o.Paths.PodsDir())
+	case prev == nil:
+		// Nothing is mapped: leave no directory behind for a pod that may
+		// go away before it is retried.
+		mountutil.RemoveEmptyDirs(filepath.Dir(req.Dir), o.Paths.PodsDir())
+	}
+	return err
+}
+
+func (o *Operator) pin(path string) error {
+	if o.Pins == nil {
+		return fmt.Errorf("cannot pin the block device at %s: the agent has no pinner", path)
+	}
+	return o.Pins.Pin(path)
+}
+
+// UnmapVolume releases the pin of one pod's access point, then has the plugin
+// remove the access point, then removes the pod's directories left empty.
+func (o *Operator) UnmapVolume(ctx context.Context, t *Target, accessPoint string) error {
+	av, needed := o.needed(OpUnmapVolume, t)
+	if !needed {
+		return ErrStale
+	}
+	bm, err := o.blockMapper(t)
+	if err != nil {
+		return err
+	}
+	prev := podMount(av, t)
+	fail := func(err error) error {
+		if prev.State != cache.MountUncertain {
+			m := *prev
+			m.State = cache.MountUncertain
+			o.ASW.SetPodMount(t.identity(), m)
+		}
+		return err
+	}
+	// The pin holds the access point's mount busy: release it first.
+	if o.Pins == nil {
+		return fail(fmt.Errorf("cannot release the pin of %s: the agent has no pinner", accessPoint))
+	}
+	if err := o.Pins.Unpin(accessPoint); err != nil {
+		return fail(err)
+	}
+	req := &plugins.TearDownRequest{
+		VolumeName: t.Volume, Spec: prev.Spec, Pod: t.Pod.PodRef, Dir: accessPoint,
+		DeviceMountPath: av.DeviceMountPath, Log: o.logger(t, OpUnmapVolume),
+	}
+	if err := bm.UnmapPodDevice(ctx, req); err != nil {
+		return fail(err)
+	}
+	o.ASW.DeletePodMount(t.Volume, t.Pod.UID)
+	_ = os.Remove(o.Paths.PodVolumeStateFile(t.Pod.UID, t.Plugin, t.SpecName))
+	mountutil.RemoveEmptyDirs(filepath.Dir(o.Paths.PodVolumeStateFile(t.Pod.UID, t.Plugin, t.SpecName)), o.Paths.PodsDir())
+	mountutil.RemoveEmptyDirs(filepath.Dir(accessPoint), o.Paths.PodsDir())
+	return nil
+}
+
+// UnmapDevice undoes MapDevice once no pod has the device mapped.
+func (o *Operator) UnmapDevice(ctx context.Context, t *Target) error {
+	av, needed := o.needed(OpUnmapDevice, t)
+	if !needed {
+		return ErrStale
+	}
+	bm, err := o.blockMapper(t)
+	if err != nil {
+		return err
+	}
+	req := &plugins.DeviceRequest{
+		VolumeName: t.Volume, Spec: av.Spec, Identity: av.Attributes.Identity,
+		DevicePath: av.DevicePath, DeviceMountPath: av.DeviceMountPath,
+		Log: o.logger(t, OpUnmapDevice),
+	}
+	if req.DeviceMountPath == "" {
+		req.DeviceMountPath = o.Paths.DeviceMountPath(t.Plugin, av.Attributes.Identity)
+	}
+	if err := bm.UnmapDevice(ctx, req); err != nil {
+		if av.DeviceState != cache.DeviceMountUncertain {
+			o.ASW.SetDeviceState(t.identity(), cache.DeviceMountUncertain, "", "")
+		}
+		return err
+	}
+	o.ASW.SetDeviceState(t.identity(), cache.DeviceNotMounted, "", "")
+	mountutil.RemoveEmptyDirs(o.Paths.VolumeDir(t.Plugin, av.Attributes.Identity), o.Paths.Root)
+	return nil
+}

@@ -1,0 +1,539 @@
+package model
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/csi/registration"
+	"github.com/volume-agent/volume-agent/csi/registry"
+	"github.com/volume-agent/volume-agent/localpv"
+	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/reconciler"
+	"github.com/volume-agent/volume-agent/source"
+	"github.com/volume-agent/volume-agent/status/events"
+	"github.com/volume-agent/volume-agent/ui/timeline"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// Input is everything the page shows, gathered at one moment. The caches'
+// snapshots are immutable; the other lists are copies.
+type Input struct {
+	Now          time.Time
+	Node         string
+	Mode         string
+	SourcesReady bool
+	DSW          *cache.DesiredSnapshot
+	ASW          *cache.ActualSnapshot
+	Operations   []operations.OperationStatus
+	Drivers      []registry.Driver
+	Sockets      []registration.SocketStatus
+	// ProbePeriod is how often drivers are probed (for their health).
+	ProbePeriod time.Duration
+	Orphans     []reconciler.OrphanStatus
+	// LocalVolumes is nil when the local volume provisioner is off.
+	LocalVolumes *localpv.Document
+	InputErrors  []source.InputError
+	// Events are the recent events, oldest first.
+	Events []events.Event
+	// History is the operation timeline (nil: none).
+	History History
+}
+
+// History is the operation timeline (timeline.Ring).
+type History interface {
+	ForPod(pod types.UID, volumes []volume.UniqueName) []timeline.Record
+}
+
+// MaxEvents bounds the events of a Page.
+const MaxEvents = 50
+
+// Build makes the node's page.
+func Build(in Input) *Page {
+	ix := index(in)
+	p := &Page{
+		Node: in.Node, Mode: in.Mode, Now: in.Now, SourcesReady: in.SourcesReady,
+		Namespaces: []string{}, Pods: []Pod{}, Operations: []Operation{}, Drivers: []Driver{}, Orphans: []Orphan{},
+		Events: []events.Event{},
+	}
+	p.Pods = ix.pods()
+	p.Operations = ix.operations(func(operations.OperationStatus) bool { return true })
+	p.Drivers, p.Sockets = drivers(in)
+	for _, o := range in.Orphans {
+		p.Orphans = append(p.Orphans, Orphan{Path: o.Path, PodUID: o.PodUID, Reason: o.Reason, Since: o.Since})
+	}
+	if in.LocalVolumes != nil {
+		p.LocalVolumes = localVolumes(in.LocalVolumes)
+	}
+	for _, e := range in.InputErrors {
+		p.InputErrors = append(p.InputErrors, InputError(e))
+	}
+	for i := len(in.Events) - 1; i >= 0 && len(p.Events) < MaxEvents; i-- {
+		p.Events = append(p.Events, in.Events[i])
+	}
+	namespaces := map[string]bool{}
+	for _, pod := range p.Pods {
+		namespaces[pod.Namespace] = true
+	}
+	for ns := range namespaces {
+		p.Namespaces = append(p.Namespaces, ns)
+	}
+	slices.Sort(p.Namespaces)
+	p.Summary = summarize(p)
+	return p
+}
+
+func summarize(p *Page) Summary {
+	s := Summary{Pods: len(p.Pods), Drivers: len(p.Drivers), Orphans: len(p.Orphans), VolumeStates: []StateCount{}}
+	counts := map[State]int{}
+	for _, pod := range p.Pods {
+		switch pod.State {
+		case PodReady:
+			s.PodsReady++
+		case PodError:
+			s.PodsError++
+		case PodWaiting:
+			s.PodsWaiting++
+		case PodTerminating:
+			s.PodsTerminating++
+		}
+		for _, v := range pod.Volumes {
+			s.Volumes++
+			counts[v.State]++
+		}
+	}
+	for _, st := range States {
+		if counts[st] > 0 {
+			s.VolumeStates = append(s.VolumeStates, StateCount{State: st, Count: counts[st]})
+		}
+	}
+	for _, o := range p.Operations {
+		if o.State == "backoff" {
+			s.OperationsBackoff++
+		} else {
+			s.OperationsRunning++
+		}
+	}
+	for _, d := range p.Drivers {
+		if d.Health != healthy {
+			s.DriversUnhealthy++
+		}
+	}
+	return s
+}
+
+// indexed is the input with its operations by key and the actual
+// state's mounts by pod.
+type indexed struct {
+	Input
+	ops    map[operations.Key]*operations.OperationStatus
+	mounts map[types.UID][]actualMount
+}
+
+// actualMount is one pod's mount of a volume in the actual state.
+type actualMount struct {
+	name volume.UniqueName
+	vol  *cache.ActualVolume
+	pod  *cache.ActualPodMount
+}
+
+func index(in Input) *indexed {
+	if in.DSW == nil {
+		in.DSW = &cache.DesiredSnapshot{}
+	}
+	if in.ASW == nil {
+		in.ASW = &cache.ActualSnapshot{}
+	}
+	ix := &indexed{Input: in, ops: make(map[operations.Key]*operations.OperationStatus, len(in.Operations))}
+	for i := range in.Operations {
+		o := &in.Operations[i]
+		k := operations.Key{Volume: o.Volume}
+		if o.Pod != nil {
+			k.Pod = o.Pod.UID
+		}
+		ix.ops[k] = o
+	}
+	ix.mounts = map[types.UID][]actualMount{}
+	for name, av := range in.ASW.Volumes {
+		for uid, m := range av.Pods {
+			ix.mounts[uid] = append(ix.mounts[uid], actualMount{name: name, vol: av, pod: m})
+		}
+	}
+	return ix
+}
+
+// pods lists the desired pods, and the pods only the actual state still
+// has (being torn down), sorted by namespace and name.
+func (ix *indexed) pods() []Pod {
+	out := make([]Pod, 0, len(ix.DSW.Pods))
+	for _, dp := range ix.DSW.Pods {
+		out = append(out, ix.desiredPod(dp))
+	}
+	gone := map[types.UID]*Pod{}
+	for uid, mounts := range ix.mounts {
+		if _, ok := ix.DSW.Pods[uid]; ok {
+			continue // listed with the pod (desiredPod)
+		}
+		p := &Pod{PodRef: mounts[0].pod.Pod, State: PodTerminating, Reason: "gone from the desired state: its volumes are unmounted"}
+		for _, m := range mounts {
+			p.Volumes = append(p.Volumes, ix.unwanted(m.name, m.vol, m.pod))
+		}
+		gone[uid] = p
+	}
+	for _, p := range gone {
+		sortVolumes(p.Volumes)
+		for _, v := range p.Volumes {
+			if v.State == Error {
+				p.Reason = v.Name + ": " + v.Reason
+				break
+			}
+		}
+		out = append(out, *p)
+	}
+	slices.SortFunc(out, func(a, b Pod) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
+	})
+	return out
+}
+
+func sortVolumes(vs []PodVolume) {
+	slices.SortFunc(vs, func(a, b PodVolume) int { return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Volume, b.Volume)) })
+}
+
+// desiredPod is a pod of the DSW with its resolved volumes, those that do
+// not resolve, and mounts of volumes it no longer wants.
+func (ix *indexed) desiredPod(dp *cache.DesiredPod) Pod {
+	p := Pod{PodRef: dp.Pod.PodRef, Volumes: []PodVolume{}}
+	uid := dp.Pod.UID
+	history := ix.history(uid, dp.Volumes)
+	errs := map[string]*volume.PodVolumeError{}
+	var podErr *volume.PodVolumeError
+	for _, e := range dp.Errors {
+		if e.Volume == "" {
+			podErr = e
+		} else {
+			errs[e.Volume] = e
+		}
+	}
+	named := map[string]bool{}
+	for _, name := range dp.Volumes {
+		dv := ix.DSW.Volumes[name]
+		if dv == nil || dv.Pods[uid] == nil {
+			continue
+		}
+		v := ix.desiredVolume(dp, dv, dv.Pods[uid], history)
+		for _, n := range dv.Pods[uid].OuterNames {
+			named[n] = true
+			if e := errs[n]; e != nil && v.State != Error {
+				// Resolved once, failing now: it stays desired with its
+				// last spec.
+				if v.State == Mounted {
+					v.Reason = "still mounted; " + errorText(e)
+				} else {
+					v.State, v.Reason, v.Since = Error, errorText(e), dp.Since
+				}
+			}
+		}
+		p.Volumes = append(p.Volumes, v)
+	}
+	for _, e := range dp.Errors {
+		if e.Volume != "" && !named[e.Volume] {
+			named[e.Volume] = true
+			p.Volumes = append(p.Volumes, PodVolume{Name: e.Volume, State: Error, Since: dp.Since, Reason: errorText(e)})
+		}
+	}
+	for _, n := range dp.Unresolved {
+		if !named[n] {
+			p.Volumes = append(p.Volumes, PodVolume{Name: n, State: Desired, Since: dp.Since, Reason: "not resolved yet"})
+		}
+	}
+	// Mounts of volumes the pod no longer wants.
+	for _, m := range ix.mounts[uid] {
+		if !ix.DSW.HasPodVolume(m.name, uid) {
+			p.Volumes = append(p.Volumes, ix.unwanted(m.name, m.vol, m.pod))
+		}
+	}
+	sortVolumes(p.Volumes)
+	p.State, p.Since = PodReady, time.Time{}
+	for _, v := range p.Volumes {
+		switch {
+		case v.State == Error && p.State != PodError:
+			p.State, p.Since, p.Reason = PodError, v.Since, v.Name+": "+v.Reason
+		case !v.State.Ready() && p.State == PodReady:
+			p.State, p.Since, p.Reason = PodWaiting, dp.Since, v.Name+": "+cmp.Or(v.Reason, string(v.State))
+		case p.State == PodReady && v.Since.After(p.Since):
+			p.Since = v.Since // ready since its last volume was
+		}
+	}
+	if podErr != nil {
+		p.State, p.Since, p.Reason = PodError, dp.Since, errorText(podErr)
+	}
+	if p.Since.IsZero() {
+		p.Since = dp.Since
+	}
+	return p
+}
+
+func (ix *indexed) history(pod types.UID, vols []volume.UniqueName) []timeline.Record {
+	if ix.History == nil {
+		return nil
+	}
+	return ix.History.ForPod(pod, vols)
+}
+
+// desiredVolume is the state of a volume a pod wants.
+func (ix *indexed) desiredVolume(dp *cache.DesiredPod, dv *cache.DesiredVolume, dpv *cache.DesiredPodVolume, history []timeline.Record) PodVolume {
+	uid := dp.Pod.UID
+	v := PodVolume{
+		Name: strings.Join(dpv.OuterNames, ", "), Volume: dv.Name, Plugin: dv.Plugin,
+		Source: Describe(dpv.Spec, dv.Plugin), State: Desired, Since: dpv.Since,
+	}
+	if dpv.Spec != nil {
+		v.ReadOnly = dpv.Spec.ReadOnly
+	}
+	av := ix.ASW.Volumes[dv.Name]
+	var m *cache.ActualPodMount
+	if av != nil {
+		m = av.Pods[uid]
+		v.DevicePath, v.DeviceMountPath = av.DevicePath, av.DeviceMountPath
+	}
+	if m != nil {
+		v.MountPath = m.MountPath
+	}
+	podOp, volOp := ix.ops[operations.Key{Volume: dv.Name, Pod: uid}], ix.ops[operations.Key{Volume: dv.Name}]
+	failed := podOp
+	if failed == nil || failed.State != "backoff" {
+		failed = volOp
+	}
+	switch {
+	case m != nil && m.State == cache.Mounted:
+		v.State, v.Since = Mounted, m.Since
+	case failed != nil && failed.State == "backoff":
+		v.State, v.Reason = Error, failed.Operation+" failed: "+failed.LastError
+		v.Since = failingSince(history, failed, uid)
+	case m != nil && m.State == cache.MountUncertain:
+		v.State, v.Since, v.Reason = Uncertain, m.Since, "the last mount may have been left half done; it is retried"
+	case av != nil && av.DeviceState == cache.DeviceMountUncertain:
+		v.State, v.Reason = Uncertain, "the last device mount may have been left half done; it is retried"
+		v.Since = lastSuccess(history, operations.ForMode(operations.OpMountDevice, dv.Attributes.Block), "", dv.Name, dpv.Since)
+	case av != nil && av.DeviceState == cache.DeviceGloballyMounted:
+		v.State = DeviceMounted
+		v.Since = lastSuccess(history, operations.ForMode(operations.OpMountDevice, dv.Attributes.Block), "", dv.Name, dpv.Since)
+	case av != nil && av.AttachState == cache.Attached:
+		v.State = Attached
+		v.Since = lastSuccess(history, operations.OpVerifyAttached, "", dv.Name, dpv.Since)
+	}
+	for _, o := range []*operations.OperationStatus{podOp, volOp} {
+		if o != nil {
+			v.Operation = o.Operation + " " + o.State
+			if o.RetryAt != nil {
+				t := *o.RetryAt
+				v.RetryAt = &t
+			}
+			if v.State == Desired && v.Reason == "" {
+				v.Reason = o.Operation + " " + o.State
+			}
+			break
+		}
+	}
+	if v.State == Desired && v.Reason == "" && !ix.SourcesReady {
+		v.Reason = "waiting for the sources to be read"
+	}
+	return v
+}
+
+// unwanted is a pod's mount of a volume no pod of that UID wants any more.
+func (ix *indexed) unwanted(name volume.UniqueName, av *cache.ActualVolume, m *cache.ActualPodMount) PodVolume {
+	v := PodVolume{
+		Name: m.SpecName, Volume: name, Plugin: av.Plugin, Source: Describe(m.Spec, av.Plugin),
+		State: Unmounting, MountPath: m.MountPath, DevicePath: av.DevicePath, DeviceMountPath: av.DeviceMountPath,
+		Reason: "no longer wanted",
+	}
+	if o := ix.ops[operations.Key{Volume: name, Pod: m.Pod.UID}]; o != nil {
+		v.Operation, v.Since = o.Operation+" "+o.State, o.Since
+		if o.State == "backoff" {
+			v.State, v.Reason = Error, o.Operation+" failed: "+o.LastError
+			v.Since = failingSince(ix.history(m.Pod.UID, nil), o, m.Pod.UID)
+			if o.RetryAt != nil {
+				t := *o.RetryAt
+				v.RetryAt = &t
+			}
+		}
+	}
+	if m.Reconstructed {
+		v.Reason = "found on disk after a restart; no pod wants it"
+	}
+	return v
+}
+
+// failingSince is when the failures of op began: the first of the
+// failures in a row the timeline still holds, or the last one.
+func failingSince(history []timeline.Record, op *operations.OperationStatus, pod types.UID) time.Time {
+	since := op.Since
+	if op.Pod == nil {
+		pod = ""
+	}
+	for i := len(history) - 1; i >= 0; i-- {
+		r := history[i]
+		if r.Volume != op.Volume || r.Pod.UID != pod || string(r.Op) != op.Operation {
+			continue
+		}
+		if r.Outcome == timeline.Succeeded {
+			break
+		}
+		since = r.End
+	}
+	return since
+}
+
+// lastSuccess is when op last succeeded on the volume (for pod, or
+// volume-wide), or fallback.
+func lastSuccess(history []timeline.Record, op operations.Op, pod types.UID, vol volume.UniqueName, fallback time.Time) time.Time {
+	for i := len(history) - 1; i >= 0; i-- {
+		r := history[i]
+		if r.Volume == vol && r.Pod.UID == pod && r.Op == op && r.Outcome == timeline.Succeeded {
+			return r.End
+		}
+	}
+	return fallback
+}
+
+// errorText is a pod volume error without the pod and volume it names
+// (the page shows them already), with its reason.
+func errorText(e *volume.PodVolumeError) string {
+	msg := e.Error()
+	if e.Err != nil {
+		msg = e.Err.Error()
+	}
+	if e.Reason == "" {
+		return msg
+	}
+	return e.Reason + ": " + msg
+}
+
+// operations lists the pending operations that keep says, with the inner
+// volume name.
+func (ix *indexed) operations(keep func(operations.OperationStatus) bool) []Operation {
+	out := []Operation{}
+	for _, o := range ix.Operations {
+		if !keep(o) {
+			continue
+		}
+		op := Operation{
+			Volume: o.Volume, Pod: o.Pod, Operation: o.Operation, Plugin: o.Plugin, State: o.State,
+			Since: o.Since, LastError: o.LastError, RetryAt: o.RetryAt,
+		}
+		if dv := ix.DSW.Volumes[o.Volume]; dv != nil {
+			op.VolumeName = dv.SpecName
+		} else if av := ix.ASW.Volumes[o.Volume]; av != nil && av.Spec != nil {
+			op.VolumeName = av.Spec.Name
+		}
+		out = append(out, op)
+	}
+	return out
+}
+
+const (
+	healthy      = "healthy"
+	unresponsive = "unresponsive"
+)
+
+func drivers(in Input) ([]Driver, []Socket) {
+	out := []Driver{}
+	for _, d := range in.Drivers {
+		dr := Driver{
+			Name: d.Name, Endpoint: d.Endpoint, Source: d.Source, Version: d.VendorVersion, Health: healthy,
+			RegisteredAt: d.RegisteredAt, LastProbe: d.LastProbe, Capabilities: d.NodeCapabilities,
+		}
+		last := d.LastProbe
+		if last.IsZero() {
+			last = d.RegisteredAt
+		}
+		// A probe can take 10 s; a driver that missed one is already
+		// worth a look.
+		if in.ProbePeriod > 0 && !last.IsZero() && in.Now.Sub(last) > in.ProbePeriod+in.ProbePeriod/2+10*time.Second {
+			dr.Health = unresponsive
+		}
+		out = append(out, dr)
+	}
+	var sockets []Socket
+	for _, s := range in.Sockets {
+		if s.State == registration.StateRegistered || s.State == registration.StateIgnored {
+			continue
+		}
+		so := Socket{Path: s.Path, State: string(s.State), Driver: s.Driver, LastError: s.LastError, Since: s.Since}
+		if !s.NextRetry.IsZero() {
+			t := s.NextRetry
+			so.NextRetry = &t
+		}
+		sockets = append(sockets, so)
+	}
+	return out, sockets
+}
+
+func localVolumes(doc *localpv.Document) *LocalVolumes {
+	lv := &LocalVolumes{Error: doc.Error, Volumes: []LocalVolume{}}
+	for _, v := range doc.Volumes {
+		lv.Volumes = append(lv.Volumes, LocalVolume{
+			Class: v.Class, Path: v.Path, PV: v.PV, Claim: v.Claim, State: string(v.State), Since: v.Since,
+			Reason: v.Reason, LastError: v.LastError, Capacity: v.Capacity,
+		})
+	}
+	return lv
+}
+
+// Describe says what a volume is, the way a pod's author wrote it.
+func Describe(spec *volume.Spec, plugin string) string {
+	switch {
+	case spec == nil:
+		return plugin
+	case spec.PV != nil:
+		s := "PV " + spec.PV.Name
+		if spec.PVC != nil {
+			s = "PVC " + spec.ClaimRef() + " → " + s
+		}
+		switch src := spec.PV.Spec; {
+		case src.Local != nil:
+			s += " (local " + src.Local.Path + ")"
+		case src.CSI != nil:
+			s += " (CSI " + src.CSI.Driver + ")"
+		}
+		if spec.IsBlock() {
+			s += ", block"
+		}
+		return s
+	case spec.Volume != nil:
+		return describeInline(spec, plugin)
+	}
+	return plugin
+}
+
+func describeInline(spec *volume.Spec, plugin string) string {
+	switch v := spec.Volume.VolumeSource; {
+	case v.EmptyDir != nil:
+		if v.EmptyDir.Medium != "" {
+			return fmt.Sprintf("emptyDir (%s)", v.EmptyDir.Medium)
+		}
+		return "emptyDir"
+	case v.HostPath != nil:
+		return "hostPath " + v.HostPath.Path
+	case v.CSI != nil:
+		return "CSI ephemeral (" + v.CSI.Driver + ")"
+	case v.ConfigMap != nil:
+		return "configMap " + v.ConfigMap.Name
+	case v.Secret != nil:
+		return "secret " + v.Secret.SecretName
+	case v.DownwardAPI != nil:
+		return "downwardAPI"
+	case v.Projected != nil:
+		return "projected"
+	case v.Ephemeral != nil:
+		return "ephemeral"
+	}
+	return plugin
+}
