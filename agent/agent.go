@@ -495,7 +495,9 @@ func (a *Agent) serve(l *loops) []shutdowner {
 		})
 	}
 	if a.debugListener != nil {
-		start("debug endpoint", a.debugListener, a.debugMux())
+		// It shows what the node's pods are and serves the page to
+		// browsers: a page of another site must not reach it by name.
+		start("debug endpoint", a.debugListener, hostCheck(a.debugMux(), a.debugListener.Addr(), a.cfg.DebugAddress))
 	}
 	l.goUntilStopped("runtime API", a.runtimeAPI.Serve)
 	servers = append(servers, a.runtimeAPI)
