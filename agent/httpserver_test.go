@@ -6,6 +6,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -215,3 +218,58 @@ func TestDebugProfileOutlastsTheWriteTimeout(t *testing.T) {
 	}
 }
 
+// The page's live view (server-sent events) outlasts the endpoint's read
+// and write timeouts: a viewer keeps getting changes after them.
+func TestPageStreamOutlastsTheTimeouts(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	cfg := standaloneConfig(t)
+	cfg.HTTP = HTTPLimits{WriteTimeout: timeout, ReadTimeout: timeout}
+	a := startAgent(t, cfg)
+	resp, err := http.Get("http://" + a.DebugAddress() + "/?watch=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream: %s", resp.Status)
+	}
+	events := make(chan string, 100)
+	go func() {
+		defer close(events)
+		s := bufio.NewScanner(resp.Body)
+		s.Buffer(nil, 4<<20)
+		for s.Scan() {
+			if ev, ok := strings.CutPrefix(s.Text(), "event: "); ok {
+				events <- ev
+			}
+		}
+	}()
+	if _, ok := <-events; !ok {
+		t.Fatal("the stream ended before its first event")
+	}
+	// What is tested is time passing: the stream must live through it.
+	time.Sleep(3 * timeout)
+	for drained := false; !drained; {
+		select {
+		case _, ok := <-events:
+			if !ok {
+				t.Fatal("the stream ended when the read or write timeout expired")
+			}
+		default:
+			drained = true
+		}
+	}
+	// A change after that still reaches the viewer.
+	manifest := strings.NewReplacer("name: web", "name: later", "000000000001", "000000000002").Replace(podManifest)
+	if err := os.WriteFile(filepath.Join(cfg.PodManifestPath, "later.yaml"), []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case _, ok := <-events:
+		if !ok {
+			t.Fatal("the stream ended instead of showing the new pod")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no event for the new pod within 30s")
+	}
+}
