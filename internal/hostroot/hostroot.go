@@ -109,9 +109,15 @@ func (r Root) ResolveParent(p string) (string, error) {
 // wrap names the node's path (not the agent's view of it) in an error, as
 // users wrote it.
 func (r Root) wrap(op, p string, err error) error {
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		err = pe.Err
+	// The resolver's errors nest path errors (its own, then the
+	// syscall's), each repeating the path: the errno alone says why.
+	var errno unix.Errno
+	if errors.As(err, &errno) {
+		err = errno
+	} else {
+		for pe := (*os.PathError)(nil); errors.As(err, &pe); {
+			err = pe.Err
+		}
 	}
 	if r.dir == "/" {
 		return &os.PathError{Op: op, Path: p, Err: err}

@@ -2,7 +2,9 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -32,6 +34,9 @@ func (p *Plugin) UnmapDevice(context.Context, *plugins.DeviceRequest) error { re
 func (p *Plugin) MapPodDevice(_ context.Context, req *plugins.SetUpRequest) error {
 	local := req.Spec.PV.Spec.Local
 	dev, err := p.root.Open(local.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("local path %s of PV %s does not exist: %w", local.Path, req.Spec.PV.Name, err)
+	}
 	if err != nil {
 		return fmt.Errorf("local path %s of PV %s: %w", local.Path, req.Spec.PV.Name, err)
 	}
