@@ -54,6 +54,8 @@ type Config struct {
 
 	DebugAddress   string
 	MetricsAddress string
+	// HTTP bounds what clients of both endpoints can make the agent hold.
+	HTTP HTTPLimits
 	// RuntimeSocket is the runtime API's unix socket (default
 	// <root>/runtime.sock).
 	RuntimeSocket string
@@ -109,5 +111,6 @@ func (c Config) complete() (Config, error) {
 	if c.StatusWorkers <= 0 {
 		c.StatusWorkers = 4
 	}
+	c.HTTP = c.HTTP.withDefaults()
 	return c, nil
 }
