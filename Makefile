@@ -8,7 +8,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # outside the repo (see test/tools/build.sh); the first build takes minutes.
 TOOLS_BIN    = $(shell test/tools/build.sh)
 
-.PHONY: all build run test unit e2e lint bench tools cluster-up cluster-down clean
+.PHONY: all build run test unit e2e lint bench fuzz tools cluster-up cluster-down clean
 
 all: build
 
@@ -50,13 +50,19 @@ lint:
 # VolumesReady condition True, 100 and 500 pods x 4 PVCs); see
 # docs/performance.md.
 bench: build tools
-	$(GO) test -run '^$$' -bench . -benchmem ./reconciler/ ./operations/ ./source/manifest/ ./internal/atomicdir/ ./ui/ ./ui/timeline/ ./internal/subpath/ ./runtimeapi/server/ ./status/podstatus/
+	$(GO) test -run '^$$' -bench . -benchmem ./reconciler/ ./operations/ ./source/manifest/ ./internal/atomicdir/ ./ui/ ./ui/timeline/ ./internal/subpath/ ./runtimeapi/server/ ./internal/safefs/ ./status/podstatus/
 	$(GO) build -o bin/bench ./test/bench
 	bin/bench -agent $(BIN) -pods 500 -volumes 4
 	bin/bench -agent $(BIN) -pods 1000 -volumes 4 -idle 5s
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500 -node-credentials
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario readiness -agent $(BIN) -sizes 100,500 -volumes 4
+
+# Every Go fuzz target for FUZZTIME each (`make test` runs only their saved
+# corpora in testdata/fuzz); a failing input is saved there.
+FUZZTIME ?= 30s
+fuzz:
+	GO=$(GO) FUZZTIME=$(FUZZTIME) hack/fuzz.sh
 
 tools:
 	@test/tools/build.sh >/dev/null

@@ -40,6 +40,7 @@ func newCluster(cfg Config) (*mode, error) {
 		return nil, err
 	}
 	configured := configuredNodeLabels(cfg)
+	total, _ := memTotal() // 0 if unreadable
 	return &mode{
 		source:       p.source,
 		sink:         p,
@@ -49,6 +50,16 @@ func newCluster(cfg Config) (*mode, error) {
 				return populator.Node{Name: cfg.NodeName, Labels: n.Labels}
 			}
 			return populator.Node{Name: cfg.NodeName, Labels: configured}
+		},
+		// The Node's allocatable memory, as the kubelet reports it (its
+		// reservations taken off); the node's memory until it is read.
+		nodeMemory: func() int64 {
+			if n, ok := p.source.Node(); ok {
+				if m := allocatableMemory(n); m > 0 {
+					return m
+				}
+			}
+			return total
 		},
 		cluster: p,
 	}, nil

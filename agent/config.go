@@ -57,6 +57,8 @@ type Config struct {
 
 	DebugAddress   string
 	MetricsAddress string
+	// HTTP bounds what clients of both endpoints can make the agent hold.
+	HTTP HTTPLimits
 	// RuntimeSocket is the runtime API's unix socket (default
 	// <root>/runtime.sock).
 	RuntimeSocket string
@@ -120,5 +122,6 @@ func (c Config) complete() (Config, error) {
 	if c.KubeAPIBurst <= 0 {
 		c.KubeAPIBurst = 100
 	}
+	c.HTTP = c.HTTP.withDefaults()
 	return c, nil
 }

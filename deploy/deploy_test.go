@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"path/filepath"
 	"slices"
@@ -11,13 +12,16 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -198,6 +202,7 @@ func checkRendered(t *testing.T, dir string, objs []*unstructured.Unstructured) 
 	if bindings == 0 || len(roles) == 0 {
 		t.Error("no ClusterRole or no ClusterRoleBinding")
 	}
+	checkAdmissionPolicies(t, objs, sa)
 
 	// The DaemonSet.
 	spec := ds.Spec.Template.Spec
@@ -357,6 +362,8 @@ func checkRendered(t *testing.T, dir string, objs []*unstructured.Unstructured) 
 		}
 	}
 
+	checkNetworkPolicy(t, objs, podLabels, containerPort, metricsPort)
+
 	// A ServiceMonitor (deploy/monitoring) selects the Service and scrapes
 	// one of its ports.
 	var sm *unstructured.Unstructured
@@ -391,6 +398,44 @@ func checkRendered(t *testing.T, dir string, objs []*unstructured.Unstructured) 
 		port, _, _ := unstructured.NestedString(e.(map[string]any), "port")
 		if !slices.Contains(svcPortNames, port) {
 			t.Errorf("ServiceMonitor endpoint port %q is not a Service port %v", port, svcPortNames)
+		}
+	}
+}
+
+// checkNetworkPolicy: a NetworkPolicy selects the agent's pods and admits
+// ingress only to the metrics port, only from namespaces chosen by label
+// (the monitoring namespace): the metrics endpoint listens on the pod's
+// address, and anyone else reaching it is load the agent need not carry.
+func checkNetworkPolicy(t *testing.T, objs []*unstructured.Unstructured, podLabels map[string]string, containerPort func(intstr.IntOrString) int32, metricsPort int32) {
+	t.Helper()
+	np := find[networkingv1.NetworkPolicy](t, objs, "NetworkPolicy")
+	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+	if err != nil || sel.Empty() || !sel.Matches(labels.Set(podLabels)) {
+		t.Errorf("NetworkPolicy %s selects %v (%v), not the agent's pods %v", np.Name, np.Spec.PodSelector, err, podLabels)
+	}
+	if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+		t.Errorf("NetworkPolicy %s policyTypes %v lack Ingress: it restricts nothing", np.Name, np.Spec.PolicyTypes)
+	}
+	if len(np.Spec.Ingress) == 0 {
+		t.Errorf("NetworkPolicy %s admits nothing: the metrics would not be scraped", np.Name)
+	}
+	for i, rule := range np.Spec.Ingress {
+		if len(rule.Ports) == 0 {
+			t.Errorf("ingress rule %d admits every port", i)
+		}
+		for _, p := range rule.Ports {
+			if p.Port == nil || containerPort(*p.Port) != metricsPort {
+				t.Errorf("ingress rule %d admits port %v, not only the metrics port %d", i, p.Port, metricsPort)
+			}
+		}
+		if len(rule.From) == 0 {
+			t.Errorf("ingress rule %d admits every source", i)
+		}
+		for _, peer := range rule.From {
+			if peer.IPBlock != nil || peer.NamespaceSelector == nil ||
+				(len(peer.NamespaceSelector.MatchLabels) == 0 && len(peer.NamespaceSelector.MatchExpressions) == 0) {
+				t.Errorf("ingress rule %d admits %+v, not a namespace chosen by label", i, peer)
+			}
 		}
 	}
 }
@@ -582,9 +627,129 @@ func TestServerSideDryRun(t *testing.T) {
 			t.Errorf("a DaemonSet with a misspelt field: got %v, want an unknown-field error", err)
 		}
 	}
-	for _, kind := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service", "ServiceMonitor"} {
+	for _, kind := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DaemonSet", "Service", "ServiceMonitor"} {
 		if !applied[kind] {
 			t.Errorf("no %s was validated", kind)
 		}
 	}
+}
+
+// unscopedWrites are the writes RBAC grants the agent that no admission
+// policy narrows to its node, and why (none at the moment).
+var unscopedWrites = map[string]string{}
+
+// checkAdmissionPolicies checks the ValidatingAdmissionPolicies that narrow
+// the agent's writes to its node (admissionpolicy.yaml): each is bound with
+// the Deny action, fails closed, matches exactly the rendered
+// ServiceAccount's user (its name is spelled out in CEL, which kustomize
+// does not rewrite), refuses with 403 Forbidden (so that the e2e audit
+// checks count refusals), and every write a ClusterRole grants is matched
+// by one of them unless unscopedWrites says why not.
+func checkAdmissionPolicies(t *testing.T, objs []*unstructured.Unstructured, sa *corev1.ServiceAccount) {
+	t.Helper()
+	user := "system:serviceaccount:" + sa.Namespace + ":" + sa.Name
+	policies := map[string]*admissionregistrationv1.ValidatingAdmissionPolicy{}
+	bound := map[string]bool{}
+	var rules []rbacv1.PolicyRule
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "ValidatingAdmissionPolicy":
+			p := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, p, true); err != nil {
+				t.Fatalf("ValidatingAdmissionPolicy %s: %v", o.GetName(), err)
+			}
+			policies[p.Name] = p
+		case "ValidatingAdmissionPolicyBinding":
+			b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, b, true); err != nil {
+				t.Fatalf("ValidatingAdmissionPolicyBinding %s: %v", o.GetName(), err)
+			}
+			if !slices.Equal(b.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+				t.Errorf("ValidatingAdmissionPolicyBinding %s: validationActions %v, want [Deny]", b.Name, b.Spec.ValidationActions)
+			}
+			if b.Spec.ParamRef != nil || b.Spec.MatchResources != nil {
+				t.Errorf("ValidatingAdmissionPolicyBinding %s narrows or parameterises its policy; the policy alone should say what it matches", b.Name)
+			}
+			bound[b.Spec.PolicyName] = true
+		case "ClusterRole":
+			r := &rbacv1.ClusterRole{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, r, true); err != nil {
+				t.Fatalf("ClusterRole %s: %v", o.GetName(), err)
+			}
+			rules = append(rules, r.Rules...)
+		}
+		if strings.HasPrefix(o.GetKind(), "ValidatingAdmissionPolicy") && o.GetNamespace() != "" {
+			t.Errorf("%s %s is cluster-scoped but has namespace %q", o.GetKind(), o.GetName(), o.GetNamespace())
+		}
+	}
+	if len(policies) == 0 {
+		t.Fatal("no ValidatingAdmissionPolicy: the agent's writes are not scoped to its node")
+	}
+	wantMatch := fmt.Sprintf("request.userInfo.username == '%s'", user)
+	for name, p := range policies {
+		if !bound[name] {
+			t.Errorf("ValidatingAdmissionPolicy %s has no binding", name)
+		}
+		if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionregistrationv1.Fail {
+			t.Errorf("ValidatingAdmissionPolicy %s: failurePolicy %v, want Fail", name, p.Spec.FailurePolicy)
+		}
+		if len(p.Spec.MatchConditions) != 1 || p.Spec.MatchConditions[0].Expression != wantMatch {
+			t.Errorf("ValidatingAdmissionPolicy %s: matchConditions %+v, want exactly %q", name, p.Spec.MatchConditions, wantMatch)
+		}
+		if len(p.Spec.Validations) == 0 || !strings.Contains(p.Spec.Validations[0].Expression, "variables.nodeName != ''") {
+			t.Errorf("ValidatingAdmissionPolicy %s does not first refuse a credential that names no node", name)
+		}
+		for i, v := range p.Spec.Validations {
+			if v.Reason == nil || *v.Reason != metav1.StatusReasonForbidden {
+				t.Errorf("ValidatingAdmissionPolicy %s: validation %d has reason %v, want Forbidden", name, i, v.Reason)
+			}
+		}
+	}
+	for name := range bound {
+		if policies[name] == nil {
+			t.Errorf("a binding names ValidatingAdmissionPolicy %s, which is not rendered", name)
+		}
+	}
+
+	// Every granted write is matched by a policy.
+	operation := map[string]admissionregistrationv1.OperationType{
+		"create": admissionregistrationv1.Create, "update": admissionregistrationv1.Update,
+		"patch": admissionregistrationv1.Update, "delete": admissionregistrationv1.Delete,
+	}
+	for _, rule := range rules {
+		for _, verb := range rule.Verbs {
+			op, write := operation[verb]
+			if !write {
+				continue
+			}
+			for _, group := range rule.APIGroups {
+				for _, res := range rule.Resources {
+					if _, ok := unscopedWrites[verb+" "+res]; ok {
+						continue
+					}
+					if !slices.ContainsFunc(slices.Collect(maps.Values(policies)), func(p *admissionregistrationv1.ValidatingAdmissionPolicy) bool {
+						return matches(p, group, res, op)
+					}) {
+						t.Errorf("RBAC grants %s %s (group %q), which no ValidatingAdmissionPolicy scopes to the agent's node", verb, res, group)
+					}
+				}
+			}
+		}
+	}
+}
+
+// matches reports whether the policy's resource rules match an operation
+// on group/resource (resource may name a subresource).
+func matches(p *admissionregistrationv1.ValidatingAdmissionPolicy, group, resource string, op admissionregistrationv1.OperationType) bool {
+	if p.Spec.MatchConstraints == nil {
+		return false
+	}
+	for _, r := range p.Spec.MatchConstraints.ResourceRules {
+		if (slices.Contains(r.APIGroups, group) || slices.Contains(r.APIGroups, "*")) &&
+			(slices.Contains(r.Resources, resource) || slices.Contains(r.Resources, "*")) &&
+			(slices.Contains(r.Operations, op) || slices.Contains(r.Operations, admissionregistrationv1.OperationAll)) {
+			return true
+		}
+	}
+	return false
 }

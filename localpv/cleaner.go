@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,7 +14,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/safefs"
 )
 
 // Environment of cleanup commands. LOCAL_PV_BLKDEVICE is the name the
@@ -29,47 +30,77 @@ const (
 
 // cleaner cleans one volume's disk.
 type cleaner struct {
-	root    string // host root
-	mounter *mountutil.Mounter
+	root       hostroot.Root
+	mounter    *mountutil.Mounter
+	identifier identifier
 }
+
+// Results of the identity check before a cleanup, for the metric.
+const (
+	identityMatch      = "match"
+	identityMismatch   = "mismatch"
+	identityUnrecorded = "unrecorded"
+)
 
 // clean empties the disk behind t: the contents of a mounted directory
 // (never crossing into another mount, never following a symbolic link), or
 // the block device with the class's method. It checks first that the disk
-// is still what the PV was made from, and for a device that nothing has
-// it mounted: cleaning the wrong thing is worse than not cleaning.
-func (c *cleaner) clean(ctx context.Context, t target, class *Class) error {
+// is the one the PV was made from (its recorded identity; a
+// *DiskMismatchError otherwise), that it is still a mount point or a block
+// device, and that nothing else uses it: cleaning the wrong thing is worse
+// than not cleaning. It returns how the identity check went ("" if it did
+// not get that far).
+func (c *cleaner) clean(ctx context.Context, t target, class *Class) (identity string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, class.Timeout)
 	defer cancel()
+	if identity, err = c.checkIdentity(ctx, t); err != nil {
+		return identity, err
+	}
 	if !t.Block {
-		return c.cleanDir(t)
+		return identity, c.cleanDir(ctx, t)
 	}
 	p := (&hostProber{root: c.root, mounter: c.mounter}).probe(t.Path)
 	if p.Err != nil {
-		return fmt.Errorf("inspecting %s: %w", t.Path, p.Err)
+		return identity, fmt.Errorf("inspecting %s: %w", t.Path, p.Err)
 	}
 	if p.Kind != KindBlockDevice {
-		return fmt.Errorf("%s is not a block device (it is a %s): not cleaning it", t.Path, describe(p))
+		return identity, fmt.Errorf("%s is not a block device (it is a %s): not cleaning it", t.Path, describe(p))
 	}
-	if where, err := deviceMountedAt(p.Device); err != nil {
-		return err
-	} else if where != "" {
-		return fmt.Errorf("device %s (%s) is still mounted at %s: not cleaning it while it is in use", p.Device, t.Path, where)
+	if users, err := blockDeviceUsers(p.Device); err != nil {
+		return identity, err
+	} else if users != "" {
+		return identity, fmt.Errorf("device %s (%s) is in use: %s; not cleaning it while it is", p.Device, t.Path, users)
 	}
-	if ap, err := deviceMappedAt(p.Device); err != nil {
-		return err
-	} else if ap != "" {
-		return fmt.Errorf("device %s (%s) is still mapped for a pod at %s: not cleaning it while it is in use", p.Device, t.Path, ap)
-	}
-	err := c.cleanDevice(ctx, t, class, p.Device)
+	err = c.cleanDevice(ctx, t, class, p.Device)
 	if err != nil && ctx.Err() == context.DeadlineExceeded {
-		return fmt.Errorf("%w (cleanup timeout %v)", err, class.Timeout)
+		return identity, fmt.Errorf("%w (cleanup timeout %v)", err, class.Timeout)
 	}
-	return err
+	return identity, err
 }
 
-func (c *cleaner) cleanDir(t target) error {
-	dir := hostJoin(c.root, t.Path)
+// checkIdentity compares the disk at t's path with the identity recorded
+// when its PV was made. A PV without one (made before identities were
+// recorded, or by hand with the provisioner's annotation) is cleaned as
+// before, with the other checks only.
+func (c *cleaner) checkIdentity(ctx context.Context, t target) (string, error) {
+	if t.Identity.IsZero() {
+		return identityUnrecorded, nil
+	}
+	current, err := c.identifier.identify(ctx, t.Path, t.Block)
+	if err != nil {
+		return "", fmt.Errorf("identifying the disk at %s: %w", t.Path, err)
+	}
+	if same, why := sameDisk(t.Identity, current); !same {
+		return identityMismatch, &DiskMismatchError{Path: t.Path, Recorded: t.Identity, Current: current, Why: why}
+	}
+	return identityMatch, nil
+}
+
+func (c *cleaner) cleanDir(ctx context.Context, t target) error {
+	dir, err := c.root.ResolveParent(t.Path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", t.Path, err)
+	}
 	fi, err := os.Lstat(dir)
 	if err != nil {
 		return fmt.Errorf("%s: %w", t.Path, err)
@@ -86,7 +117,12 @@ func (c *cleaner) cleanDir(t target) error {
 	if !mp {
 		return fmt.Errorf("%s is no longer a mount point: not cleaning it", t.Path)
 	}
-	if err := mountutil.RemoveContents(dir); err != nil {
+	if users, err := directoryUsers(dir); err != nil {
+		return fmt.Errorf("checking whether %s is in use: %w", t.Path, err)
+	} else if users != "" {
+		return fmt.Errorf("%s is in use: %s; not cleaning it while it is", t.Path, users)
+	}
+	if err := safefs.RemoveContents(ctx, dir); err != nil {
 		return fmt.Errorf("removing the contents of %s: %w", t.Path, err)
 	}
 	return nil
@@ -193,56 +229,4 @@ func runCommand(ctx context.Context, argv, env []string) error {
 		return fmt.Errorf("%s exited with status %d%s", strings.Join(argv, " "), ee.ExitCode(), msg)
 	}
 	return fmt.Errorf("%s: %w%s", strings.Join(argv, " "), err, msg)
-}
-
-// deviceMountedAt returns a mount point of the block device dev in this
-// mount namespace, "" if it has none.
-// deviceMappedAt returns the access point of a pod that has the block
-// device dev mapped as a raw block volume, if any: the backing file of a
-// loop device that pins it (the agent's pins, and the kubelet's, are loop
-// devices backed by a pod's bind mount of the device). A bind mount of a
-// device node does not show the device in the mount table, so
-// deviceMountedAt cannot see these.
-func deviceMappedAt(dev string) (string, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(dev, &st); err != nil {
-		return "", &os.PathError{Op: "stat", Path: dev, Err: err}
-	}
-	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, f := range loops {
-		raw, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		backing := strings.TrimSuffix(strings.TrimSpace(string(raw)), " (deleted)")
-		var bst unix.Stat_t
-		if unix.Stat(backing, &bst) == nil && bst.Mode&unix.S_IFMT == unix.S_IFBLK && bst.Rdev == st.Rdev {
-			return backing, nil
-		}
-	}
-	return "", nil
-}
-
-func deviceMountedAt(dev string) (string, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(dev, &st); err != nil {
-		return "", &os.PathError{Op: "stat", Path: dev, Err: err}
-	}
-	want := fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && f[2] == want {
-			return unescapeOctal(f[4]), nil
-		}
-	}
-	return "", nil
-}
-
-// unescapeOctal decodes mountinfo's \040-style escapes.
-func unescapeOctal(s string) string {
-	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
 }

@@ -14,8 +14,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/volume-agent/volume-agent/internal/blockpin"
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/safefs"
 )
 
 func script(t *testing.T, body string) string {
@@ -88,13 +90,13 @@ func TestCleanDir(t *testing.T) {
 	root := mounttest.TempDir(t)
 	disk := filepath.Join(root, "mnt", "disk")
 	must(t, os.MkdirAll(disk, 0o755))
-	c := &cleaner{root: root, mounter: mountutil.New()}
+	c := &cleaner{root: hostroot.New(root), mounter: mountutil.New(), identifier: newHostIdentifier(root)}
 	class := &Class{Name: "c", Timeout: time.Minute}
 	tg := target{PV: "pv", UID: "u", Class: "c", Path: "/mnt/disk"}
 
 	// A plain directory (the disk was unmounted) is never emptied.
 	mounttest.WriteFile(t, filepath.Join(disk, "root-disk-file"), "x")
-	if err := c.clean(context.Background(), tg, class); err == nil || !strings.Contains(err.Error(), "no longer a mount point") {
+	if _, err := c.clean(context.Background(), tg, class); err == nil || !strings.Contains(err.Error(), "no longer a mount point") {
 		t.Fatalf("error %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(disk, "root-disk-file")); err != nil {
@@ -109,7 +111,7 @@ func TestCleanDir(t *testing.T) {
 	mounttest.WriteFile(t, filepath.Join(disk, ".hidden"), "data")
 	must(t, os.Symlink(outside, filepath.Join(disk, "link")))
 	must(t, os.Symlink(filepath.Join(outside, "keep"), filepath.Join(disk, "a", "filelink")))
-	if err := c.clean(context.Background(), tg, class); err != nil {
+	if _, err := c.clean(context.Background(), tg, class); err != nil {
 		t.Fatal(err)
 	}
 	if names, _ := readDirNames(disk); len(names) != 0 {
@@ -125,8 +127,8 @@ func TestCleanDir(t *testing.T) {
 	must(t, unix.Mount("tmpfs", inner, "tmpfs", 0, "size=1m"))
 	mounttest.WriteFile(t, filepath.Join(inner, "other"), "other")
 	mounttest.WriteFile(t, filepath.Join(disk, "mine"), "mine")
-	err := c.clean(context.Background(), tg, class)
-	if !errors.Is(err, mountutil.ErrMountPointInside) {
+	_, err := c.clean(context.Background(), tg, class)
+	if !errors.Is(err, safefs.ErrMountPointInside) {
 		t.Fatalf("error %v", err)
 	}
 	if mounttest.ReadFile(t, filepath.Join(inner, "other")) != "other" {
@@ -153,7 +155,7 @@ func TestCleanBlockDevice(t *testing.T) {
 	must(t, unix.Stat(dev, &st))
 	must(t, unix.Mknod(filepath.Join(root, "dev", "disk0"), unix.S_IFBLK|0o600, int(st.Rdev)))
 	must(t, os.Symlink("/dev/disk0", filepath.Join(disks, "d0")))
-	c := &cleaner{root: root, mounter: mountutil.New()}
+	c := &cleaner{root: hostroot.New(root), mounter: mountutil.New(), identifier: newHostIdentifier(root)}
 	tg := target{PV: "pv", UID: "u", Class: "raw", Path: "/disks/d0", Block: true}
 	ctx := context.Background()
 
@@ -166,7 +168,7 @@ func TestCleanBlockDevice(t *testing.T) {
 			}
 			mounttest.Mkfs(t, "ext4", dev)
 			class := &Class{Name: "raw", Timeout: time.Minute, Cleanup: BlockCleanup{Method: method, ZeroMiB: 2}}
-			if err := c.clean(ctx, tg, class); err != nil {
+			if _, err := c.clean(ctx, tg, class); err != nil {
 				t.Fatal(err)
 			}
 			if fs := mounttest.DiskFormat(t, dev); fs != "" {
@@ -180,7 +182,7 @@ func TestCleanBlockDevice(t *testing.T) {
 		seen := filepath.Join(t.TempDir(), "seen")
 		cmd := script(t, `echo "$LOCAL_PV_BLKDEVICE $LOCAL_PV_NAME $LOCAL_PV_PATH $LOCAL_PV_STORAGE_CLASS" > `+seen+"\nwipefs -a \"$LOCAL_PV_BLKDEVICE\" >/dev/null\n")
 		class := &Class{Name: "raw", Timeout: time.Minute, Cleanup: BlockCleanup{Method: CleanupCommand, Command: []string{cmd}}}
-		if err := c.clean(ctx, tg, class); err != nil {
+		if _, err := c.clean(ctx, tg, class); err != nil {
 			t.Fatal(err)
 		}
 		want := filepath.Join(root, "dev", "disk0") + " pv /disks/d0 raw\n"
@@ -199,7 +201,8 @@ func TestCleanBlockDevice(t *testing.T) {
 		must(t, err)
 		must(t, f.Close())
 		class := &Class{Name: "raw", Timeout: time.Minute, Cleanup: BlockCleanup{Method: CleanupZero, ZeroMiB: 2}}
-		must(t, c.clean(ctx, tg, class))
+		_, err = c.clean(ctx, tg, class)
+		must(t, err)
 		data := make([]byte, 3<<20)
 		f, err = os.Open(dev)
 		must(t, err)
@@ -221,8 +224,8 @@ func TestCleanBlockDevice(t *testing.T) {
 		mounttest.MountDevice(t, dev, mnt, "ext4")
 		for _, method := range []string{CleanupWipefs, CleanupZero} {
 			class := &Class{Name: "raw", Timeout: time.Minute, Cleanup: BlockCleanup{Method: method, ZeroMiB: 1}}
-			err := c.clean(ctx, tg, class)
-			if err == nil || !strings.Contains(err.Error(), "is still mounted at "+mnt) {
+			_, err := c.clean(ctx, tg, class)
+			if err == nil || !strings.Contains(err.Error(), "is in use: it is mounted or held") {
 				t.Fatalf("%s: %v", method, err)
 			}
 		}
@@ -236,21 +239,22 @@ func TestCleanBlockDevice(t *testing.T) {
 		must(t, os.Remove(filepath.Join(disks, "d0")))
 		mounttest.WriteFile(t, filepath.Join(disks, "d0"), "")
 		class := &Class{Name: "raw", Timeout: time.Minute, Cleanup: BlockCleanup{Method: CleanupWipefs}}
-		if err := c.clean(ctx, tg, class); err == nil || !strings.Contains(err.Error(), "is not a block device") {
+		if _, err := c.clean(ctx, tg, class); err == nil || !strings.Contains(err.Error(), "is not a block device") {
 			t.Fatalf("%v", err)
 		}
 	})
 }
 
-// A Block PV's device mapped for a pod (bind-mounted onto an access point
-// and pinned, as the agent maps raw block volumes) is not cleaned: the mount
-// table does not show it, the pin does.
-func TestDeviceMappedAt(t *testing.T) {
+// A Block PV's device mapped for a pod as the agent maps raw block volumes
+// (bind-mounted onto an access point and pinned by a read-only loop device)
+// is in use: the mount table does not show the device, the bind mount of
+// its node and the pin do. Unpinned and unmounted, it is free.
+func TestBlockDeviceUsersMappedByAgent(t *testing.T) {
 	mounttest.RequireRoot(t)
 	dev := mounttest.LoopDevice(t, 8<<20)
 	dir := mounttest.TempDir(t)
-	if ap, err := deviceMappedAt(dev); err != nil || ap != "" {
-		t.Fatalf("deviceMappedAt of an unused device = %q, %v", ap, err)
+	if users, err := blockDeviceUsers(dev); err != nil || users != "" {
+		t.Fatalf("blockDeviceUsers of an unused device = %q, %v", users, err)
 	}
 	ap := filepath.Join(dir, "access-point")
 	if err := os.WriteFile(ap, nil, 0o600); err != nil {
@@ -263,14 +267,16 @@ func TestDeviceMappedAt(t *testing.T) {
 	if err := pins.Pin(ap); err != nil {
 		t.Fatal(err)
 	}
-	got, err := deviceMappedAt(dev)
-	if err != nil || got != ap {
-		t.Errorf("deviceMappedAt = %q, %v; want %s", got, err, ap)
+	if users, err := blockDeviceUsers(dev); err != nil || !strings.Contains(users, ap) {
+		t.Errorf("blockDeviceUsers of a mapped, pinned device = %q, %v; want it to name %s", users, err, ap)
 	}
 	if err := pins.Unpin(ap); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := deviceMappedAt(dev); got != "" {
-		t.Errorf("deviceMappedAt after unpinning = %q", got)
+	if err := unix.Unmount(ap, 0); err != nil {
+		t.Fatal(err)
+	}
+	if users, err := blockDeviceUsers(dev); err != nil || users != "" {
+		t.Errorf("blockDeviceUsers after unpinning and unmounting = %q, %v", users, err)
 	}
 }

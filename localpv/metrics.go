@@ -17,6 +17,7 @@ type metrics struct {
 	cleanups        *prometheus.CounterVec
 	cleanupDuration *prometheus.HistogramVec
 	configReloads   *prometheus.CounterVec
+	identityChecks  *prometheus.CounterVec
 	state           *stateCollector
 }
 
@@ -50,6 +51,10 @@ func newMetrics(p *Provisioner) *metrics {
 			Name: metricPrefix + "_config_reloads_total",
 			Help: "Reads of a changed local volumes configuration, by result (success; partial: some classes rejected; failure: the file rejected, the previous configuration kept).",
 		}, []string{"result"}),
+		identityChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricPrefix + "_identity_checks_total",
+			Help: "Checks before a cleanup that the disk at a PV's path is the one the PV was made from, by class and result (match; mismatch: the cleanup was refused; unrecorded: the PV records no identity, cleaned with the other checks only).",
+		}, []string{"class", "result"}),
 		state: &stateCollector{p: p},
 	}
 }
@@ -58,7 +63,7 @@ func newMetrics(p *Provisioner) *metrics {
 // with the agent's registry.
 func (p *Provisioner) Collectors() []prometheus.Collector {
 	m := p.metrics
-	return []prometheus.Collector{m.passDuration, m.created, m.deleted, m.discoveryErrors, m.cleanups, m.cleanupDuration, m.configReloads, m.state}
+	return []prometheus.Collector{m.passDuration, m.created, m.deleted, m.discoveryErrors, m.cleanups, m.cleanupDuration, m.configReloads, m.identityChecks, m.state}
 }
 
 // stateCollector computes gauges at scrape time from the last pass.

@@ -135,11 +135,20 @@ func plan(in *planInput) *planOutput {
 			out.Forget = append(out.Forget, c.UID)
 		case CleanupRunning:
 			owed[c.Path] = c
-		case CleanupPending, CleanupFailed:
+		case CleanupFailed:
+			if c.DiskMismatch {
+				// Deleting a PV whose path leads to another disk gives up
+				// on the disk it was made from; the one there now owes
+				// nothing to it.
+				out.Forget = append(out.Forget, c.UID)
+				continue
+			}
+			fallthrough
+		case CleanupPending:
 			// The PV is gone but its disk is dirty: keep cleaning it.
 			owed[c.Path] = c
 			if !in.Now.Before(c.NextRetry) {
-				out.Clean = append(out.Clean, target{PV: c.PV, UID: c.UID, ClaimUID: c.ClaimUID, Class: c.Class, Path: c.Path, Block: c.Block, Mode: c.Mode})
+				out.Clean = append(out.Clean, target{PV: c.PV, UID: c.UID, ClaimUID: c.ClaimUID, Class: c.Class, Path: c.Path, Block: c.Block, Mode: c.Mode, Identity: c.Identity})
 			} else {
 				out.wakeAt(c.NextRetry)
 			}
@@ -271,7 +280,7 @@ func planOurPV(in *planInput, out *planOutput, pv *v1.PersistentVolume, cleanups
 		v.Reason = fmt.Sprintf("storage class %q is not in the configuration: not cleaned (its cleanup method is unknown)", pv.Spec.StorageClassName)
 		return
 	}
-	t := target{PV: pv.Name, UID: pv.UID, Class: pv.Spec.StorageClassName, Path: pvPath(pv), Block: wantsBlockDevice(pv), Mode: modeOf(pv)}
+	t := target{PV: pv.Name, UID: pv.UID, Class: pv.Spec.StorageClassName, Path: pvPath(pv), Block: wantsBlockDevice(pv), Mode: modeOf(pv), Identity: identityOf(pv)}
 	if pv.Spec.ClaimRef != nil {
 		t.ClaimUID = pv.Spec.ClaimRef.UID
 	}

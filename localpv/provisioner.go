@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/mountwatch"
@@ -46,6 +47,9 @@ const (
 	ReasonUnknownPolicy = "VolumeUnknownReclaimPolicy"
 	// ReasonClassError: a configured class can create no PV (on the Node).
 	ReasonClassError = "LocalVolumeClassError"
+	// ReasonDiskMismatch: the disk at a Released PV's path is not the one
+	// the PV was made from; it is not cleaned.
+	ReasonDiskMismatch = "LocalVolumeDiskMismatch"
 )
 
 // Options configure a Provisioner.
@@ -100,14 +104,15 @@ const minPassInterval = 100 * time.Millisecond
 // Provisioner makes this node's disks PersistentVolumes and cleans them
 // when they are released. Create it with New and start it with Run.
 type Provisioner struct {
-	opts    Options
-	log     *zap.Logger
-	wake    *notify.Signal
-	tracker *tracker
-	cleaner *cleaner
-	prober  prober
-	metrics *metrics
-	slots   chan struct{}
+	opts       Options
+	log        *zap.Logger
+	wake       *notify.Signal
+	tracker    *tracker
+	cleaner    *cleaner
+	prober     prober
+	identifier identifier
+	metrics    *metrics
+	slots      chan struct{}
 
 	pvs, classes, nodes cache.SharedIndexInformer
 	ownInformers        []cache.SharedIndexInformer
@@ -177,8 +182,8 @@ func New(o Options) (*Provisioner, error) {
 		log:        o.Log,
 		wake:       notify.New(),
 		tracker:    newTracker(o.CleanupBackoff, o.CleanupMaxBackoff),
-		cleaner:    &cleaner{root: o.HostRoot, mounter: mounter},
-		prober:     &hostProber{root: o.HostRoot, mounter: mounter},
+		prober:     &hostProber{root: hostroot.New(o.HostRoot), mounter: mounter},
+		identifier: newHostIdentifier(o.HostRoot),
 		slots:      make(chan struct{}, o.MaxConcurrentCleanups),
 		seen:       map[string]seenEntry{},
 		recent:     map[string]recentCreate{},
@@ -188,6 +193,7 @@ func New(o Options) (*Provisioner, error) {
 		watched:    map[string]bool{},
 		now:        time.Now,
 	}
+	p.cleaner = &cleaner{root: hostroot.New(o.HostRoot), mounter: mounter, identifier: p.identifier}
 	p.cfgStatus.File = o.ConfigFile
 	p.metrics = newMetrics(p)
 	p.status = Document{Node: o.NodeName, Provisioner: ProvisionerName(o.NodeName), Config: p.cfgStatus, Classes: []ClassStatus{}, Volumes: []Volume{}, Cleanups: []Cleanup{}}
@@ -243,7 +249,7 @@ func (p *Provisioner) objectDeleted(obj any) {
 	if pv.Status.Phase != v1.VolumeReleased || pv.Spec.PersistentVolumeReclaimPolicy != v1.PersistentVolumeReclaimDelete {
 		return
 	}
-	t := target{PV: pv.Name, UID: pv.UID, Class: pv.Spec.StorageClassName, Path: pvPath(pv), Block: wantsBlockDevice(pv), Mode: modeOf(pv)}
+	t := target{PV: pv.Name, UID: pv.UID, Class: pv.Spec.StorageClassName, Path: pvPath(pv), Block: wantsBlockDevice(pv), Mode: modeOf(pv), Identity: identityOf(pv)}
 	if pv.Spec.ClaimRef != nil {
 		t.ClaimUID = pv.Spec.ClaimRef.UID
 	}
@@ -467,7 +473,7 @@ func (p *Provisioner) pass(ctx context.Context, dw *dirWatcher) time.Time {
 	// the directory starts another pass.
 	var dirs []string
 	for _, name := range cfg.classNames() {
-		dirs = append(dirs, hostJoin(p.opts.HostRoot, cfg.Classes[name].DiscoveryDir))
+		dirs = append(dirs, p.discoveryDir(cfg.Classes[name]))
 	}
 	dw.set(dirs)
 	seenNow := map[string]bool{}
@@ -480,7 +486,7 @@ func (p *Provisioner) pass(ctx context.Context, dw *dirWatcher) time.Time {
 		} else {
 			in.Classes[name] = o.(*storagev1.StorageClass)
 		}
-		names, err := readDirNames(hostJoin(p.opts.HostRoot, c.DiscoveryDir))
+		names, err := readDirNames(p.discoveryDir(c))
 		if err != nil {
 			in.ClassErr[name] = fmt.Sprintf("discovery directory %s: %v", c.DiscoveryDir, unwrapPathError(err))
 			continue
@@ -547,13 +553,24 @@ func (p *Provisioner) node() (*v1.Node, string) {
 func (p *Provisioner) create(ctx context.Context, r *createRequest) {
 	ctx, cancel := context.WithTimeout(ctx, p.opts.RequestTimeout)
 	defer cancel()
+	// The disk's identity goes with the PV: its cleanup will clean this
+	// disk and nothing else that comes to be at the path.
+	id, err := p.identifier.identify(ctx, r.Path, wantsBlockDevice(r.PV))
+	if err != nil {
+		msg := fmt.Sprintf("not creating PV %s for %s: identifying its disk: %v", r.PV.Name, r.Path, err)
+		p.createErrs[r.Path] = msg
+		p.log.Error("local volume not created: its disk cannot be identified", zap.String("pv", r.PV.Name), zap.String("path", r.Path), zap.Error(err))
+		p.metrics.discoveryErrors.WithLabelValues(r.Class, "create").Inc()
+		return
+	}
+	id.annotate(r.PV.Annotations)
 	out := &v1.PersistentVolume{}
-	err := p.opts.Client.Core.Post().Resource("persistentvolumes").Body(r.PV).Do(ctx).Into(out)
+	err = p.opts.Client.Core.Post().Resource("persistentvolumes").Body(r.PV).Do(ctx).Into(out)
 	mode := string(*r.PV.Spec.VolumeMode)
 	switch {
 	case err == nil:
 		p.log.Info("local volume created", zap.String("pv", r.PV.Name), zap.String("path", r.Path), zap.String("class", r.Class),
-			zap.String("capacity", storageOf(r.PV)), zap.String("volumeMode", mode))
+			zap.String("capacity", storageOf(r.PV)), zap.String("volumeMode", mode), zap.Stringer("disk", id))
 		p.metrics.created.WithLabelValues(r.Class, mode).Inc()
 	case apierrors.IsAlreadyExists(err):
 		// Made before a restart, or the cache lags: the name is
@@ -616,10 +633,18 @@ func (p *Provisioner) startCleanup(ctx context.Context, t target, cfg *Config) {
 		}
 		start := p.now()
 		var err error
+		identity := ""
 		if class == nil {
 			err = fmt.Errorf("storage class %q is not in the configuration: its cleanup method is unknown", t.Class)
 		} else {
-			err = p.cleaner.clean(ctx, t, class)
+			identity, err = p.cleaner.clean(ctx, t, class)
+		}
+		if identity != "" {
+			p.metrics.identityChecks.WithLabelValues(t.Class, identity).Inc()
+		}
+		if identity == identityUnrecorded {
+			p.log.Warn("local volume records no disk identity (made by an older version or by hand): cleaning it after checking only that the path is still a mount point or a block device and nothing uses it",
+				zap.String("pv", t.PV), zap.String("path", t.Path))
 		}
 		took := p.now().Sub(start)
 		result := "success"
@@ -635,6 +660,14 @@ func (p *Provisioner) startCleanup(ctx context.Context, t target, cfg *Config) {
 		if err != nil {
 			if ctx.Err() != nil {
 				p.log.Info("local volume cleanup stopped: the provisioner is stopping", zap.String("pv", t.PV))
+				return
+			}
+			var mismatch *DiskMismatchError
+			if errors.As(err, &mismatch) {
+				p.log.Error("local volume not cleaned: its path leads to another disk", zap.String("pv", t.PV), zap.String("path", t.Path),
+					zap.Stringer("recorded", mismatch.Recorded), zap.Stringer("found", mismatch.Current), zap.String("reason", mismatch.Why), zap.Int("attempt", rec.Attempts))
+				p.event(obj, events.Warning, ReasonDiskMismatch, fmt.Sprintf("%v; the PV stays Released until that disk is back at the path (checked again with backoff); "+
+					"delete the PV to give up on that disk (the disk now at the path is then offered as a new PV)", err))
 				return
 			}
 			// The same message for every attempt, so that the event
@@ -788,4 +821,15 @@ func unwrapPathError(err error) string {
 		return strings.TrimSpace(pe.Err.Error())
 	}
 	return err.Error()
+}
+
+// discoveryDir is where a class's discovery directory is visible to the
+// agent, resolved within the host root.
+func (p *Provisioner) discoveryDir(c *Class) string {
+	dir, err := hostroot.New(p.opts.HostRoot).Resolve(c.DiscoveryDir)
+	if err != nil {
+		// Only a link loop: listing the unresolved path says so.
+		return filepath.Join(p.opts.HostRoot, c.DiscoveryDir)
+	}
+	return dir
 }

@@ -1,6 +1,7 @@
 package localpv
 
 import (
+	"errors"
 	"sort"
 	"sync"
 	"time"
@@ -44,6 +45,12 @@ type Cleanup struct {
 	// PVGone: the PV was deleted before its cleanup succeeded; the disk is
 	// not offered again until it has been cleaned.
 	PVGone bool `json:"pvGone,omitempty"`
+	// Identity is the disk the PV was made from: nothing else is cleaned.
+	Identity DiskIdentity `json:"diskIdentity,omitzero"`
+	// DiskMismatch: the last attempt found another disk at the path. If
+	// the PV is deleted, the cleanup is given up: what it owed was owed to
+	// a disk that is not there.
+	DiskMismatch bool `json:"diskMismatch,omitempty"`
 }
 
 // target is what a cleanup works on.
@@ -56,6 +63,8 @@ type target struct {
 	Block    bool
 	// Mode is the PV's volume mode (a device may back a Filesystem PV).
 	Mode string
+	// Identity is the disk the PV was made from (its annotations).
+	Identity DiskIdentity
 }
 
 // tracker remembers cleanups by PV UID, so that one PV is never cleaned
@@ -109,7 +118,7 @@ func (tr *tracker) start(t target, method string, now time.Time) bool {
 	attempts := r.Attempts
 	lastErr := r.LastError
 	*r = Cleanup{
-		PV: t.PV, UID: t.UID, Class: t.Class, Path: t.Path, ClaimUID: t.ClaimUID, Block: t.Block, Mode: t.Mode, Method: method,
+		PV: t.PV, UID: t.UID, Class: t.Class, Path: t.Path, ClaimUID: t.ClaimUID, Block: t.Block, Mode: t.Mode, Method: method, Identity: t.Identity,
 		State: CleanupRunning, Attempts: attempts + 1, Started: now, LastError: lastErr, PVGone: gone,
 	}
 	return true
@@ -133,6 +142,8 @@ func (tr *tracker) finish(uid types.UID, err error, now time.Time) Cleanup {
 	}
 	r.State = CleanupFailed
 	r.LastError = err.Error()
+	var mismatch *DiskMismatchError
+	r.DiskMismatch = errors.As(err, &mismatch)
 	r.NextRetry = now.Add(tr.backoff(r.Attempts))
 	return *r
 }

@@ -1,7 +1,9 @@
 package reconciler
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"sort"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -71,7 +73,14 @@ type PlanOptions struct {
 // Whether an action can start now (another operation on the volume, backoff)
 // is the executor's business, not the plan's.
 func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) []Action {
-	var out []Action
+	return PlanInto(nil, dsw, asw, opts)
+}
+
+// PlanInto is Plan appending to buf[:0]: a reconciler passes the previous
+// pass's slice back, so a storm of passes that each plan thousands of
+// actions does not grow a new slice every time.
+func PlanInto(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) []Action {
+	out := buf[:0]
 	if opts.SourcesReady {
 		out = planUnmounts(dsw, asw, opts.OrphanCleanupAllowed, out)
 	}
@@ -79,17 +88,51 @@ func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOption
 	if opts.SourcesReady {
 		out = planDeviceTeardown(dsw, asw, opts.OrphanCleanupAllowed, out)
 	}
-	sort.SliceStable(out, func(i, j int) bool {
-		a, b := &out[i], &out[j]
-		if pa, pb := phase(a.Op), phase(b.Op); pa != pb {
-			return pa < pb
+	return sortActions(out)
+}
+
+// sortActions orders actions by phase, volume and pod, keeping the order of
+// equal ones. It sorts indices and then moves each Action once, in place: an Action is a
+// few hundred bytes, and swapping them through sort.SliceStable's reflection
+// was most of a busy pass's cost.
+func sortActions(actions []Action) []Action {
+	if len(actions) < 2 {
+		return actions
+	}
+	idx := make([]int32, len(actions))
+	for i := range idx {
+		idx[i] = int32(i)
+	}
+	slices.SortStableFunc(idx, func(i, j int32) int {
+		a, b := &actions[i], &actions[j]
+		if c := cmp.Compare(phase(a.Op), phase(b.Op)); c != 0 {
+			return c
 		}
-		if a.Volume != b.Volume {
-			return a.Volume < b.Volume
+		if c := cmp.Compare(a.Volume, b.Volume); c != 0 {
+			return c
 		}
-		return a.Pod.UID < b.Pod.UID
+		return cmp.Compare(a.Pod.UID, b.Pod.UID)
 	})
-	return out
+	// Apply the permutation in place, cycle by cycle: actions[i] takes
+	// actions[idx[i]]; a done slot is marked by idx[i] == i.
+	for start := range idx {
+		if idx[start] == int32(start) {
+			continue
+		}
+		held := actions[start]
+		i := start
+		for {
+			j := int(idx[i])
+			idx[i] = int32(i)
+			if j == start {
+				actions[i] = held
+				break
+			}
+			actions[i] = actions[j]
+			i = j
+		}
+	}
+	return actions
 }
 
 // planUnmounts: phase 1. Every mounted or uncertain pod mount that no pod

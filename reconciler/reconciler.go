@@ -32,6 +32,8 @@ type Executor interface {
 	// Run starts op on key, or says why not (operations.IsExpected tells
 	// the refusals that are not failures).
 	Run(key operations.Key, op *operations.Operation) error
+	// Forget drops the failed entries of keys relevant says are gone.
+	Forget(relevant func(operations.Key) bool) int
 }
 
 // Observer is told about every reconcile pass (metrics, pod readiness).
@@ -77,6 +79,7 @@ type Reconciler struct {
 	trigger *notify.Signal
 
 	lastHousekeeping time.Time
+	planBuf          []Action
 }
 
 // New returns a Reconciler.
@@ -124,7 +127,8 @@ func (r *Reconciler) Run(ctx context.Context) {
 	}
 }
 
-// ReconcileOnce plans from fresh snapshots and starts what can start.
+// ReconcileOnce plans from fresh snapshots and starts what can start. The
+// actions it returns are valid until the next pass, which reuses them.
 func (r *Reconciler) ReconcileOnce() []Action {
 	start := r.opts.Clock.Now()
 	ready := r.opts.SourcesReady()
@@ -140,7 +144,13 @@ func (r *Reconciler) ReconcileOnce() []Action {
 		}
 	}
 	complete := ready && (r.opts.SourcesComplete == nil || r.opts.SourcesComplete())
-	actions := Plan(dsw, asw, PlanOptions{SourcesReady: ready, OrphanCleanupAllowed: complete})
+	actions := PlanInto(r.planBuf, dsw, asw, PlanOptions{SourcesReady: ready, OrphanCleanupAllowed: complete})
+	// Keep the slice for the next pass while there is work; drop it once a
+	// pass plans nothing, so an idle agent holds no stale actions.
+	r.planBuf = nil
+	if len(actions) > 0 {
+		r.planBuf = actions
+	}
 	cands := make([]operations.Candidate, len(actions))
 	for i := range actions {
 		cands[i] = operations.Candidate{Key: operations.Key{Volume: actions[i].Volume, Pod: actions[i].Pod.UID}, Name: actions[i].Op}
@@ -152,6 +162,9 @@ func (r *Reconciler) ReconcileOnce() []Action {
 			started++
 		}
 	}
+	// Failed keys of pods and volumes that are gone will never be retried:
+	// their backoff entries go, or they would pile up under pod churn.
+	r.opts.Executor.Forget(func(k operations.Key) bool { return Relevant(dsw, asw, k) })
 	if r.opts.Log != nil && started > 0 {
 		r.opts.Log.Debug("reconciled", zap.Int("actions", len(actions)), zap.Int("started", started),
 			zap.Bool("sourcesReady", ready), zap.Duration("took", r.opts.Clock.Since(start)))
@@ -178,4 +191,20 @@ func (r *Reconciler) dispatch(a *Action) {
 		r.opts.Log.Error("starting operation", zap.String("operation", string(a.Op)),
 			zap.String("volume", string(a.Volume)), zap.Error(fmt.Errorf("%s: %w", a.Reason, err)))
 	}
+}
+
+// Relevant reports whether an operation key still concerns something the
+// snapshots know of: for a pod's key, a pod that wants the volume or has it
+// mounted (or may have); for a volume-wide key, a volume some pod wants or
+// that is attached or mounted. It is a pure function of the snapshots.
+func Relevant(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, key operations.Key) bool {
+	if key.Pod == "" {
+		_, actual := asw.Volumes[key.Volume]
+		return actual || dsw.HasVolume(key.Volume)
+	}
+	if dsw.HasPodVolume(key.Volume, key.Pod) {
+		return true
+	}
+	_, mounted := asw.PodMount(key.Volume, key.Pod)
+	return mounted
 }

@@ -29,7 +29,7 @@ func parseTemplates() *templates {
 		"clock":     func(t time.Time) string { return t.Format("15:04:05") },
 		"podURL":    podURL,
 		"ms":        func(d time.Duration) string { return d.Round(time.Millisecond).String() },
-		"took":      func(a, b time.Time) string { return b.Sub(a).Round(time.Millisecond).String() },
+		"took":      func(a, b time.Time) string { return took(b.Sub(a)) },
 		"plural":    plural,
 		"stateHelp": stateHelp,
 		"join":      strings.Join,
@@ -46,6 +46,15 @@ func age(now, t time.Time) string {
 		return "—"
 	}
 	return duration.HumanDuration(now.Sub(t))
+}
+
+// took shows an operation's duration to the millisecond, and a shorter one
+// to the microsecond rather than as "0s".
+func took(d time.Duration) string {
+	if d < time.Millisecond {
+		return d.Round(time.Microsecond).String()
+	}
+	return d.Round(time.Millisecond).String()
 }
 
 // until is a countdown to t.

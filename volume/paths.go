@@ -26,6 +26,7 @@ import (
 //	                                                           device (staging) mount of a shared volume;
 //	                                                           for a Block CSI volume, its staging directory
 //	<root>/plugins/<plugin~escaped>/mounts/<identity>/state.json
+//	<root>/trash/<entry>                                      a volume directory being deleted
 //
 // A raw block volume (volumeMode Block, used in a container's
 // volumeDevices) gets one access point per pod and volume, at PodDevicePath:
@@ -49,6 +50,9 @@ func EscapePlugin(plugin string) string { return strings.ReplaceAll(plugin, "/",
 
 // UnescapePlugin reverses EscapePlugin.
 func UnescapePlugin(dir string) string { return strings.ReplaceAll(dir, "~", "/") }
+
+// TrashDir holds volume directories being deleted (see internal/trash).
+func (p Paths) TrashDir() string { return filepath.Join(p.Root, "trash") }
 
 // PodsDir holds one directory per pod.
 func (p Paths) PodsDir() string { return filepath.Join(p.Root, "pods") }
@@ -106,13 +110,19 @@ func (p Paths) VolumeStateFile(plugin, identity string) string {
 // PathElement turns an arbitrary identity into one safe path element: names
 // that are already safe are kept readable, anything else (slashes, dots,
 // very long handles) is replaced by a hash so it can never escape its parent.
+// A name that starts like a hashed one is hashed too: otherwise an identity
+// spelt as another's hash (a PV named after the hash of a long PV name)
+// would share its directory.
 func PathElement(s string) string {
-	if err := ValidatePathElement(s); err == nil && len(s) <= 128 {
+	if err := ValidatePathElement(s); err == nil && len(s) <= 128 && !strings.HasPrefix(s, hashedPrefix) {
 		return s
 	}
 	sum := sha256.Sum256([]byte(s))
-	return "sha256-" + hex.EncodeToString(sum[:])
+	return hashedPrefix + hex.EncodeToString(sum[:])
 }
+
+// hashedPrefix starts the names PathElement makes by hashing.
+const hashedPrefix = "sha256-"
 
 // ValidatePathElement checks that s can be used as a single directory entry
 // name without escaping its parent or confusing people: non-empty, not "."

@@ -58,7 +58,7 @@ func run() error {
 	fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
 	fs.StringVar(&nodeLabels, "node-labels", "", "standalone mode: this node's labels, k=v,k2=v2 (checked against PV node affinity)")
 	fs.StringVar(&cfg.RootDir, "root-dir", "/var/lib/volume-agent", "directory holding pods' volume directories and the agent's state")
-	fs.StringVar(&cfg.HostRoot, "host-root", "/", "where the node's root filesystem is visible (e.g. /host in a container); hostPath and local paths are resolved below it")
+	fs.StringVar(&cfg.HostRoot, "host-root", "/", "where the node's root filesystem is visible (e.g. /host in a container); hostPath and local paths are resolved within it, symbolic links as on the node")
 	fs.StringVar(&cfg.PodManifestPath, "pod-manifest-path", "", "standalone mode: directory of Pod, PV, PVC, StorageClass and CSIDriver manifests (YAML or JSON)")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "cluster mode: kubeconfig file (without it and without --pod-manifest-path, the in-cluster configuration is used)")
 	fs.StringVar(&cfg.NodeKubeconfig, "node-kubeconfig", "", "cluster mode: kubeconfig with the node's own identity (system:node:<name>, e.g. the kubelet's /var/lib/kubelet/kubeconfig); secrets, configMaps and service-account tokens for API volumes are requested with it, so the Node authorizer limits them to what this node's pods reference")

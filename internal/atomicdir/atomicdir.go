@@ -21,6 +21,7 @@ package atomicdir
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -34,7 +35,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/safefs"
 )
 
 // File is one file of a payload.
@@ -101,8 +102,8 @@ const (
 
 // ValidatePath checks a payload path: relative, not empty, no ".."
 // element, no element longer than 255 bytes, at most 4096 bytes, and a
-// first element that does not start with ".." (those names are the
-// writer's own).
+// first element (once cleaned) that does not start with ".." (those names
+// are the writer's own).
 func ValidatePath(p string) error {
 	switch {
 	case p == "":
@@ -122,11 +123,14 @@ func ValidatePath(p string) error {
 			return fmt.Errorf("path %q has an element longer than %d bytes", p, MaxElementLength)
 		}
 	}
-	if strings.HasPrefix(p, "..") {
-		return fmt.Errorf("path %q starts with '..'", p)
-	}
-	if clean := path.Clean(p); clean == "." {
+	clean := path.Clean(p)
+	if clean == "." {
 		return fmt.Errorf("path %q names the volume itself", p)
+	}
+	// Checked on the clean path: "./..data" is "..data" (FuzzWrite found
+	// it).
+	if strings.HasPrefix(clean, "..") {
+		return fmt.Errorf("path %q starts with '..'", p)
 	}
 	return nil
 }
@@ -262,7 +266,7 @@ func (w *writer) write() (bool, error) {
 		return true, err
 	}
 	if current != "" {
-		if err := mountutil.RemoveAllAt(w.dfd, current, w.path(current)); err != nil {
+		if err := safefs.RemoveAllAt(context.Background(), w.dfd, current, w.path(current)); err != nil {
 			return true, err
 		}
 	}
@@ -279,7 +283,7 @@ func (w *writer) abandon(next string, err error) error {
 		return err
 	}
 	_ = unix.Unlinkat(w.dfd, dataTmpLink, 0)
-	_ = mountutil.RemoveAllAt(w.dfd, next, w.path(next))
+	_ = safefs.RemoveAllAt(context.Background(), w.dfd, next, w.path(next))
 	return err
 }
 
@@ -292,7 +296,7 @@ func (w *writer) currentDir() (string, error) {
 	case errors.Is(err, unix.EINVAL):
 		// Not a link: the writer never makes that, so it is debris (the
 		// swap's rename replaces a link, not a directory).
-		if err := mountutil.RemoveAllAt(w.dfd, dataLink, w.path(dataLink)); err != nil {
+		if err := safefs.RemoveAllAt(context.Background(), w.dfd, dataLink, w.path(dataLink)); err != nil {
 			return "", err
 		}
 		return "", nil
@@ -347,7 +351,7 @@ func (w *writer) removeDebris(current string) error {
 				return &os.PathError{Op: "unlink", Path: w.path(n), Err: err}
 			}
 		case isTimestampDir(n) && n != current:
-			if err := mountutil.RemoveAllAt(w.dfd, n, w.path(n)); err != nil {
+			if err := safefs.RemoveAllAt(context.Background(), w.dfd, n, w.path(n)); err != nil {
 				return err
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -79,11 +80,24 @@ func RemoveTemps(dir string) {
 // ErrNotExist is returned by ReadJSON for a missing file.
 var ErrNotExist = fs.ErrNotExist
 
+// MaxJSONSize bounds what ReadJSON reads: state files are small, and a
+// file that grew (corruption, a mistake) must not make the agent read it
+// all into memory.
+const MaxJSONSize = 1 << 20
+
 // ReadJSON loads path into v.
 func ReadJSON(path string, v any) error {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxJSONSize+1))
+	if err != nil {
+		return err
+	}
+	if len(data) > MaxJSONSize {
+		return fmt.Errorf("%s is corrupt: larger than %d bytes", path, MaxJSONSize)
 	}
 	if err := json.Unmarshal(data, v); err != nil {
 		return fmt.Errorf("%s is corrupt: %w", path, err)

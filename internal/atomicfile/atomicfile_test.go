@@ -151,6 +151,15 @@ func TestReadErrors(t *testing.T) {
 	if !errors.As(err, &syntax) || errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), corrupt+" is corrupt") {
 		t.Errorf("corrupt file: %v, want a JSON syntax error naming the file as corrupt", err)
 	}
+	// A file too large for a state file is refused, not read whole: valid
+	// JSON (a string of spaces) just over the limit.
+	huge := filepath.Join(dir, "huge.json")
+	if err := os.WriteFile(huge, []byte(`{"volume": "`+strings.Repeat(" ", atomicfile.MaxJSONSize)+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := atomicfile.ReadJSON(huge, &v); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Errorf("a file over %d bytes: %v", atomicfile.MaxJSONSize, err)
+	}
 }
 
 func TestTemps(t *testing.T) {

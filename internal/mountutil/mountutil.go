@@ -2,8 +2,7 @@
 // tmpfs and bind mounts straight through mount(2) (forking mount(8) per
 // volume would cost more than the whole mount budget), unmounts that treat
 // "not mounted" as done, mount-point checks and formatting through
-// k8s.io/mount-utils, and directory removal that never follows a symlink out
-// of a volume and never descends into another mount.
+// k8s.io/mount-utils. Removing a volume's content is internal/safefs's.
 package mountutil
 
 import (
@@ -231,32 +230,23 @@ func mountsBelow(dir string) ([]string, error) {
 	if real, err := filepath.EvalSymlinks(dir); err == nil {
 		dir = real
 	}
-	prefix := escapeMountPath(filepath.Clean(dir)) + "/"
-	infos, err := mount.ParseMountInfo("/proc/self/mountinfo")
+	mounts, err := ReadMountInfo()
 	if err != nil {
 		return nil, err
 	}
 	var out []string
 	seen := map[string]bool{}
-	for i := len(infos) - 1; i >= 0; i-- {
-		p := infos[i].MountPoint
-		if strings.HasPrefix(p, prefix) && !seen[p] {
+	for i := len(mounts) - 1; i >= 0; i-- {
+		p := mounts[i].Mountpoint
+		if rest, ok := within(p, filepath.Clean(dir)); ok && rest != "/" && !seen[p] {
 			seen[p] = true
-			out = append(out, unescapeMountPath(p))
+			out = append(out, p)
 		}
 	}
 	// Deepest first; among equals, the newest (listed last) first.
 	sort.SliceStable(out, func(i, j int) bool { return strings.Count(out[i], "/") > strings.Count(out[j], "/") })
 	return out, nil
 }
-
-var mountPathEscaper = strings.NewReplacer(`\`, `\134`, " ", `\040`, "\t", `\011`, "\n", `\012`)
-var mountPathUnescaper = strings.NewReplacer(`\134`, `\`, `\040`, " ", `\011`, "\t", `\012`, "\n")
-
-// escapeMountPath spells a path the way /proc/self/mountinfo does.
-func escapeMountPath(p string) string { return mountPathEscaper.Replace(p) }
-
-func unescapeMountPath(p string) string { return mountPathUnescaper.Replace(p) }
 
 // FormatAndMount mounts a block device, formatting it first only when it has
 // no filesystem at all; a device with a different filesystem is never
@@ -282,7 +272,7 @@ func (m *Mounter) DiskFormat(device string) (string, error) {
 // MountRefs lists other mount points of the same mount as path (bind
 // mounts of a device mount).
 func (m *Mounter) MountRefs(path string) ([]string, error) {
-	return m.utils.GetMountRefs(path)
+	return mountRefs(path)
 }
 
 // EnsureDir creates dir (and parents) with mode if missing. It reports

@@ -541,3 +541,44 @@ func TestUnmountTreeBusy(t *testing.T) {
 		t.Errorf("UnmountTree once closed: %v", err)
 	}
 }
+
+// MountRefs finds the other mount points of a mount and of a bind mount of
+// a directory in it, also when the paths hold characters mountinfo
+// escapes (a space) or that other parsers split on (\r, U+00A0).
+func TestMountRefs(t *testing.T) {
+	mounttest.RequireRoot(t)
+	tmp := mounttest.TempDir(t)
+	m := mountutil.New()
+	for _, name := range []string{"plain", "with space", "with\rreturn", "nbsp\u00a0here"} {
+		t.Run(name, func(t *testing.T) {
+			dir := mkdir(t, filepath.Join(tmp, name))
+			global := mkdir(t, filepath.Join(dir, "globalmount"))
+			mounttest.MountTmpfs(t, global)
+			sub := mkdir(t, filepath.Join(global, "sub"))
+			podA := mkdir(t, filepath.Join(dir, "pod a"))
+			podB := mkdir(t, filepath.Join(dir, "pod-b"))
+			if err := m.BindMount(global, podA, mountutil.BindOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.BindMount(sub, podB, mountutil.BindOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			refs, err := m.MountRefs(global)
+			if err != nil || len(refs) != 1 || refs[0] != podA {
+				t.Errorf("MountRefs(%q) = %q, %v; want [%q]", global, refs, err, podA)
+			}
+			refs, err = m.MountRefs(sub)
+			if err != nil || len(refs) != 1 || refs[0] != podB {
+				t.Errorf("MountRefs(%q) = %q, %v; want [%q]", sub, refs, err, podB)
+			}
+			for _, p := range []string{podB, podA, global} {
+				if err := m.UnmountAll(p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if refs, err := m.MountRefs(global); err != nil || len(refs) != 0 {
+				t.Errorf("MountRefs of an unmounted directory = %q, %v", refs, err)
+			}
+		})
+	}
+}

@@ -379,6 +379,32 @@ func (c *Cluster) ServiceAccountKubeconfig(ctx context.Context, namespace, name 
 	return path, writeKubeconfig(path, c.APIServerURL(), c.pki.caPEM, user, tr.Status.Token)
 }
 
+// PodTokenKubeconfig writes a kubeconfig with a token of the pod's
+// ServiceAccount bound to the pod, as the kubelet projects it into the pod:
+// the API server adds the pod's name and its node's name and UID to the
+// user's extra fields (authentication.kubernetes.io/node-name...), and the
+// token dies with the pod. The pod must exist and be bound to a node that
+// exists. The token is valid for 24 hours.
+func (c *Cluster) PodTokenKubeconfig(ctx context.Context, pod *corev1.Pod) (string, error) {
+	sa := pod.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	expiration := int64(24 * time.Hour / time.Second)
+	tr, err := c.client.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			ExpirationSeconds: &expiration,
+			BoundObjectRef:    &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return "", err
+	}
+	path := c.path("pod-" + pod.Namespace + "-" + pod.Name + ".kubeconfig")
+	user := "system:serviceaccount:" + pod.Namespace + ":" + sa
+	return path, writeKubeconfig(path, c.APIServerURL(), c.pki.caPEM, user, tr.Status.Token)
+}
+
 // CreateNode creates a Node with the given labels plus kubernetes.io/hostname,
 // which the kubelet would set and node-affinity rules of local volumes use.
 func (c *Cluster) CreateNode(ctx context.Context, name string, labels map[string]string) (*corev1.Node, error) {

@@ -6,8 +6,10 @@
 // TestMain (e2eutil.RunSuite) builds cmd/volume-agent once (with -race when
 // the tests run with it), starts one control plane for the package and
 // creates the RBAC objects rendered from deploy/ (Namespace, ServiceAccount,
-// ClusterRole, ClusterRoleBinding). Every agent runs as that ServiceAccount, never as an
-// administrator, so the suite proves that the ClusterRole suffices; after the
+// ClusterRole, ClusterRoleBinding) with its ValidatingAdmissionPolicies.
+// Every agent runs as that ServiceAccount, with a token bound to its pod on
+// its node as in the DaemonSet, never as an administrator, so the suite
+// proves that the ClusterRole suffices and the policies let it work; after the
 // tests, TestMain reads the audit log and checks that everything it grants
 // was used and that nothing the agent did was refused (see checkRBAC).
 //
@@ -53,6 +55,10 @@ func TestMain(m *testing.M) {
 				"--feature-gates=ClusterTrustBundle=true,ClusterTrustBundleProjection=true",
 				"--runtime-config=certificates.k8s.io/v1beta1/clustertrustbundles=true",
 			},
+			// The deploy/ admission policies are in force and every agent
+			// runs with a token bound to its pod (Suite.StartAgent): no
+			// agent request may be refused by them either (checkRBAC).
+			AdmissionPolicies: true,
 		},
 		KeepDir: os.Getenv("VOLUME_AGENT_E2E_KEEP") != "",
 		Check:   checkRBAC,

@@ -104,6 +104,10 @@ func (a *Agent) Root() string { return a.opts.Root }
 // DebugURL is the current run's debug endpoint, http://127.0.0.1:<port>.
 func (a *Agent) DebugURL() string { return a.debugURL }
 
+// MetricsURL is the base URL of the current run's metrics endpoint (the one
+// the DaemonSet exposes on the pod network).
+func (a *Agent) MetricsURL() string { return a.metricsURL }
+
 // Process is the current (or last) run's process.
 func (a *Agent) Process() *Process { return a.proc }
 

@@ -9,9 +9,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 )
 
 // What the tests do on a control plane as its administrator, playing the
@@ -163,4 +165,45 @@ func (cp *ControlPlane) PatchPVCapacity(t *testing.T, pv, size string) {
 	if _, err := cp.Admin.CoreV1().PersistentVolumes().Patch(t.Context(), pv, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatalf("patch capacity of PV %s: %v", pv, err)
 	}
+}
+
+// AgentPod creates the pod the DaemonSet would run on node (named
+// volume-agent-<node>, in the agent's namespace, as its ServiceAccount,
+// with no volumes), unless it exists, and returns it and a kubeconfig with
+// a new token bound to it, as the kubelet would project into it: its user
+// carries node's name (authentication.kubernetes.io/node-name), to which
+// the deploy/ admission policies confine the agent's writes. The node must
+// exist. A pod this call created is deleted, and its tokens with it, when
+// the test ends.
+func (cp *ControlPlane) AgentPod(t *testing.T, node string) (*corev1.Pod, string) {
+	t.Helper()
+	ctx := t.Context()
+	sa := cp.ServiceAccount
+	pods := cp.Admin.CoreV1().Pods(sa.Namespace)
+	pod, err := pods.Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "volume-agent-" + node, Labels: map[string]string{"app.kubernetes.io/name": "volume-agent"}},
+		Spec: corev1.PodSpec{
+			NodeName:                     node,
+			ServiceAccountName:           sa.Name,
+			AutomountServiceAccountToken: ptr.To(false),
+			Containers:                   []corev1.Container{{Name: "volume-agent", Image: "volume-agent"}},
+		},
+	}, metav1.CreateOptions{})
+	switch {
+	case err == nil:
+		t.Cleanup(func() {
+			_ = pods.Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		})
+	case apierrors.IsAlreadyExists(err):
+		if pod, err = pods.Get(ctx, "volume-agent-"+node, metav1.GetOptions{}); err != nil {
+			t.Fatalf("the agent's pod on node %s: %v", node, err)
+		}
+	default:
+		t.Fatalf("create the agent's pod on node %s: %v", node, err)
+	}
+	kubeconfig, err := cp.Cluster.PodTokenKubeconfig(ctx, pod)
+	if err != nil {
+		t.Fatalf("token bound to pod %s: %v", pod.Name, err)
+	}
+	return pod, kubeconfig
 }

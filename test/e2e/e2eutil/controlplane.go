@@ -6,9 +6,11 @@ import (
 	"path/filepath"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -39,6 +41,12 @@ type ControlPlaneOptions struct {
 	// Controllers replaces cluster.DefaultControllers (a benchmark binds
 	// thousands of claims itself, without the binder's resyncs).
 	Controllers []string
+	// AdmissionPolicies also creates the kustomization's
+	// ValidatingAdmissionPolicies and their bindings. They refuse every
+	// write of an agent whose token is not bound to a pod on a node
+	// (Kubeconfig's is not; see PodTokenKubeconfig), so only suites that
+	// run agents with pod-bound tokens set it.
+	AdmissionPolicies bool
 }
 
 // ControlPlane is a running etcd, kube-apiserver and
@@ -58,6 +66,9 @@ type ControlPlane struct {
 	User           string
 	// ClusterRoles are the kustomization's.
 	ClusterRoles []*rbacv1.ClusterRole
+	// AdmissionPolicies says that the kustomization's admission policies
+	// are in force (ControlPlaneOptions.AdmissionPolicies).
+	AdmissionPolicies bool
 }
 
 // StartControlPlane starts a control plane and creates the kustomization's
@@ -86,35 +97,9 @@ func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (_ *ControlPl
 			c.Stop()
 		}
 	}()
-	cp := &ControlPlane{Cluster: c, Admin: c.AdminClient()}
-	for _, obj := range objs {
-		var err error
-		switch obj.GetKind() {
-		case "Namespace":
-			ns := &corev1.Namespace{}
-			if err = FromUnstructured(obj, ns); err == nil {
-				_, err = cp.Admin.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
-			}
-		case "ServiceAccount":
-			cp.ServiceAccount = &corev1.ServiceAccount{}
-			if err = FromUnstructured(obj, cp.ServiceAccount); err == nil {
-				_, err = cp.Admin.CoreV1().ServiceAccounts(cp.ServiceAccount.Namespace).Create(ctx, cp.ServiceAccount, metav1.CreateOptions{})
-			}
-		case "ClusterRole":
-			r := &rbacv1.ClusterRole{}
-			if err = FromUnstructured(obj, r); err == nil {
-				cp.ClusterRoles = append(cp.ClusterRoles, r)
-				_, err = cp.Admin.RbacV1().ClusterRoles().Create(ctx, r, metav1.CreateOptions{})
-			}
-		case "ClusterRoleBinding":
-			b := &rbacv1.ClusterRoleBinding{}
-			if err = FromUnstructured(obj, b); err == nil {
-				_, err = cp.Admin.RbacV1().ClusterRoleBindings().Create(ctx, b, metav1.CreateOptions{})
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("creating %s %s from %s: %w", obj.GetKind(), obj.GetName(), o.Kustomization, err)
-		}
+	cp := &ControlPlane{Cluster: c, Admin: c.AdminClient(), AdmissionPolicies: o.AdmissionPolicies}
+	if err := cp.create(ctx, objs, o.AdmissionPolicies); err != nil {
+		return nil, fmt.Errorf("%s: %w", o.Kustomization, err)
 	}
 	if cp.ServiceAccount == nil || len(cp.ClusterRoles) == 0 {
 		return nil, fmt.Errorf("%s renders no ServiceAccount or no ClusterRole", o.Kustomization)
@@ -129,6 +114,81 @@ func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (_ *ControlPl
 		return nil, err
 	}
 	return cp, nil
+}
+
+// ApplyKustomization creates the RBAC objects (and, with policies, the
+// admission policies) that the kustomization directory (relative to the
+// repository) renders, skipping those that exist already: for a suite that
+// needs an overlay besides its own (deploy/self-attach...). The ClusterRoles
+// are added to ClusterRoles.
+func (cp *ControlPlane) ApplyKustomization(ctx context.Context, dir string, policies bool) error {
+	root, err := cluster.RepoRoot()
+	if err != nil {
+		return err
+	}
+	objs, err := RenderKustomization(filepath.Join(root, dir))
+	if err != nil {
+		return err
+	}
+	if err := cp.create(ctx, objs, policies); err != nil {
+		return fmt.Errorf("%s: %w", dir, err)
+	}
+	return nil
+}
+
+// create creates the Namespace, ServiceAccount, ClusterRoles and
+// ClusterRoleBindings among objs, and with policies the
+// ValidatingAdmissionPolicies and their bindings; objects that exist are
+// left as they are.
+func (cp *ControlPlane) create(ctx context.Context, objs []*unstructured.Unstructured, policies bool) error {
+	for _, obj := range objs {
+		var err error
+		switch obj.GetKind() {
+		case "Namespace":
+			ns := &corev1.Namespace{}
+			if err = FromUnstructured(obj, ns); err == nil {
+				_, err = cp.Admin.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
+			}
+		case "ServiceAccount":
+			sa := &corev1.ServiceAccount{}
+			if err = FromUnstructured(obj, sa); err == nil {
+				cp.ServiceAccount = sa
+				_, err = cp.Admin.CoreV1().ServiceAccounts(sa.Namespace).Create(ctx, sa, metav1.CreateOptions{})
+			}
+		case "ClusterRole":
+			r := &rbacv1.ClusterRole{}
+			if err = FromUnstructured(obj, r); err == nil {
+				if _, err = cp.Admin.RbacV1().ClusterRoles().Create(ctx, r, metav1.CreateOptions{}); err == nil {
+					cp.ClusterRoles = append(cp.ClusterRoles, r)
+				}
+			}
+		case "ClusterRoleBinding":
+			b := &rbacv1.ClusterRoleBinding{}
+			if err = FromUnstructured(obj, b); err == nil {
+				_, err = cp.Admin.RbacV1().ClusterRoleBindings().Create(ctx, b, metav1.CreateOptions{})
+			}
+		case "ValidatingAdmissionPolicy":
+			if !policies {
+				continue
+			}
+			p := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+			if err = FromUnstructured(obj, p); err == nil {
+				_, err = cp.Admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, p, metav1.CreateOptions{})
+			}
+		case "ValidatingAdmissionPolicyBinding":
+			if !policies {
+				continue
+			}
+			b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+			if err = FromUnstructured(obj, b); err == nil {
+				_, err = cp.Admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, b, metav1.CreateOptions{})
+			}
+		}
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating %s %s: %w", obj.GetKind(), obj.GetName(), err)
+		}
+	}
+	return nil
 }
 
 // WaitAllowed asks the RBAC authorizer (as the administrator, so that the

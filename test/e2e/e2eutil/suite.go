@@ -36,10 +36,16 @@ func (s *Suite) Require(t testing.TB) {
 
 // StartAgent starts an agent (StartAgent) for node on root in cluster mode,
 // as the suite's ServiceAccount, with --shutdown-grace-period=10s and args.
+// When the admission policies are in force, the agent runs with a token
+// bound to its pod on node (AgentPod), as in a DaemonSet.
 func (s *Suite) StartAgent(t *testing.T, node, root string, args ...string) *Agent {
 	t.Helper()
+	kubeconfig := s.Kubeconfig
+	if s.ControlPlane.AdmissionPolicies {
+		_, kubeconfig = s.AgentPod(t, node)
+	}
 	return StartAgent(t, AgentOptions{
-		Binary: s.AgentBin, Kubeconfig: s.Kubeconfig, Node: node, Root: root,
+		Binary: s.AgentBin, Kubeconfig: kubeconfig, Node: node, Root: root,
 		Args: append([]string{"--shutdown-grace-period=10s"}, args...),
 	})
 }

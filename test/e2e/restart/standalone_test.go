@@ -191,6 +191,19 @@ func killRounds(t *testing.T, a *agent, root string, deltas []int, writes int, b
 			time.Sleep(time.Millisecond) // polling the mount table: the kill must follow closely
 		}
 		seen := changes(base, cur)
+		// Write only into volumes of pods the agent still wants: a
+		// removed pod's volume is being torn down, and a file written
+		// into its mount point just after the unmount lands in the
+		// directory itself, which the agent then rightly refuses to
+		// remove (it holds data).
+		wanted := map[string]bool{}
+		if d, err := a.DSW(); err != nil || !d.SourcesReady {
+			t.Logf("round %d: no writes (the agent's desired pods are not known yet: %v)", round, err)
+		} else {
+			for _, p := range d.Pods {
+				wanted[p.UID] = true
+			}
+		}
 		points := slices.Collect(maps.Values(cur))
 		rnd.Shuffle(len(points), func(i, j int) { points[i], points[j] = points[j], points[i] })
 		n := 0
@@ -203,6 +216,9 @@ func killRounds(t *testing.T, a *agent, root string, deltas []int, writes int, b
 				continue
 			}
 			uid := strings.Split(rel, "/")[0]
+			if !wanted[uid] {
+				continue
+			}
 			file := fmt.Sprintf("round-%d", round)
 			content := fmt.Sprintf("%s round %d", uid, round)
 			if strings.Contains(p, "~local-volume/") {

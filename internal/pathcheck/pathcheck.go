@@ -1,0 +1,168 @@
+// Package pathcheck answers "what is at this host path?" for code that must
+// never wait on a filesystem: the populator, which decides from the answer
+// how a volume is handled (a local PV on a block device needs a device
+// mount, one on a directory does not). A hung disk (a dead NFS server, a
+// stuck FUSE daemon, a failing drive) blocks stat(2) for as long as it
+// likes; such a call here runs in the background, one per path at most,
+// and its answer is cached. The caller gets the last answer at once, is
+// told "pending" the first time, is told the filesystem does not answer
+// once a check has run longer than the timeout, and is called back
+// (Changed) whenever an answer changes what it would be told.
+package pathcheck
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// ErrPending is returned while the first check of a path runs.
+var ErrPending = errors.New("being checked")
+
+// ErrNoAnswer is returned (wrapped) when the first check of a path has run
+// longer than the timeout: its filesystem does not answer.
+var ErrNoAnswer = errors.New("its filesystem does not answer")
+
+// StatFunc looks at a path: its type bits (fs.ModeDir, fs.ModeDevice...).
+type StatFunc func(path string) (fs.FileMode, error)
+
+// Options configures a Checker. Zero values get defaults.
+type Options struct {
+	// Timeout after which a first check still running is reported as
+	// ErrNoAnswer (default 10s: a local disk answers in microseconds).
+	Timeout time.Duration
+	// MaxAge after which an answer is checked again, in the background
+	// (default 1m: paths can change unseen, e.g. a disk mounted later).
+	MaxAge time.Duration
+	// Changed is called (from the checking goroutine) when an answer
+	// arrives that differs from what was told, and when a first check
+	// outlives the timeout.
+	Changed func()
+	Clock   clock.WithDelayedExecution
+}
+
+// Checker caches the answers for paths. It is safe for concurrent use.
+type Checker struct {
+	stat StatFunc
+	opts Options
+
+	mu        sync.Mutex
+	entries   map[string]*entry
+	lastSweep time.Time
+}
+
+type entry struct {
+	mode      fs.FileMode
+	err       error
+	known     bool
+	checkedAt time.Time
+	running   bool
+	started   time.Time
+	lastUsed  time.Time
+}
+
+// New returns a Checker that looks at paths with stat.
+func New(stat StatFunc, opts Options) *Checker {
+	if opts.Timeout <= 0 {
+		opts.Timeout = 10 * time.Second
+	}
+	if opts.MaxAge <= 0 {
+		opts.MaxAge = time.Minute
+	}
+	if opts.Changed == nil {
+		opts.Changed = func() {}
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	return &Checker{stat: stat, opts: opts, entries: map[string]*entry{}}
+}
+
+// Type returns what path is as last checked, without touching any
+// filesystem: ErrPending while its first check runs, an ErrNoAnswer error
+// once that check has run longer than the timeout, else the last answer
+// (refreshed in the background once older than MaxAge).
+func (c *Checker) Type(path string) (fs.FileMode, error) {
+	now := c.opts.Clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sweep(now)
+	e, ok := c.entries[path]
+	if !ok {
+		e = &entry{}
+		c.entries[path] = e
+	}
+	e.lastUsed = now
+	if !e.running && (!e.known || now.Sub(e.checkedAt) >= c.opts.MaxAge) {
+		c.start(path, e, now)
+	}
+	switch {
+	case e.known:
+		return e.mode, e.err
+	case now.Sub(e.started) >= c.opts.Timeout:
+		return 0, fmt.Errorf("%w: no answer to a stat of %s for %v (a hung disk or network filesystem?)", ErrNoAnswer, path, now.Sub(e.started).Round(time.Second))
+	}
+	return 0, ErrPending
+}
+
+// start checks path in the background. c.mu is held.
+func (c *Checker) start(path string, e *entry, now time.Time) {
+	e.running, e.started = true, now
+	first := !e.known
+	if first {
+		// Tell the caller when the first answer is overdue, so it
+		// reports that instead of "pending" for ever.
+		c.opts.Clock.AfterFunc(c.opts.Timeout, func() {
+			c.mu.Lock()
+			overdue := e.running && !e.known
+			c.mu.Unlock()
+			if overdue {
+				c.opts.Changed()
+			}
+		})
+	}
+	go func() {
+		mode, err := c.stat(path)
+		mode = mode.Type()
+		c.mu.Lock()
+		changed := !e.known || e.mode != mode || !sameError(e.err, err)
+		e.mode, e.err, e.known, e.running = mode, err, true, false
+		e.checkedAt = c.opts.Clock.Now()
+		c.mu.Unlock()
+		if changed {
+			c.opts.Changed()
+		}
+	}()
+}
+
+func sameError(a, b error) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Error() == b.Error()
+}
+
+// forgetAfter: a path nobody asked about for this long (its pods and PV
+// left) is forgotten, in a sweep at most once per sweepEvery.
+const (
+	forgetAfter = 10 * time.Minute
+	sweepEvery  = time.Minute
+)
+
+// sweep forgets paths nobody asked about for a while. A running check is
+// kept: it is the one goroutine allowed for its path. c.mu is held.
+func (c *Checker) sweep(now time.Time) {
+	if now.Sub(c.lastSweep) < sweepEvery {
+		return
+	}
+	c.lastSweep = now
+	for p, e := range c.entries {
+		if !e.running && now.Sub(e.lastUsed) >= forgetAfter {
+			delete(c.entries, p)
+		}
+	}
+}

@@ -1,0 +1,46 @@
+package reconciler
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"sort"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// sortActions must order exactly as a stable sort by phase, volume and pod
+// does, equal actions keeping their order (Reason tells them apart).
+func TestSortActionsMatchesStableSort(t *testing.T) {
+	ops := []operations.Op{operations.OpUnmountVolume, operations.OpMountVolume, operations.OpUnmountDevice, operations.OpMountDevice, operations.OpUnmapVolume}
+	rnd := rand.New(rand.NewPCG(3, 4))
+	for _, n := range []int{0, 1, 2, 3, 10, 100, 1000} {
+		actions := make([]Action, n)
+		for i := range actions {
+			actions[i] = Action{
+				Op:     ops[rnd.IntN(len(ops))],
+				Volume: volume.UniqueName(fmt.Sprintf("v%d", rnd.IntN(n/3+1))),
+				Pod:    volume.PodInfo{PodRef: volume.PodRef{UID: types.UID(fmt.Sprintf("p%d", rnd.IntN(3)))}},
+				Reason: fmt.Sprint(i),
+			}
+		}
+		want := append([]Action(nil), actions...)
+		sort.SliceStable(want, func(i, j int) bool {
+			a, b := &want[i], &want[j]
+			if pa, pb := phase(a.Op), phase(b.Op); pa != pb {
+				return pa < pb
+			}
+			if a.Volume != b.Volume {
+				return a.Volume < b.Volume
+			}
+			return a.Pod.UID < b.Pod.UID
+		})
+		if got := sortActions(actions); len(got) != len(want) || (n > 0 && !reflect.DeepEqual(got, want)) {
+			t.Errorf("%d actions: sortActions differs from a stable sort", n)
+		}
+	}
+}

@@ -1,0 +1,511 @@
+package policy_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/volume-agent/volume-agent/internal/kubeclient"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
+)
+
+// The policies' names, as deploy/ spells them.
+const (
+	podStatusPolicy   = "volume-agent-pod-status"
+	nodeStatusPolicy  = "volume-agent-node-status"
+	claimStatusPolicy = "volume-agent-claim-status"
+	tokensPolicy      = "volume-agent-tokens"
+	localPVPolicy     = "volume-agent-local-volumes"
+	attachPolicy      = "volume-agent-self-attach"
+	eventsPolicy      = "volume-agent-events"
+
+	provisionedBy = "pv.kubernetes.io/provisioned-by"
+	holdFinalizer = "test.volume-agent.io/hold"
+)
+
+// attempt is one request made as the agent of the test's node A.
+type attempt struct {
+	name string
+	// refusedBy is the policy that must refuse the request, with a message
+	// containing msg; empty if the request must succeed.
+	refusedBy, msg string
+	// do makes the request as client c, a dry run if dry is set.
+	do func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error)
+	// effect, if set, tells from the object an administrator's dry run of
+	// the same request returns that the request would have changed what
+	// the policy protects: the refusal is not vacuous.
+	effect func(runtime.Object) bool
+}
+
+// fixture is what TestAgentIsConfinedToItsNode works on: two nodes, a
+// tenant pod on each, the agent's pod on each, and the agent of node A's
+// client.
+type fixture struct {
+	nodeA, nodeB, ns     string
+	podA, podB           *corev1.Pod
+	agentPodA, agentPodB *corev1.Pod
+	agentA, admin        kubernetes.Interface
+	unbound              kubernetes.Interface
+}
+
+func client(t *testing.T, kubeconfig, userAgent string) kubernetes.Interface {
+	t.Helper()
+	cfg, err := kubeclient.LoadConfig(kubeclient.Options{Kubeconfig: kubeconfig, UserAgent: userAgent, QPS: 100, Burst: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func newFixture(t *testing.T, prefix string) *fixture {
+	t.Helper()
+	ctx := t.Context()
+	f := &fixture{nodeA: prefix + "-a", nodeB: prefix + "-b", ns: prefix + "-tenant", admin: suite.Admin}
+	suite.CreateNodeAndNamespace(t, f.nodeA, f.ns, nil)
+	if _, err := suite.Cluster.CreateNode(ctx, f.nodeB, nil); err != nil {
+		t.Fatal(err)
+	}
+	f.podA = suite.CreatePod(t, tenantPod(f.ns, "tenant-a", f.nodeA))
+	f.podB = suite.CreatePod(t, tenantPod(f.ns, "tenant-b", f.nodeB))
+	var kubeconfigA string
+	f.agentPodA, kubeconfigA = suite.AgentPod(t, f.nodeA)
+	f.agentPodB, _ = suite.AgentPod(t, f.nodeB)
+	f.agentA = client(t, kubeconfigA, "policy-test/agent-of-"+f.nodeA)
+	f.unbound = client(t, suite.Kubeconfig, "policy-test/unbound")
+	return f
+}
+
+// tenantPod is a pod with a finalizer of the test's, which the agent must
+// not be able to take away.
+func tenantPod(ns, name, node string) *corev1.Pod {
+	pod := e2eutil.Pod(ns, node, name)
+	pod.Finalizers = []string{holdFinalizer}
+	return pod
+}
+
+// releasePods removes the tests' finalizers so that the namespace's pods
+// can go.
+func (f *fixture) releasePods(t *testing.T) {
+	for _, p := range []*corev1.Pod{f.podA, f.podB} {
+		_, err := f.admin.CoreV1().Pods(p.Namespace).Patch(context.Background(), p.Name, types.MergePatchType,
+			[]byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+		if err != nil {
+			t.Errorf("release pod %s: %v", p.Name, err)
+		}
+	}
+}
+
+// podStatus patches the status of pod ns/name.
+func podStatus(ns, name string, pt types.PatchType, body string) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		return c.CoreV1().Pods(ns).Patch(ctx, name, pt, []byte(body), metav1.PatchOptions{DryRun: dry}, "status")
+	}
+}
+
+func nodeStatus(name string, pt types.PatchType, body string) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		return c.CoreV1().Nodes().Patch(ctx, name, pt, []byte(body), metav1.PatchOptions{DryRun: dry}, "status")
+	}
+}
+
+func claimStatus(ns, name string, pt types.PatchType, body string) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		return c.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, name, pt, []byte(body), metav1.PatchOptions{DryRun: dry}, "status")
+	}
+}
+
+func createPV(pv *corev1.PersistentVolume) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		return c.CoreV1().PersistentVolumes().Create(ctx, pv.DeepCopy(), metav1.CreateOptions{DryRun: dry})
+	}
+}
+
+func deletePV(name string) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		return nil, c.CoreV1().PersistentVolumes().Delete(ctx, name, metav1.DeleteOptions{DryRun: dry})
+	}
+}
+
+func createVA(va *storagev1.VolumeAttachment) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		return c.StorageV1().VolumeAttachments().Create(ctx, va.DeepCopy(), metav1.CreateOptions{DryRun: dry})
+	}
+}
+
+func attachedStatus(name string) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		return c.StorageV1().VolumeAttachments().Patch(ctx, name, types.MergePatchType, []byte(`{"status":{"attached":true}}`),
+			metav1.PatchOptions{DryRun: dry}, "status")
+	}
+}
+
+func deleteVA(name string) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		return nil, c.StorageV1().VolumeAttachments().Delete(ctx, name, metav1.DeleteOptions{DryRun: dry})
+	}
+}
+
+func token(ns, sa string, bound *authenticationv1.BoundObjectReference) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		return c.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: bound},
+		}, metav1.CreateOptions{DryRun: dry})
+	}
+}
+
+// createEvent reports an event about pod tenant-a as the agent of node.
+func createEvent(ns, name, node string) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		now := metav1.Now()
+		return c.CoreV1().Events(ns).Create(ctx, &corev1.Event{
+			ObjectMeta:     metav1.ObjectMeta{Name: name, Namespace: ns},
+			InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: "tenant-a", APIVersion: "v1"},
+			Reason:         "FailedMount", Message: "test", Type: corev1.EventTypeWarning,
+			Source:         corev1.EventSource{Component: "volume-agent", Host: node},
+			FirstTimestamp: now, LastTimestamp: now, Count: 1,
+		}, metav1.CreateOptions{DryRun: dry})
+	}
+}
+
+func boundTo(kind string, obj metav1.Object) *authenticationv1.BoundObjectReference {
+	return &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: kind, Name: obj.GetName(), UID: obj.GetUID()}
+}
+
+// localPV is a local PV of the provisioner of annotatedNode (none if
+// empty) with one node-affinity term per element of terms.
+func localPV(name, annotatedNode string, terms ...[]corev1.NodeSelectorRequirement) *corev1.PersistentVolume {
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+			StorageClassName:              "local-ssd",
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: "/mnt/disks/ssd/" + name}},
+		},
+	}
+	if annotatedNode != "" {
+		pv.Annotations = map[string]string{provisionedBy: "volume-agent.io/" + annotatedNode}
+	}
+	if len(terms) > 0 {
+		sel := &corev1.NodeSelector{}
+		for _, t := range terms {
+			sel.NodeSelectorTerms = append(sel.NodeSelectorTerms, corev1.NodeSelectorTerm{MatchExpressions: t})
+		}
+		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: sel}
+	}
+	return pv
+}
+
+func hostnameIn(op corev1.NodeSelectorOperator, nodes ...string) []corev1.NodeSelectorRequirement {
+	return []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: op, Values: nodes}}
+}
+
+func volumeAttachment(name, node string) *storagev1.VolumeAttachment {
+	pv := name + "-pv"
+	return &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: storagev1.VolumeAttachmentSpec{
+			Attacher: "csi.example.com",
+			NodeName: node,
+			Source:   storagev1.VolumeAttachmentSource{PersistentVolumeName: &pv},
+		},
+	}
+}
+
+// waitPolicies waits until each policy refuses a dry run of a request it
+// must refuse: the API server's admission plugin learns about policies
+// and bindings through a watch.
+func waitPolicies(t *testing.T, c kubernetes.Interface, attempts []attempt) {
+	t.Helper()
+	waiting := map[string]attempt{}
+	for _, a := range attempts {
+		if _, ok := waiting[a.refusedBy]; a.refusedBy != "" && !ok {
+			waiting[a.refusedBy] = a
+		}
+	}
+	for policy, a := range waiting {
+		last := "no answer"
+		e2eutil.Poll(t, 60*time.Second, "policy "+policy+" in force", func(ctx context.Context) (bool, string) {
+			_, err := a.do(ctx, c, []string{metav1.DryRunAll})
+			if ctx.Err() == nil {
+				last = fmt.Sprintf("%s: %v", a.name, err)
+			}
+			return refusedBy(err, policy), last
+		})
+	}
+}
+
+func refusedBy(err error, policy string) bool {
+	return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+policy+"'")
+}
+
+// run makes each attempt as c for real, in order, and checks the outcome;
+// a refused attempt is then made by the administrator as a dry run, which
+// must succeed (and have its effect): the API server would have accepted
+// the request from anyone the policies do not match.
+func run(t *testing.T, c kubernetes.Interface, attempts []attempt) {
+	t.Helper()
+	ctx := t.Context()
+	for _, a := range attempts {
+		_, err := a.do(ctx, c, nil)
+		switch {
+		case a.refusedBy == "" && err != nil:
+			t.Errorf("%s: refused: %v", a.name, err)
+			continue
+		case a.refusedBy == "":
+			t.Logf("%s: allowed", a.name)
+			continue
+		case !refusedBy(err, a.refusedBy):
+			t.Errorf("%s: got %v, want a refusal by ValidatingAdmissionPolicy %s", a.name, err, a.refusedBy)
+			continue
+		case !strings.Contains(err.Error(), a.msg):
+			t.Errorf("%s: refusal %q does not say %q", a.name, err, a.msg)
+		}
+		t.Logf("%s: refused: %v", a.name, err)
+		obj, err := a.do(ctx, suite.Admin, []string{metav1.DryRunAll})
+		if err != nil {
+			t.Errorf("%s: the administrator's dry run of the same request failed too, so the refusal proves nothing: %v", a.name, err)
+			continue
+		}
+		if a.effect != nil && !a.effect(obj) {
+			t.Errorf("%s: the administrator's dry run did not change what the policy protects: %+v", a.name, obj)
+		}
+	}
+}
+
+// The agent of node A, with the token the kubelet would project into its
+// pod, may write its own node's pods' VolumesReady condition, its node's
+// volumesInUse, claims' status, its own local PVs and VolumeAttachments
+// and tokens for pods; everything of node B, and everything beyond its own
+// fields, is refused by the deploy/ admission policies (their names and
+// reasons in the refusal), although RBAC grants the verb and an
+// administrator's identical request is accepted.
+func TestAgentIsConfinedToItsNode(t *testing.T) {
+	suite.Require(t)
+	ctx := t.Context()
+	f := newFixture(t, "confined")
+	t.Cleanup(func() { f.releasePods(t) })
+	a, b := f.nodeA, f.nodeB
+
+	// A claim, with the finalizer the pvc-protection controller adds.
+	claim := e2eutil.PVC("claim", "")
+	claim.Namespace = f.ns
+	if _, err := f.admin.CoreV1().PersistentVolumeClaims(f.ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e2eutil.Poll(t, 60*time.Second, "the claim's pvc-protection finalizer", func(ctx context.Context) (bool, string) {
+		c, err := f.admin.CoreV1().PersistentVolumeClaims(f.ns).Get(ctx, "claim", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(c.Finalizers) > 0, fmt.Sprint(c.Finalizers)
+	})
+	// Node B's local PV and VolumeAttachment, and an administrator's PV.
+	for _, pv := range []*corev1.PersistentVolume{
+		localPV("b-local", b, hostnameIn(corev1.NodeSelectorOpIn, b)),
+		{ObjectMeta: metav1.ObjectMeta{Name: "admins"}, Spec: corev1.PersistentVolumeSpec{
+			Capacity:               corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes:            []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/srv/data"}},
+		}},
+	} {
+		if _, err := f.admin.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.admin.StorageV1().VolumeAttachments().Create(ctx, volumeAttachment("b-attachment", b), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := createEvent(f.ns, "by-b", b)(ctx, f.admin, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	const ready = `{"status":{"conditions":[{"type":"volume-agent.io/VolumesReady","status":"True","reason":"Test"}]}}`
+	podLabelled := func(o runtime.Object) bool { return o.(*corev1.Pod).Labels["role"] == "db" }
+	podReleased := func(o runtime.Object) bool { return len(o.(*corev1.Pod).Finalizers) == 0 }
+	attempts := []attempt{
+		// Pods.
+		{name: "own node's pod: its VolumesReady condition", do: podStatus(f.ns, "tenant-a", types.StrategicMergePatchType, ready)},
+		{name: "other node's pod: its VolumesReady condition", refusedBy: podStatusPolicy, msg: `is bound to "` + b + `"`,
+			do: podStatus(f.ns, "tenant-b", types.StrategicMergePatchType, ready)},
+		{name: "own node's pod: the Ready condition", refusedBy: podStatusPolicy, msg: "VolumesReady",
+			do: podStatus(f.ns, "tenant-a", types.StrategicMergePatchType, `{"status":{"conditions":[{"type":"Ready","status":"True"}]}}`)},
+		{name: "own node's pod: its phase", refusedBy: podStatusPolicy, msg: "VolumesReady",
+			do: podStatus(f.ns, "tenant-a", types.MergePatchType, `{"status":{"phase":"Failed"}}`)},
+		{name: "own node's pod: its IP", refusedBy: podStatusPolicy, msg: "VolumesReady",
+			do: podStatus(f.ns, "tenant-a", types.MergePatchType, `{"status":{"podIP":"10.9.9.9","podIPs":[{"ip":"10.9.9.9"}]}}`)},
+		{name: "own node's pod: a label, through status", refusedBy: podStatusPolicy, msg: "labels", effect: podLabelled,
+			do: podStatus(f.ns, "tenant-a", types.MergePatchType, `{"metadata":{"labels":{"role":"db"}}}`)},
+		{name: "own node's pod: its finalizer, through status", refusedBy: podStatusPolicy, msg: "finalizers", effect: podReleased,
+			do: podStatus(f.ns, "tenant-a", types.MergePatchType, `{"metadata":{"finalizers":null}}`)},
+
+		// Nodes.
+		{name: "own node: volumesInUse", do: nodeStatus(a, types.MergePatchType, `{"status":{"volumesInUse":["kubernetes.io/csi/csi.example.com^vol-1"]}}`)},
+		{name: "other node: volumesInUse", refusedBy: nodeStatusPolicy, msg: "not of node " + b,
+			do: nodeStatus(b, types.MergePatchType, `{"status":{"volumesInUse":["kubernetes.io/csi/csi.example.com^vol-1"]}}`)},
+		{name: "own node: a label, through status", refusedBy: nodeStatusPolicy, msg: "labels",
+			effect: func(o runtime.Object) bool {
+				_, ok := o.(*corev1.Node).Labels["node-role.kubernetes.io/control-plane"]
+				return ok
+			},
+			do: nodeStatus(a, types.MergePatchType, `{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":""}}}`)},
+		{name: "own node: its hostname label, through status", refusedBy: nodeStatusPolicy, msg: "labels",
+			effect: func(o runtime.Object) bool { return o.(*corev1.Node).Labels[corev1.LabelHostname] == b },
+			do:     nodeStatus(a, types.MergePatchType, `{"metadata":{"labels":{"kubernetes.io/hostname":"`+b+`"}}}`)},
+		{name: "own node: the Ready condition", refusedBy: nodeStatusPolicy, msg: "volumesInUse",
+			do: nodeStatus(a, types.StrategicMergePatchType, `{"status":{"conditions":[{"type":"Ready","status":"True"}]}}`)},
+		{name: "own node: volumesAttached", refusedBy: nodeStatusPolicy, msg: "volumesInUse",
+			do: nodeStatus(a, types.MergePatchType, `{"status":{"volumesAttached":[{"name":"kubernetes.io/csi/csi.example.com^vol-1","devicePath":""}]}}`)},
+		{name: "own node: capacity", refusedBy: nodeStatusPolicy, msg: "volumesInUse",
+			do: nodeStatus(a, types.MergePatchType, `{"status":{"capacity":{"cpu":"64"}}}`)},
+
+		// Claims: any claim's capacity and conditions (which claims the
+		// node's pods use is beyond CEL), never its finalizers or phase.
+		{name: "a claim: capacity", do: claimStatus(f.ns, "claim", types.MergePatchType, `{"status":{"capacity":{"storage":"1Gi"}}}`)},
+		{name: "a claim: its pvc-protection finalizer, through status", refusedBy: claimStatusPolicy, msg: "finalizers",
+			effect: func(o runtime.Object) bool { return len(o.(*corev1.PersistentVolumeClaim).Finalizers) == 0 },
+			do:     claimStatus(f.ns, "claim", types.MergePatchType, `{"metadata":{"finalizers":null}}`)},
+		{name: "a claim: its phase", refusedBy: claimStatusPolicy, msg: "capacity",
+			do: claimStatus(f.ns, "claim", types.MergePatchType, `{"status":{"phase":"Lost"}}`)},
+
+		// Local PersistentVolumes.
+		{name: "own node: a local PV", do: createPV(localPV("a-local", a, hostnameIn(corev1.NodeSelectorOpIn, a)))},
+		{name: "own node: deleting its local PV", do: deletePV("a-local")},
+		{name: "other node: a local PV", refusedBy: localPVPolicy, msg: "volume-agent.io/" + b,
+			do: createPV(localPV("b-local-2", b, hostnameIn(corev1.NodeSelectorOpIn, b)))},
+		{name: "own annotation, other node's affinity", refusedBy: localPVPolicy, msg: "In [" + a + "]",
+			do: createPV(localPV("x-affinity-b", a, hostnameIn(corev1.NodeSelectorOpIn, b)))},
+		{name: "own affinity, other node's annotation", refusedBy: localPVPolicy, msg: "volume-agent.io/" + b,
+			do: createPV(localPV("x-annotation-b", b, hostnameIn(corev1.NodeSelectorOpIn, a)))},
+		{name: "own affinity, no annotation", refusedBy: localPVPolicy, msg: "provisioned-by",
+			do: createPV(localPV("x-no-annotation", "", hostnameIn(corev1.NodeSelectorOpIn, a)))},
+		{name: "affinity to both nodes in one term", refusedBy: localPVPolicy, msg: "In [" + a + "]",
+			do: createPV(localPV("x-both", a, hostnameIn(corev1.NodeSelectorOpIn, a, b)))},
+		{name: "a second term for the other node", refusedBy: localPVPolicy, msg: "In [" + a + "]",
+			do: createPV(localPV("x-two-terms", a, hostnameIn(corev1.NodeSelectorOpIn, a), hostnameIn(corev1.NodeSelectorOpIn, b)))},
+		{name: "every node but another", refusedBy: localPVPolicy, msg: "In [" + a + "]",
+			do: createPV(localPV("x-notin", a, hostnameIn(corev1.NodeSelectorOpNotIn, b)))},
+		{name: "affinity to a zone only", refusedBy: localPVPolicy, msg: "In [" + a + "]",
+			do: createPV(localPV("x-zone", a, []corev1.NodeSelectorRequirement{{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpIn, Values: []string{"z"}}}))},
+		{name: "a hostPath PV pinned to its node", refusedBy: localPVPolicy, msg: "not one",
+			do: createPV(func() *corev1.PersistentVolume {
+				pv := localPV("x-hostpath", a, hostnameIn(corev1.NodeSelectorOpIn, a))
+				pv.Spec.PersistentVolumeSource = corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc"}}
+				return pv
+			}())},
+		{name: "a local PV bound in advance to a claim", refusedBy: localPVPolicy, msg: "claim",
+			do: createPV(func() *corev1.PersistentVolume {
+				pv := localPV("x-prebound", a, hostnameIn(corev1.NodeSelectorOpIn, a))
+				pv.Spec.ClaimRef = &corev1.ObjectReference{Namespace: f.ns, Name: "claim"}
+				return pv
+			}())},
+		{name: "other node: deleting its local PV", refusedBy: localPVPolicy, msg: "volume-agent.io/" + b, do: deletePV("b-local")},
+		{name: "deleting an administrator's PV", refusedBy: localPVPolicy, msg: "not one", do: deletePV("admins")},
+
+		// VolumeAttachments (deploy/self-attach).
+		{name: "own node: a VolumeAttachment", do: createVA(volumeAttachment("a-attachment", a))},
+		{name: "own node: its attachment status", do: attachedStatus("a-attachment")},
+		{name: "own node: deleting its VolumeAttachment", do: deleteVA("a-attachment")},
+		{name: "other node: a VolumeAttachment", refusedBy: attachPolicy, msg: "is for node " + b, do: createVA(volumeAttachment("b-attachment-2", b))},
+		{name: "other node: its attachment status", refusedBy: attachPolicy, msg: "is for node " + b, do: attachedStatus("b-attachment")},
+		{name: "other node: deleting its VolumeAttachment", refusedBy: attachPolicy, msg: "is for node " + b, do: deleteVA("b-attachment")},
+
+		// Events.
+		{name: "an event from its node", do: createEvent(f.ns, "from-a", a)},
+		{name: "an event that says it comes from the other node", refusedBy: eventsPolicy, msg: `this one is from "` + b + `"`,
+			do: createEvent(f.ns, "from-b", b)},
+		{name: "the other node's event, rewritten", refusedBy: eventsPolicy, msg: `this one is from "` + b + `"`,
+			do: func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+				return c.CoreV1().Events(f.ns).Patch(ctx, "by-b", types.MergePatchType, []byte(`{"source":{"host":"`+a+`"},"count":5}`), metav1.PatchOptions{DryRun: dry})
+			}},
+
+		// Tokens.
+		{name: "a token of a pod's account, bound to the pod", do: token(f.ns, "default", boundTo("Pod", f.podA))},
+		{name: "a token of its own account, bound to its own pod (its kube-api-access volume)",
+			do: token(suite.ServiceAccount.Namespace, suite.ServiceAccount.Name, boundTo("Pod", f.agentPodA))},
+		{name: "a token of its own account, bound to the other node's agent pod", refusedBy: tokensPolicy, msg: "only bound to its own pod",
+			do: token(suite.ServiceAccount.Namespace, suite.ServiceAccount.Name, boundTo("Pod", f.agentPodB))},
+		{name: "an unbound token of a pod's account", refusedBy: tokensPolicy, msg: "bound to a pod",
+			do: token(f.ns, "default", nil)},
+		{name: "a token of a pod's account, bound to a node", refusedBy: tokensPolicy, msg: "bound to a pod",
+			do: token(f.ns, "default", boundTo("Node", &metav1.ObjectMeta{Name: b, UID: nodeUID(t, b)}))},
+	}
+	waitPolicies(t, f.agentA, attempts)
+	run(t, f.agentA, attempts)
+
+	// What the agent wrote is there, and nothing it was refused.
+	pod, err := f.admin.CoreV1().Pods(f.ns).Get(ctx, "tenant-a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Status.Phase == corev1.PodFailed || pod.Labels["role"] != "" || len(pod.Finalizers) != 1 {
+		t.Errorf("pod tenant-a after the refusals: phase %s, labels %v, finalizers %v", pod.Status.Phase, pod.Labels, pod.Finalizers)
+	}
+	if _, err := f.admin.CoreV1().PersistentVolumes().Get(ctx, "b-local", metav1.GetOptions{}); err != nil {
+		t.Errorf("node B's PV: %v", err)
+	}
+}
+
+func nodeUID(t *testing.T, name string) types.UID {
+	t.Helper()
+	n, err := suite.Admin.CoreV1().Nodes().Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.UID
+}
+
+// A token of the agent's service account that is not bound to a pod (a
+// TokenRequest without a bound object, as a long-lived Secret token would
+// be) names no node: every write the policies cover is refused, even for
+// what a pod-bound token of node A may do.
+func TestUnboundTokenIsRefused(t *testing.T) {
+	suite.Require(t)
+	f := newFixture(t, "unbound")
+	t.Cleanup(func() { f.releasePods(t) })
+	a := f.nodeA
+	const msg = "names no node"
+	attempts := []attempt{
+		{name: "own node's pod: its VolumesReady condition", refusedBy: podStatusPolicy, msg: msg,
+			do: podStatus(f.ns, "tenant-a", types.StrategicMergePatchType, `{"status":{"conditions":[{"type":"volume-agent.io/VolumesReady","status":"True"}]}}`)},
+		{name: "own node: volumesInUse", refusedBy: nodeStatusPolicy, msg: msg,
+			do: nodeStatus(a, types.MergePatchType, `{"status":{"volumesInUse":["kubernetes.io/csi/csi.example.com^vol-1"]}}`)},
+		{name: "own node: a local PV", refusedBy: localPVPolicy, msg: msg,
+			do: createPV(localPV("unbound-local", a, hostnameIn(corev1.NodeSelectorOpIn, a)))},
+		{name: "own node: a VolumeAttachment", refusedBy: attachPolicy, msg: msg, do: createVA(volumeAttachment("unbound-attachment", a))},
+		{name: "a token of a pod's account, bound to the pod", refusedBy: tokensPolicy, msg: msg, do: token(f.ns, "default", boundTo("Pod", f.podA))},
+	}
+	waitPolicies(t, f.unbound, attempts)
+	run(t, f.unbound, attempts)
+}
+
+// The policies match the agent's service account only: another identity
+// with the same RBAC grant (here the administrator, for real, not a dry
+// run) writes node B's objects as before.
+func TestOtherIdentitiesUnaffected(t *testing.T) {
+	suite.Require(t)
+	f := newFixture(t, "others")
+	t.Cleanup(func() { f.releasePods(t) })
+	run(t, f.admin, []attempt{
+		{name: "other node's pod: its VolumesReady condition",
+			do: podStatus(f.ns, "tenant-b", types.StrategicMergePatchType, `{"status":{"conditions":[{"type":"volume-agent.io/VolumesReady","status":"True"}]}}`)},
+		{name: "a PV pinned to node B", do: createPV(localPV("others-b", f.nodeB, hostnameIn(corev1.NodeSelectorOpIn, f.nodeB)))},
+	})
+}

@@ -1,0 +1,66 @@
+package volume
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// FuzzPathElement checks the two functions every name taken from an object
+// goes through before it becomes part of a path under the agent's root.
+//
+// ValidatePathElement accepts only a name that is one directory entry:
+// joined to a directory it stays directly below it, and it is not "." or
+// "..". PathElement turns any string into such a name, keeps a name that
+// is already safe and short as it is, and never gives two strings the same
+// name: a kept name can never look like a hashed one.
+func FuzzPathElement(f *testing.F) {
+	for _, seed := range []string{
+		"pv-1", "", ".", "..", "../../etc", "a/b", "a\x00b", ".hidden", "sp ace", "tab\t", "ünïcode",
+		strings.Repeat("x", 128), strings.Repeat("x", 129), strings.Repeat("y", 254),
+		"csi.example.com^vol-1",
+	} {
+		f.Add(seed, "other")
+	}
+	f.Fuzz(func(t *testing.T, s, other string) {
+		const parent = "/var/lib/volume-agent/plugins/p/mounts"
+		if ValidatePathElement(s) == nil {
+			joined := filepath.Join(parent, s)
+			if s == "." || s == ".." || filepath.Dir(joined) != parent || filepath.Base(joined) != s || !utf8.ValidString(s) {
+				t.Fatalf("ValidatePathElement accepts %q, which joined to %s is %s", s, parent, joined)
+			}
+		}
+		e := PathElement(s)
+		if err := ValidatePathElement(e); err != nil {
+			t.Fatalf("PathElement(%q) = %q: %v", s, e, err)
+		}
+		if filepath.Dir(filepath.Join(parent, e)) != parent {
+			t.Fatalf("PathElement(%q) = %q escapes %s", s, e, parent)
+		}
+		if len(s) <= 128 && ValidatePathElement(s) == nil && !strings.HasPrefix(s, hashedPrefix) && e != s {
+			t.Fatalf("PathElement(%q) = %q: a safe short name is not kept readable", s, e)
+		}
+		if e == s && strings.HasPrefix(s, hashedPrefix) {
+			t.Fatalf("PathElement(%q) kept a name that looks hashed: another identity hashes to it", s)
+		}
+		if s != other && PathElement(other) == e {
+			t.Fatalf("PathElement(%q) = PathElement(%q) = %q", s, other, e)
+		}
+	})
+}
+
+// TestPathElementNoCollision: a name that is already of the hashed form,
+// such as a PV named after the hash of a long PV name, is hashed too, so it
+// cannot share the other's directory (the case fuzzing found, in
+// testdata/fuzz/FuzzPathElement).
+func TestPathElementNoCollision(t *testing.T) {
+	long := strings.Repeat("a", 200)
+	hashed := PathElement(long)
+	if !strings.HasPrefix(hashed, hashedPrefix) {
+		t.Fatalf("PathElement of a 200-character name = %q", hashed)
+	}
+	if got := PathElement(hashed); got == hashed {
+		t.Fatalf("the identity %q gets the directory of %q", hashed, long[:10]+"...")
+	}
+}
