@@ -4,8 +4,9 @@
 // mount, one on a directory does not). A hung disk (a dead NFS server, a
 // stuck FUSE daemon, a failing drive) blocks stat(2) for as long as it
 // likes; such a call here runs in the background, one per path at most,
-// and its answer is cached. The caller gets the last answer at once, is
-// told "pending" the first time, is told the filesystem does not answer
+// and its answer is cached. The caller gets the last answer at once, waits
+// a moment (FirstWait) for the first one and is told "pending" if it is
+// not there by then, is told the filesystem does not answer
 // once a check has run longer than the timeout, and is called back
 // (Changed) whenever an answer changes what it would be told.
 package pathcheck
@@ -35,6 +36,12 @@ type Options struct {
 	// Timeout after which a first check still running is reported as
 	// ErrNoAnswer (default 10s: a local disk answers in microseconds).
 	Timeout time.Duration
+	// FirstWait is how long the first ask for a path waits for its first
+	// answer before being told ErrPending (default 20ms; negative: not at
+	// all). A healthy disk answers well within it, so a new local volume
+	// is resolved at once instead of a round through Changed; a hung one
+	// costs each new path this once.
+	FirstWait time.Duration
 	// MaxAge after which an answer is checked again, in the background
 	// (default 1m: paths can change unseen, e.g. a disk mounted later).
 	MaxAge time.Duration
@@ -62,6 +69,10 @@ type entry struct {
 	checkedAt time.Time
 	running   bool
 	started   time.Time
+	// done is closed when the running check ends; waitUntil (real time)
+	// is how long first askers wait for it.
+	done      chan struct{}
+	waitUntil time.Time
 	lastUsed  time.Time
 }
 
@@ -72,6 +83,9 @@ func New(stat StatFunc, opts Options) *Checker {
 	}
 	if opts.MaxAge <= 0 {
 		opts.MaxAge = time.Minute
+	}
+	if opts.FirstWait == 0 {
+		opts.FirstWait = 20 * time.Millisecond
 	}
 	if opts.Changed == nil {
 		opts.Changed = func() {}
@@ -100,6 +114,19 @@ func (c *Checker) Type(path string) (fs.FileMode, error) {
 	if !e.running && (!e.known || now.Sub(e.checkedAt) >= c.opts.MaxAge) {
 		c.start(path, e, now)
 	}
+	if !e.known && e.running {
+		if wait := time.Until(e.waitUntil); wait > 0 {
+			done := e.done
+			c.mu.Unlock()
+			t := time.NewTimer(wait)
+			select {
+			case <-done:
+			case <-t.C:
+			}
+			t.Stop()
+			c.mu.Lock()
+		}
+	}
 	switch {
 	case e.known:
 		return e.mode, e.err
@@ -112,7 +139,12 @@ func (c *Checker) Type(path string) (fs.FileMode, error) {
 // start checks path in the background. c.mu is held.
 func (c *Checker) start(path string, e *entry, now time.Time) {
 	e.running, e.started = true, now
+	done := make(chan struct{})
+	e.done = done
 	first := !e.known
+	if first && c.opts.FirstWait > 0 {
+		e.waitUntil = time.Now().Add(c.opts.FirstWait)
+	}
 	if first {
 		// Tell the caller when the first answer is overdue, so it
 		// reports that instead of "pending" for ever.
@@ -133,6 +165,7 @@ func (c *Checker) start(path string, e *entry, now time.Time) {
 		e.mode, e.err, e.known, e.running = mode, err, true, false
 		e.checkedAt = c.opts.Clock.Now()
 		c.mu.Unlock()
+		close(done)
 		if changed {
 			c.opts.Changed()
 		}

@@ -112,3 +112,18 @@ func TestChecker(t *testing.T) {
 	default:
 	}
 }
+
+// A disk that answers within FirstWait answers the first ask itself: a new
+// local volume needs no second round through Changed.
+func TestFirstAnswerWithinFirstWait(t *testing.T) {
+	stat := func(string) (fs.FileMode, error) { return fs.ModeDir, nil }
+	c := pathcheck.New(stat, pathcheck.Options{FirstWait: time.Minute})
+	if m, err := c.Type("/disk"); err != nil || m != fs.ModeDir {
+		t.Fatalf("first Type = %v, %v; want the directory at once", m, err)
+	}
+	// Without waiting, the first ask is told it is pending.
+	c = pathcheck.New(newDisk().stat, pathcheck.Options{FirstWait: -1})
+	if _, err := c.Type("/disk"); !errors.Is(err, pathcheck.ErrPending) {
+		t.Fatalf("first Type without FirstWait = %v, want ErrPending", err)
+	}
+}
