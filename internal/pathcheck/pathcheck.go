@@ -73,7 +73,10 @@ type entry struct {
 	// is how long first askers wait for it.
 	done      chan struct{}
 	waitUntil time.Time
-	lastUsed  time.Time
+	// toldUnknown: someone was told ErrPending or ErrNoAnswer, so the
+	// first answer changes what they were told.
+	toldUnknown bool
+	lastUsed    time.Time
 }
 
 // New returns a Checker that looks at paths with stat.
@@ -131,8 +134,10 @@ func (c *Checker) Type(path string) (fs.FileMode, error) {
 	case e.known:
 		return e.mode, e.err
 	case now.Sub(e.started) >= c.opts.Timeout:
+		e.toldUnknown = true
 		return 0, fmt.Errorf("%w: no answer to a stat of %s for %v (a hung disk or network filesystem?)", ErrNoAnswer, path, now.Sub(e.started).Round(time.Second))
 	}
+	e.toldUnknown = true
 	return 0, ErrPending
 }
 
@@ -161,14 +166,18 @@ func (c *Checker) start(path string, e *entry, now time.Time) {
 		mode, err := c.stat(path)
 		mode = mode.Type()
 		c.mu.Lock()
-		changed := !e.known || e.mode != mode || !sameError(e.err, err)
+		// Changed only when a caller was told something else: a first
+		// answer that the first asker waited for changes nothing, and a
+		// resolve of every pod for each new path would make a storm of
+		// new local volumes quadratic.
+		changed := (!e.known && e.toldUnknown) || (e.known && (e.mode != mode || !sameError(e.err, err)))
 		e.mode, e.err, e.known, e.running = mode, err, true, false
 		e.checkedAt = c.opts.Clock.Now()
 		c.mu.Unlock()
-		close(done)
 		if changed {
 			c.opts.Changed()
 		}
+		close(done)
 	}()
 }
 

@@ -117,9 +117,15 @@ func TestChecker(t *testing.T) {
 // local volume needs no second round through Changed.
 func TestFirstAnswerWithinFirstWait(t *testing.T) {
 	stat := func(string) (fs.FileMode, error) { return fs.ModeDir, nil }
-	c := pathcheck.New(stat, pathcheck.Options{FirstWait: time.Minute})
+	var changes atomic.Int64
+	c := pathcheck.New(stat, pathcheck.Options{FirstWait: time.Minute, Changed: func() { changes.Add(1) }})
 	if m, err := c.Type("/disk"); err != nil || m != fs.ModeDir {
 		t.Fatalf("first Type = %v, %v; want the directory at once", m, err)
+	}
+	// The asker was told the answer itself: nobody needs telling again
+	// (Changed runs before the waiter is woken, so it would show here).
+	if n := changes.Load(); n != 0 {
+		t.Errorf("Changed called %d times for an answer the asker got", n)
 	}
 	// Without waiting, the first ask is told it is pending.
 	c = pathcheck.New(newDisk().stat, pathcheck.Options{FirstWait: -1})
