@@ -26,6 +26,7 @@ import (
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/notify"
+	"github.com/volume-agent/volume-agent/internal/trash"
 	"github.com/volume-agent/volume-agent/localpv"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/plugins"
@@ -131,7 +132,11 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 		history: timeline.New(timeline.Options{}),
 		mounter: mountutil.New(), pins: &blockpin.Loops{},
 	}
-	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot, Log: log.Named("plugins")}
+	// Plugins that learn about the host in the background (local PV paths)
+	// have the populator try again when an answer comes.
+	recheck := notify.New()
+	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot,
+		NodeMemory: m.nodeMemory, Recheck: recheck.Notify, Log: log.Named("plugins")}
 	a.csi = newCSI(cfg, host, m, a.asw)
 	// The refresher acts on the executor, which is built after the
 	// plugins: it reaches it through a.
@@ -151,7 +156,7 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 		Socket: cfg.RuntimeSocket, Paths: paths, Errors: a.executor, Log: log.Named("runtimeapi"),
 		Snapshots: func() (*cache.DesiredSnapshot, *cache.ActualSnapshot) { return a.dsw.Snapshot(), a.asw.Snapshot() },
 	})
-	a.populator = a.newPopulator(wake)
+	a.populator = a.newPopulator(wake, recheck)
 	a.page = a.newPage()
 	a.reconciler = a.newReconciler(wake)
 	if cfg.LocalVolumesConfig != "" {
@@ -164,7 +169,7 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	return a, nil
 }
 
-func (a *Agent) newPopulator(wake *notify.Signal) *populator.Populator {
+func (a *Agent) newPopulator(wake, recheck *notify.Signal) *populator.Populator {
 	return populator.New(populator.Options{
 		Source:       a.source,
 		DSW:          a.dsw,
@@ -172,6 +177,7 @@ func (a *Agent) newPopulator(wake *notify.Signal) *populator.Populator {
 		Node:         a.mode.node,
 		IsTerminated: a.mode.isTerminated,
 		ResyncPeriod: a.cfg.ResyncPeriod,
+		Recheck:      recheck.C(),
 		Events:       a.events,
 		Pods:         a.api.refresh,
 		// Every populator pass wakes the reconciler: the first one makes
@@ -289,6 +295,31 @@ func (a *Agent) sourcesComplete() bool {
 // cannot remove.
 func (a *Agent) housekeeping(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) {
 	a.orphans.Set("housekeeping", reconciler.CleanPodDirs(a.paths, dsw, asw, a.mounter.IsMountPoint))
+}
+
+// emptyTrash finishes the removals an earlier run left in the trash (it
+// stopped half way), then looks again every resync period; what cannot be
+// removed (another mount inside) is reported as an orphan. It runs beside
+// the reconciler: a huge leftover tree never holds up volumes.
+func (a *Agent) emptyTrash(ctx context.Context) error {
+	period := a.cfg.ResyncPeriod
+	if period <= 0 {
+		period = time.Minute
+	}
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		var problems []reconciler.Problem
+		for _, l := range trash.Empty(ctx, a.paths.TrashDir()) {
+			problems = append(problems, reconciler.Problem{Path: l.Path, Reason: "cannot finish deleting it: " + l.Err.Error()})
+		}
+		a.orphans.Set("trash", problems)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
 }
 
 // reconstruct rebuilds the actual state from disk before anything runs, so
@@ -411,6 +442,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	servers := a.serve(l)
 	l.run("source", a.source.Run)
 	l.run("populator", untilDone(a.populator.Run))
+	l.run("trash", a.emptyTrash)
 	logDriverConfig(a.log, a.cfg.CSIDrivers, a.cfg.PluginRegistryDir)
 	a.csi.registerStatic(l.ctx, a.cfg.CSIDrivers)
 	a.csi.start(l, a.cfg.CSIDrivers, a.cfg.CSIProbePeriod)
@@ -459,18 +491,23 @@ type shutdowner interface {
 // last.
 func (a *Agent) serve(l *loops) []shutdowner {
 	var servers []shutdowner
+	limits := a.cfg.HTTP
 	start := func(name string, lis net.Listener, h http.Handler) {
-		s := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		s := newHTTPServer(h, limits)
+		conns := newConnLimiter(limits.MaxConnections)
+		s.ConnState = conns.ConnState
 		servers = append(servers, s)
 		l.goUntilStopped(name, func() error {
-			if err := s.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			if err := s.Serve(conns.Listener(lis)); !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
 			return nil
 		})
 	}
 	if a.debugListener != nil {
-		start("debug endpoint", a.debugListener, a.debugMux())
+		// It shows what the node's pods are and serves the page to
+		// browsers: a page of another site must not reach it by name.
+		start("debug endpoint", a.debugListener, hostCheck(a.debugMux(), a.debugListener.Addr(), a.cfg.DebugAddress))
 	}
 	l.goUntilStopped("runtime API", a.runtimeAPI.Serve)
 	servers = append(servers, a.runtimeAPI)

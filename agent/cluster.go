@@ -22,6 +22,10 @@ import (
 // clusterParts are what cluster mode adds to the agent.
 type clusterParts struct {
 	client *kubeclient.Client
+	// statusClient patches pods' conditions: the same identity and
+	// connection as client, with a rate limiter of its own (see
+	// newClusterParts).
+	statusClient *kubeclient.Client
 	// nodeClient has the node's own identity (--node-kubeconfig), nil
 	// without it: see objectsClient.
 	nodeClient  *kubeclient.Client
@@ -51,6 +55,7 @@ func newCluster(cfg Config) (*mode, error) {
 		return nil, err
 	}
 	configured := configuredNodeLabels(cfg)
+	total, _ := memTotal() // 0 if unreadable
 	return &mode{
 		source:       p.source,
 		sink:         p,
@@ -60,6 +65,16 @@ func newCluster(cfg Config) (*mode, error) {
 				return populator.Node{Name: cfg.NodeName, Labels: n.Labels}
 			}
 			return populator.Node{Name: cfg.NodeName, Labels: configured}
+		},
+		// The Node's allocatable memory, as the kubelet reports it (its
+		// reservations taken off); the node's memory until it is read.
+		nodeMemory: func() int64 {
+			if n, ok := p.source.Node(); ok {
+				if m := allocatableMemory(n); m > 0 {
+					return m
+				}
+			}
+			return total
 		},
 		cluster: p,
 	}, nil
@@ -77,7 +92,17 @@ func newClusterParts(cfg Config, log *zap.Logger) (*clusterParts, error) {
 	if err != nil {
 		return nil, fmt.Errorf("API client: %w", err)
 	}
-	p := &clusterParts{client: client, listing: objectwatch.NewLimiter(concurrentLists)}
+	// Pod condition patches get their own token bucket (kubeclient.New
+	// makes one per client): a pod is ready only once its volumes are set
+	// up, which may take a TokenRequest, and its condition is patched, and
+	// with one bucket for both, a node starting N pods waits for 2N
+	// requests at --kube-api-qps. Each stream alone stays within the
+	// limits, and the API server's Priority and Fairness sees one user.
+	statusClient, err := kubeclient.New(restCfg)
+	if err != nil {
+		return nil, fmt.Errorf("API client: %w", err)
+	}
+	p := &clusterParts{client: client, statusClient: statusClient, listing: objectwatch.NewLimiter(concurrentLists)}
 	if cfg.NodeKubeconfig != "" {
 		nodeCfg, err := kubeclient.LoadConfig(kubeclient.Options{
 			Kubeconfig: cfg.NodeKubeconfig, QPS: cfg.KubeAPIQPS, Burst: cfg.KubeAPIBurst,
@@ -106,7 +131,7 @@ func newClusterParts(cfg Config, log *zap.Logger) (*clusterParts, error) {
 	// limits them per object, so a volume stuck in a retry loop cannot flood
 	// the API server.
 	p.broadcaster = record.NewBroadcaster(record.WithContext(context.Background()))
-	p.recorder = p.broadcaster.NewRecorder(kubeclient.Scheme, v1.EventSource{Component: "volume-agent", Host: cfg.NodeName})
+	p.recorder = p.broadcaster.NewRecorder(kubeclient.Scheme(), v1.EventSource{Component: "volume-agent", Host: cfg.NodeName})
 	return p, nil
 }
 

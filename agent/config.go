@@ -32,8 +32,11 @@ type Config struct {
 	// requested with it, and the API server's Node authorizer limits them
 	// to what the node's pods reference, as it does for the kubelet.
 	NodeKubeconfig string
-	KubeAPIQPS     float32
-	KubeAPIBurst   int
+	// KubeAPIQPS and KubeAPIBurst limit each API client's requests (the
+	// main one, pod condition patches, and the node's): default 50 and
+	// 100, as the kubelet's.
+	KubeAPIQPS   float32
+	KubeAPIBurst int
 	// StatusWorkers patch pod conditions in parallel (cluster mode).
 	StatusWorkers int
 
@@ -54,6 +57,8 @@ type Config struct {
 
 	DebugAddress   string
 	MetricsAddress string
+	// HTTP bounds what clients of both endpoints can make the agent hold.
+	HTTP HTTPLimits
 	// RuntimeSocket is the runtime API's unix socket (default
 	// <root>/runtime.sock).
 	RuntimeSocket string
@@ -107,7 +112,16 @@ func (c Config) complete() (Config, error) {
 		c.CSIProbePeriod = 30 * time.Second
 	}
 	if c.StatusWorkers <= 0 {
-		c.StatusWorkers = 4
+		c.StatusWorkers = 16
 	}
+	// The kubelet's defaults: what a node is expected to ask of the API
+	// server.
+	if c.KubeAPIQPS <= 0 {
+		c.KubeAPIQPS = 50
+	}
+	if c.KubeAPIBurst <= 0 {
+		c.KubeAPIBurst = 100
+	}
+	c.HTTP = c.HTTP.withDefaults()
 	return c, nil
 }

@@ -241,10 +241,11 @@ func (a *Agent) debugMux() *http.ServeMux {
 	a.healthHandlers(mux)
 	// The operator page: /, /pods/..., /debug/status.
 	a.page.Register(mux)
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	// Profiles and traces last as long as the client asks (?seconds=).
+	mux.HandleFunc("/debug/pprof/", streaming(pprof.Index))
+	mux.HandleFunc("/debug/pprof/profile", streaming(pprof.Profile))
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("/debug/pprof/trace", streaming(pprof.Trace))
 	return mux
 }
 

@@ -15,7 +15,8 @@ import (
 
 // mode is what differs between standalone mode (a manifest directory) and
 // cluster mode (the API server): where pods come from, where events go, when
-// a pod counts as terminated, the node's labels and the status reporters.
+// a pod counts as terminated, the node's labels and memory, and the status
+// reporters.
 // Everything else is built the same way from it (see build).
 type mode struct {
 	source source.Source
@@ -23,6 +24,9 @@ type mode struct {
 	sink         events.Sink
 	isTerminated func(*v1.Pod) bool
 	node         func() populator.Node
+	// nodeMemory is the node's allocatable memory in bytes (0: unknown),
+	// the most a Memory emptyDir holds.
+	nodeMemory func() int64
 	// cluster is nil in standalone mode.
 	cluster *clusterParts
 }
@@ -42,10 +46,13 @@ func newStandalone(cfg Config) (*mode, error) {
 		return nil, err
 	}
 	node := populator.Node{Name: cfg.NodeName, Labels: configuredNodeLabels(cfg)}
+	// Without a Node object, the node's memory is all pods may have.
+	mem, _ := memTotal() // 0 if unreadable
 	return &mode{
 		source:       src,
 		isTerminated: populator.PodTerminated,
 		node:         func() populator.Node { return node },
+		nodeMemory:   func() int64 { return mem },
 	}, nil
 }
 
@@ -73,7 +80,9 @@ func (m *mode) podStatus(errs podstatus.Errors, log *zap.Logger) *podstatus.Repo
 	if m.cluster == nil {
 		return nil
 	}
-	return podstatus.New(m.cluster.client, m.cluster.source.Pod, errs, log.Named("podstatus"))
+	return podstatus.New(podstatus.Options{
+		Patcher: m.cluster.statusClient, GetPod: m.cluster.source.Pod, Errors: errs, Log: log.Named("podstatus"),
+	})
 }
 
 // startEvents starts sending events to the sink.

@@ -15,11 +15,13 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -360,6 +362,8 @@ func checkRendered(t *testing.T, dir string, objs []*unstructured.Unstructured) 
 		}
 	}
 
+	checkNetworkPolicy(t, objs, podLabels, containerPort, metricsPort)
+
 	// A ServiceMonitor (deploy/monitoring) selects the Service and scrapes
 	// one of its ports.
 	var sm *unstructured.Unstructured
@@ -394,6 +398,44 @@ func checkRendered(t *testing.T, dir string, objs []*unstructured.Unstructured) 
 		port, _, _ := unstructured.NestedString(e.(map[string]any), "port")
 		if !slices.Contains(svcPortNames, port) {
 			t.Errorf("ServiceMonitor endpoint port %q is not a Service port %v", port, svcPortNames)
+		}
+	}
+}
+
+// checkNetworkPolicy: a NetworkPolicy selects the agent's pods and admits
+// ingress only to the metrics port, only from namespaces chosen by label
+// (the monitoring namespace): the metrics endpoint listens on the pod's
+// address, and anyone else reaching it is load the agent need not carry.
+func checkNetworkPolicy(t *testing.T, objs []*unstructured.Unstructured, podLabels map[string]string, containerPort func(intstr.IntOrString) int32, metricsPort int32) {
+	t.Helper()
+	np := find[networkingv1.NetworkPolicy](t, objs, "NetworkPolicy")
+	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+	if err != nil || sel.Empty() || !sel.Matches(labels.Set(podLabels)) {
+		t.Errorf("NetworkPolicy %s selects %v (%v), not the agent's pods %v", np.Name, np.Spec.PodSelector, err, podLabels)
+	}
+	if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+		t.Errorf("NetworkPolicy %s policyTypes %v lack Ingress: it restricts nothing", np.Name, np.Spec.PolicyTypes)
+	}
+	if len(np.Spec.Ingress) == 0 {
+		t.Errorf("NetworkPolicy %s admits nothing: the metrics would not be scraped", np.Name)
+	}
+	for i, rule := range np.Spec.Ingress {
+		if len(rule.Ports) == 0 {
+			t.Errorf("ingress rule %d admits every port", i)
+		}
+		for _, p := range rule.Ports {
+			if p.Port == nil || containerPort(*p.Port) != metricsPort {
+				t.Errorf("ingress rule %d admits port %v, not only the metrics port %d", i, p.Port, metricsPort)
+			}
+		}
+		if len(rule.From) == 0 {
+			t.Errorf("ingress rule %d admits every source", i)
+		}
+		for _, peer := range rule.From {
+			if peer.IPBlock != nil || peer.NamespaceSelector == nil ||
+				(len(peer.NamespaceSelector.MatchLabels) == 0 && len(peer.NamespaceSelector.MatchExpressions) == 0) {
+				t.Errorf("ingress rule %d admits %+v, not a namespace chosen by label", i, peer)
+			}
 		}
 	}
 }

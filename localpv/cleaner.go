@@ -14,7 +14,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/safefs"
 )
 
 // Environment of cleanup commands. LOCAL_PV_BLKDEVICE is the name the
@@ -28,7 +30,7 @@ const (
 
 // cleaner cleans one volume's disk.
 type cleaner struct {
-	root       string // host root
+	root       hostroot.Root
 	mounter    *mountutil.Mounter
 	identifier identifier
 }
@@ -55,7 +57,7 @@ func (c *cleaner) clean(ctx context.Context, t target, class *Class) (identity s
 		return identity, err
 	}
 	if !t.Block {
-		return identity, c.cleanDir(t)
+		return identity, c.cleanDir(ctx, t)
 	}
 	p := (&hostProber{root: c.root, mounter: c.mounter}).probe(t.Path)
 	if p.Err != nil {
@@ -94,8 +96,11 @@ func (c *cleaner) checkIdentity(ctx context.Context, t target) (string, error) {
 	return identityMatch, nil
 }
 
-func (c *cleaner) cleanDir(t target) error {
-	dir := hostJoin(c.root, t.Path)
+func (c *cleaner) cleanDir(ctx context.Context, t target) error {
+	dir, err := c.root.ResolveParent(t.Path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", t.Path, err)
+	}
 	fi, err := os.Lstat(dir)
 	if err != nil {
 		return fmt.Errorf("%s: %w", t.Path, err)
@@ -117,7 +122,7 @@ func (c *cleaner) cleanDir(t target) error {
 	} else if users != "" {
 		return fmt.Errorf("%s is in use: %s; not cleaning it while it is", t.Path, users)
 	}
-	if err := mountutil.RemoveContents(dir); err != nil {
+	if err := safefs.RemoveContents(ctx, dir); err != nil {
 		return fmt.Errorf("removing the contents of %s: %w", t.Path, err)
 	}
 	return nil

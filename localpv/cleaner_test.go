@@ -14,8 +14,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/volume-agent/volume-agent/internal/blockpin"
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/safefs"
 )
 
 func script(t *testing.T, body string) string {
@@ -88,7 +90,7 @@ func TestCleanDir(t *testing.T) {
 	root := mounttest.TempDir(t)
 	disk := filepath.Join(root, "mnt", "disk")
 	must(t, os.MkdirAll(disk, 0o755))
-	c := &cleaner{root: root, mounter: mountutil.New(), identifier: newHostIdentifier(root)}
+	c := &cleaner{root: hostroot.New(root), mounter: mountutil.New(), identifier: newHostIdentifier(root)}
 	class := &Class{Name: "c", Timeout: time.Minute}
 	tg := target{PV: "pv", UID: "u", Class: "c", Path: "/mnt/disk"}
 
@@ -126,7 +128,7 @@ func TestCleanDir(t *testing.T) {
 	mounttest.WriteFile(t, filepath.Join(inner, "other"), "other")
 	mounttest.WriteFile(t, filepath.Join(disk, "mine"), "mine")
 	_, err := c.clean(context.Background(), tg, class)
-	if !errors.Is(err, mountutil.ErrMountPointInside) {
+	if !errors.Is(err, safefs.ErrMountPointInside) {
 		t.Fatalf("error %v", err)
 	}
 	if mounttest.ReadFile(t, filepath.Join(inner, "other")) != "other" {
@@ -153,7 +155,7 @@ func TestCleanBlockDevice(t *testing.T) {
 	must(t, unix.Stat(dev, &st))
 	must(t, unix.Mknod(filepath.Join(root, "dev", "disk0"), unix.S_IFBLK|0o600, int(st.Rdev)))
 	must(t, os.Symlink("/dev/disk0", filepath.Join(disks, "d0")))
-	c := &cleaner{root: root, mounter: mountutil.New(), identifier: newHostIdentifier(root)}
+	c := &cleaner{root: hostroot.New(root), mounter: mountutil.New(), identifier: newHostIdentifier(root)}
 	tg := target{PV: "pv", UID: "u", Class: "raw", Path: "/disks/d0", Block: true}
 	ctx := context.Background()
 

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -146,7 +148,7 @@ type identifier interface {
 // hostIdentifier identifies disks below the host root through stat(2),
 // sysfs and blkid.
 type hostIdentifier struct {
-	root string
+	root hostroot.Root
 	// sys and dev are /sys and /dev unless a test changes them.
 	sys, dev string
 	// blkid runs blkid; tests replace it.
@@ -154,7 +156,7 @@ type hostIdentifier struct {
 }
 
 func newHostIdentifier(root string) *hostIdentifier {
-	return &hostIdentifier{root: root, sys: "/sys", dev: "/dev", blkid: runBlkid}
+	return &hostIdentifier{root: hostroot.New(root), sys: "/sys", dev: "/dev", blkid: runBlkid}
 }
 
 // identify returns the identity of the disk at nodePath: for a block
@@ -162,16 +164,17 @@ func newHostIdentifier(root string) *hostIdentifier {
 // number and serial; for a mounted directory its filesystem's device
 // number and UUID.
 func (h *hostIdentifier) identify(ctx context.Context, nodePath string, block bool) (DiskIdentity, error) {
-	agentPath := hostJoin(h.root, nodePath)
+	// A block device is usually named through links (/dev/disk/by-id/...),
+	// followed within the host root; a directory is looked at itself.
+	resolve := h.root.ResolveParent
 	if block {
-		resolved, err := resolveInRoot(h.root, nodePath)
-		if err != nil {
-			return DiskIdentity{}, err
-		}
-		agentPath = resolved
+		resolve = h.root.Resolve
+	}
+	agentPath, err := resolve(nodePath)
+	if err != nil {
+		return DiskIdentity{}, err
 	}
 	var st unix.Stat_t
-	var err error
 	if block {
 		err = unix.Stat(agentPath, &st)
 	} else {

@@ -14,6 +14,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 )
@@ -155,7 +156,7 @@ func TestCleanRefusesAnotherBlockDevice(t *testing.T) {
 	// The node links the device by its kernel name, as an administrator
 	// who did not use /dev/disk/by-id would.
 	must(t, os.Symlink(devA, filepath.Join(disks, "d0")))
-	c := &cleaner{root: "/", mounter: mountutil.New(), identifier: newHostIdentifier("/")}
+	c := &cleaner{root: hostroot.New("/"), mounter: mountutil.New(), identifier: newHostIdentifier("/")}
 	ctx := context.Background()
 	recorded, err := c.identifier.identify(ctx, filepath.Join(disks, "d0"), true)
 	must(t, err)
@@ -214,7 +215,7 @@ func TestCleanRefusesAnotherFilesystem(t *testing.T) {
 	disk := filepath.Join(root, "disks", "d0")
 	must(t, os.MkdirAll(disk, 0o755))
 	mounttest.MountDevice(t, devA, disk, "ext4")
-	c := &cleaner{root: "/", mounter: mountutil.New(), identifier: newHostIdentifier("/")}
+	c := &cleaner{root: hostroot.New("/"), mounter: mountutil.New(), identifier: newHostIdentifier("/")}
 	ctx := context.Background()
 	recorded, err := c.identifier.identify(ctx, disk, false)
 	must(t, err)
@@ -290,7 +291,7 @@ func TestCleanRefusesMappedBlockDevice(t *testing.T) {
 	disks := filepath.Join(root, "disks")
 	must(t, os.MkdirAll(disks, 0o755))
 	must(t, os.Symlink(dev, filepath.Join(disks, "d0")))
-	c := &cleaner{root: "/", mounter: mountutil.New(), identifier: newHostIdentifier("/")}
+	c := &cleaner{root: hostroot.New("/"), mounter: mountutil.New(), identifier: newHostIdentifier("/")}
 	ctx := context.Background()
 	tg := target{PV: "pv", UID: "u", Class: "raw", Path: filepath.Join(disks, "d0"), Block: true}
 	class := &Class{Name: "raw", Timeout: time.Minute, Cleanup: BlockCleanup{Method: CleanupWipefs}}
@@ -339,7 +340,7 @@ func TestCleanRefusesDirectoryInUse(t *testing.T) {
 	pod := filepath.Join(root, "pods", "uid", "volumes", "vol")
 	must(t, os.MkdirAll(pod, 0o755))
 	must(t, unix.Mount(filepath.Join(disk, "sub"), pod, "", unix.MS_BIND, ""))
-	c := &cleaner{root: "/", mounter: mountutil.New(), identifier: newHostIdentifier("/")}
+	c := &cleaner{root: hostroot.New("/"), mounter: mountutil.New(), identifier: newHostIdentifier("/")}
 	tg := target{PV: "pv", UID: "u", Class: "fs", Path: disk}
 	class := &Class{Name: "fs", Timeout: time.Minute}
 	if _, err := c.clean(context.Background(), tg, class); err == nil || !strings.Contains(err.Error(), "also mounted at "+pod) {

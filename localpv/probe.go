@@ -7,13 +7,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 )
 
@@ -54,22 +54,20 @@ type prober interface {
 	probe(nodePath string) probe
 }
 
-// hostProber inspects the node's paths below HostRoot.
+// hostProber inspects the node's paths below the host root, every symbolic
+// link resolved as the node resolves it (internal/hostroot).
 type hostProber struct {
-	root    string
+	root    hostroot.Root
 	mounter *mountutil.Mounter
 }
 
-// hostJoin returns where the node's absolute path p is visible to the agent.
-func hostJoin(root, p string) string {
-	if root == "" || root == "/" {
-		return p
-	}
-	return filepath.Join(root, p)
-}
-
 func (h *hostProber) probe(nodePath string) probe {
-	agentPath := hostJoin(h.root, nodePath)
+	// The entry itself is looked at (it may be a link); the directories
+	// leading to it are resolved within the host root.
+	agentPath, err := h.root.ResolveParent(nodePath)
+	if err != nil {
+		return probe{Err: err}
+	}
 	fi, err := os.Lstat(agentPath)
 	if errors.Is(err, fs.ErrNotExist) {
 		return probe{Kind: KindMissing}
@@ -82,16 +80,13 @@ func (h *hostProber) probe(nodePath string) probe {
 		// Links to devices (/dev/disk/by-id/...) are usual. The link is
 		// the node's, so an absolute target is below the host root too.
 		p.Symlink = true
-		resolved, err := resolveInRoot(h.root, nodePath)
-		if errors.Is(err, fs.ErrNotExist) {
-			return probe{Kind: KindMissing, Symlink: true, Detail: "dangling symbolic link"}
-		}
+		resolved, err := h.root.Resolve(nodePath)
 		if err != nil {
 			return probe{Err: err, Symlink: true}
 		}
-		if fi, err = os.Stat(resolved); err != nil {
+		if fi, err = os.Lstat(resolved); err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
-				return probe{Kind: KindMissing, Symlink: true}
+				return probe{Kind: KindMissing, Symlink: true, Detail: "dangling symbolic link"}
 			}
 			return probe{Err: err, Symlink: true}
 		}
@@ -172,50 +167,6 @@ func deviceSize(path string) (int64, error) {
 		return 0, &os.PathError{Op: "seek", Path: path, Err: err}
 	}
 	return size, nil
-}
-
-// resolveInRoot resolves every symbolic link of the node's path p as the
-// node would (absolute targets start at the node's root, ".." never leaves
-// it) and returns where the result is visible to the agent.
-func resolveInRoot(root, p string) (string, error) {
-	if root == "" || root == "/" {
-		return filepath.EvalSymlinks(p)
-	}
-	todo := strings.Split(filepath.Clean(p), "/")
-	cur := "/"
-	links := 0
-	for len(todo) > 0 {
-		c := todo[0]
-		todo = todo[1:]
-		switch c {
-		case "", ".":
-			continue
-		case "..":
-			cur = filepath.Dir(cur)
-			continue
-		}
-		next := filepath.Join(cur, c)
-		fi, err := os.Lstat(filepath.Join(root, next))
-		if err != nil {
-			return "", err
-		}
-		if fi.Mode()&fs.ModeSymlink == 0 {
-			cur = next
-			continue
-		}
-		if links++; links > 40 {
-			return "", &os.PathError{Op: "resolve", Path: p, Err: unix.ELOOP}
-		}
-		target, err := os.Readlink(filepath.Join(root, next))
-		if err != nil {
-			return "", err
-		}
-		if filepath.IsAbs(target) {
-			cur = "/"
-		}
-		todo = append(strings.Split(target, "/"), todo...)
-	}
-	return filepath.Join(root, cur), nil
 }
 
 // minCapacity: smaller entries are not worth a volume and are most likely

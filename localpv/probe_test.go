@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 )
@@ -51,7 +52,11 @@ func TestProbeHost(t *testing.T) {
 	must(t, os.Symlink("/devs/nothing", filepath.Join(disks, "dangling")))
 	must(t, os.Symlink("/mnt/disks/tmpfs", filepath.Join(disks, "dirlink")))
 
-	pr := &hostProber{root: root, mounter: mountutil.New()}
+	// The node's /mnt/links is a link to its /mnt/disks: paths through it
+	// resolve on the node, not in the agent's own file system.
+	must(t, os.Symlink("/mnt/disks", filepath.Join(root, "mnt", "links")))
+
+	pr := &hostProber{root: hostroot.New(root), mounter: mountutil.New()}
 	for _, tc := range []struct {
 		entry      string
 		kind       Kind
@@ -77,6 +82,9 @@ func TestProbeHost(t *testing.T) {
 			if p.Kind != tc.kind || p.MountPoint != tc.mountPoint || p.Symlink != tc.symlink || (tc.capacity >= 0 && p.Capacity != tc.capacity) {
 				t.Fatalf("%+v", p)
 			}
+			if through := pr.probe("/mnt/links/" + tc.entry); through.Kind != p.Kind || through.MountPoint != p.MountPoint || through.Identity != p.Identity {
+				t.Fatalf("through /mnt/links: %+v, want %+v", through, p)
+			}
 			if tc.kind == KindBlockDevice && p.Device != filepath.Join(root, "devs", "disk0") {
 				t.Fatalf("device %s", p.Device)
 			}
@@ -94,32 +102,6 @@ func TestProbeHost(t *testing.T) {
 	must(t, unix.Unmount(filepath.Join(disks, "tmpfs"), 0))
 	if r := missingReason(pv, pr.probe("/mnt/disks/tmpfs")); r == "" {
 		t.Fatal("unmounted disk not missing")
-	}
-}
-
-func TestResolveInRoot(t *testing.T) {
-	root := t.TempDir()
-	must(t, os.MkdirAll(filepath.Join(root, "a", "b"), 0o755))
-	must(t, os.Symlink("/a", filepath.Join(root, "abs")))
-	must(t, os.Symlink("b", filepath.Join(root, "a", "rel")))
-	must(t, os.Symlink("../../../..", filepath.Join(root, "a", "up")))
-	must(t, os.Symlink("loop", filepath.Join(root, "loop")))
-	for in, want := range map[string]string{
-		"/abs/rel":       "/a/b",
-		"/a/up/a/b":      "/a/b",
-		"/abs/../abs/b":  "/a/b",
-		"/a/up/../../..": "/",
-	} {
-		got, err := resolveInRoot(root, in)
-		if err != nil || got != filepath.Join(root, want) {
-			t.Errorf("%s: %q, %v; want %q", in, got, err, filepath.Join(root, want))
-		}
-	}
-	if _, err := resolveInRoot(root, "/loop"); err == nil {
-		t.Error("a link loop resolves")
-	}
-	if _, err := resolveInRoot(root, "/a/nothing"); !os.IsNotExist(err) {
-		t.Errorf("missing: %v", err)
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/mountwatch"
@@ -188,7 +189,7 @@ func New(o Options) (*Provisioner, error) {
 		log:        o.Log,
 		wake:       notify.New(),
 		tracker:    newTracker(o.CleanupBackoff, o.CleanupMaxBackoff),
-		prober:     &hostProber{root: o.HostRoot, mounter: mounter},
+		prober:     &hostProber{root: hostroot.New(o.HostRoot), mounter: mounter},
 		identifier: newHostIdentifier(o.HostRoot),
 		slots:      make(chan struct{}, o.MaxConcurrentCleanups),
 		seen:       map[string]seenEntry{},
@@ -201,7 +202,7 @@ func New(o Options) (*Provisioner, error) {
 		checked:    map[string]bool{},
 		now:        time.Now,
 	}
-	p.cleaner = &cleaner{root: o.HostRoot, mounter: mounter, identifier: p.identifier}
+	p.cleaner = &cleaner{root: hostroot.New(o.HostRoot), mounter: mounter, identifier: p.identifier}
 	p.cfgStatus.File = o.ConfigFile
 	p.metrics = newMetrics(p)
 	p.status = Document{Node: o.NodeName, Provisioner: ProvisionerName(o.NodeName), Config: p.cfgStatus, Classes: []ClassStatus{}, Volumes: []Volume{}, Cleanups: []Cleanup{}}
@@ -486,7 +487,7 @@ func (p *Provisioner) pass(ctx context.Context, dw *dirWatcher) time.Time {
 	// the directory starts another pass.
 	var dirs []string
 	for _, name := range cfg.classNames() {
-		dirs = append(dirs, hostJoin(p.opts.HostRoot, cfg.Classes[name].DiscoveryDir))
+		dirs = append(dirs, p.discoveryDir(cfg.Classes[name]))
 	}
 	dw.set(dirs)
 	seenNow := map[string]bool{}
@@ -499,7 +500,7 @@ func (p *Provisioner) pass(ctx context.Context, dw *dirWatcher) time.Time {
 		} else {
 			in.Classes[name] = o.(*storagev1.StorageClass)
 		}
-		names, err := readDirNames(hostJoin(p.opts.HostRoot, c.DiscoveryDir))
+		names, err := readDirNames(p.discoveryDir(c))
 		if err != nil {
 			in.ClassErr[name] = fmt.Sprintf("discovery directory %s: %v", c.DiscoveryDir, unwrapPathError(err))
 			continue
@@ -894,4 +895,15 @@ func unwrapPathError(err error) string {
 		return strings.TrimSpace(pe.Err.Error())
 	}
 	return err.Error()
+}
+
+// discoveryDir is where a class's discovery directory is visible to the
+// agent, resolved within the host root.
+func (p *Provisioner) discoveryDir(c *Class) string {
+	dir, err := hostroot.New(p.opts.HostRoot).Resolve(c.DiscoveryDir)
+	if err != nil {
+		// Only a link loop: listing the unresolved path says so.
+		return filepath.Join(p.opts.HostRoot, c.DiscoveryDir)
+	}
+	return dir
 }

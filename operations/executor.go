@@ -403,6 +403,36 @@ func (e *Executor) ResetBackoffWhere(match func(op *Operation) bool) {
 	}
 }
 
+// Forget drops the failed entries (backoff) of keys that are no longer
+// relevant: a pod that left, a volume no pod wants and nothing has mounted.
+// A failed key is otherwise dropped only by a later success on it, which
+// never comes for a pod that is gone, so under pod churn the entries (and
+// /debug/operations and the metrics counting them) would grow without
+// bound. Running operations are kept whatever relevant says. It returns
+// how many entries it dropped.
+func (e *Executor) Forget(relevant func(Key) bool) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	dropped := 0
+	for name, entries := range e.byVolume {
+		kept := entries[:0]
+		for _, en := range entries {
+			if !en.pending && !relevant(en.key) {
+				dropped++
+				continue
+			}
+			kept = append(kept, en)
+		}
+		clear(entries[len(kept):])
+		if len(kept) == 0 {
+			delete(e.byVolume, name)
+		} else {
+			e.byVolume[name] = kept
+		}
+	}
+	return dropped
+}
+
 // Wait blocks until no operation runs or ctx ends.
 func (e *Executor) Wait(ctx context.Context) error {
 	done := make(chan struct{})

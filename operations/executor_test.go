@@ -484,3 +484,40 @@ func TestExecutorStuckOperationDoesNotStarveOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Forget drops failed entries whose keys are not relevant any more, keeps
+// the relevant ones (their backoff still holds) and never touches a
+// running operation.
+func TestExecutorForget(t *testing.T) {
+	e, _, obs := newTestExecutor(t, ExecutorOptions{})
+	gone, kept := Key{"plugin/v1", "gone-pod"}, Key{"plugin/v1", "kept-pod"}
+	runningKey := Key{"plugin/v2", "gone-too"}
+	for _, k := range []Key{gone, kept} {
+		if err := e.Run(k, op(OpMountVolume, failing)); err != nil {
+			t.Fatal(err)
+		}
+		obs.wait(t)
+	}
+	release := make(chan struct{})
+	if err := e.Run(runningKey, op(OpMountVolume, blocking(release))); err != nil {
+		t.Fatal(err)
+	}
+	relevant := func(k Key) bool { return k == kept }
+	if n := e.Forget(relevant); n != 1 {
+		t.Errorf("Forget dropped %d entries, want 1", n)
+	}
+	if st := e.Status(); len(st) != 2 {
+		t.Errorf("entries %+v, want the relevant key's and the running one", st)
+	}
+	if e.LastError(kept) == nil {
+		t.Error("the relevant key lost its backoff")
+	}
+	if e.LastError(gone) != nil {
+		t.Error("the gone key is still in backoff")
+	}
+	if !e.IsPending(runningKey) {
+		t.Error("the running operation was forgotten")
+	}
+	close(release)
+	obs.wait(t)
+}

@@ -1,13 +1,11 @@
 package plugins
 
 import (
-	"io/fs"
-	"os"
-	"path/filepath"
-	"syscall"
+	"context"
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/volume-agent/volume-agent/internal/safefs"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -16,52 +14,23 @@ import (
 // volumes) and setgid on directories so new files inherit the group. With
 // the OnRootMismatch policy an already-correct root means nothing is walked,
 // which is what keeps large volumes fast to mount.
-func ApplyFSGroup(dir string, pod volume.PodInfo, readOnly bool) error {
+//
+// The volume's contents belong to the pod, and another pod sharing the
+// volume may change them during the walk: safefs does it on file
+// descriptors, never follows a symbolic link, never leaves the volume's
+// mount, and bounds its memory whatever the tree's shape.
+func ApplyFSGroup(ctx context.Context, dir string, pod volume.PodInfo, readOnly bool) error {
 	if pod.FSGroup == nil {
 		return nil
 	}
-	gid := int(*pod.FSGroup)
-	fileMode := os.FileMode(0o660)
+	fileBits := uint32(0o660)
 	if readOnly {
-		fileMode = 0o440
+		fileBits = 0o440
 	}
-	dirMode := fileMode | 0o110 | os.ModeSetgid
-
-	if pod.FSGroupChangePolicy != nil && *pod.FSGroupChangePolicy == v1.FSGroupChangeOnRootMismatch {
-		if rootMatches(dir, gid, dirMode) {
-			return nil
-		}
-	}
-	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if err := os.Lchown(path, -1, gid); err != nil {
-			return err
-		}
-		if d.Type()&fs.ModeSymlink != 0 {
-			return nil
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		want := info.Mode() | fileMode
-		if d.IsDir() {
-			want |= dirMode
-		}
-		if want == info.Mode() {
-			return nil
-		}
-		return os.Chmod(path, want&(os.ModePerm|os.ModeSetgid|os.ModeSetuid|os.ModeSticky))
+	return safefs.SetGroup(ctx, dir, safefs.Group{
+		GID:               int(*pod.FSGroup),
+		FileBits:          fileBits,
+		DirBits:           fileBits | 0o110 | 0o2000, // setgid
+		SkipIfRootMatches: pod.FSGroupChangePolicy != nil && *pod.FSGroupChangePolicy == v1.FSGroupChangeOnRootMismatch,
 	})
-}
-
-func rootMatches(dir string, gid int, want os.FileMode) bool {
-	info, err := os.Stat(dir)
-	if err != nil {
-		return false
-	}
-	st, ok := info.Sys().(*syscall.Stat_t)
-	return ok && int(st.Gid) == gid && info.Mode()&want == want
 }

@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
@@ -30,19 +29,25 @@ type Host struct {
 	// HostRoot is where the node's root filesystem is visible to the agent:
 	// "/" when the agent runs on the host, e.g. "/host" in a container that
 	// mounts it there. Paths from pods and volumes (hostPath, local) are
-	// the node's paths and are looked up below it.
+	// the node's paths and are resolved within it (internal/hostroot).
 	HostRoot string
-	Log      *zap.Logger
+	// NodeMemory returns the node's allocatable memory in bytes (0:
+	// unknown): what a memory-backed volume may hold at most, as the
+	// kubelet sizes them. Nil: unknown.
+	NodeMemory func() int64
+	// Recheck asks the populator to resolve again the volumes whose
+	// Attributes returned ErrNotReady: the answer they waited for came.
+	// Nil when nothing waits.
+	Recheck func()
+	Log     *zap.Logger
 }
 
-// HostPath returns where the node's absolute path p is visible to the agent.
-// p must already be validated as absolute and free of "..".
-func (h Host) HostPath(p string) string {
-	if h.HostRoot == "" || h.HostRoot == "/" {
-		return p
-	}
-	return filepath.Join(h.HostRoot, p)
-}
+// ErrNotReady is returned (wrapped) by Attributes when it cannot answer yet
+// without waiting on the host (a check of a path runs in the background:
+// the populate path never waits on a filesystem). It is not a problem with
+// the pod and is not reported as one; Host.Recheck is called when the
+// answer comes.
+var ErrNotReady = errors.New("not known yet")
 
 // Plugin handles one kind of volume.
 type Plugin interface {
@@ -51,8 +56,10 @@ type Plugin interface {
 	// CanSupport reports whether the plugin handles the volume.
 	CanSupport(spec *volume.Spec) bool
 	// Attributes validates the spec and says how the volume is handled. It
-	// may look at the host (is this path a block device?) but must be cheap.
-	// An error here is a problem with the pod's volume, reported per pod.
+	// never waits on the host: what it needs to know of it (is this path a
+	// block device?) it learns in the background, returning ErrNotReady
+	// meanwhile. Any other error is a problem with the pod's volume,
+	// reported per pod.
 	Attributes(spec *volume.Spec) (volume.Attributes, error)
 	// SetUp makes the volume available to the pod at req.Dir. It must be
 	// idempotent: called again for a volume already set up, it succeeds.

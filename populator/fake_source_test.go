@@ -2,6 +2,7 @@ package populator
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/pathcheck"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/emptydir"
 	"github.com/volume-agent/volume-agent/plugins/hostpath"
@@ -191,9 +193,20 @@ type countingPlugin struct {
 	calls *atomic.Int64
 }
 
+// A plugin that looks at the host in the background (local) is asked
+// again until it answers, so that a pass of these tests sees the answer, as
+// the agent's next pass would (TestSyncNeverWaitsOnTheHost tests the
+// waiting).
 func (c countingPlugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 	c.calls.Add(1)
-	return c.Plugin.Attributes(spec)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a, err := c.Plugin.Attributes(spec)
+		if !errors.Is(err, plugins.ErrNotReady) || time.Now().After(deadline) {
+			return a, err
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // countingLocal is countingPlugin for the local plugin, keeping its optional
@@ -204,8 +217,7 @@ type countingLocal struct {
 }
 
 func (c countingLocal) Attributes(spec *volume.Spec) (volume.Attributes, error) {
-	c.calls.Add(1)
-	return c.Plugin.Attributes(spec)
+	return countingPlugin{c.Plugin, c.calls}.Attributes(spec)
 }
 
 // testPlugins returns the real emptyDir, hostPath and local plugins, each
@@ -219,7 +231,9 @@ func testPlugins(t *testing.T, calls *atomic.Int64) *plugins.Registry {
 	return plugins.NewRegistry(
 		countingPlugin{emptydir.New(host), calls},
 		countingPlugin{hostpath.New(host), calls},
-		countingLocal{local.New(host), calls},
+		// Every answer about a path is checked again in the background
+		// at once: host changes reach the next pass but one.
+		countingLocal{local.NewWithOptions(host, pathcheck.Options{MaxAge: time.Nanosecond}), calls},
 	)
 }
 

@@ -15,6 +15,7 @@ package populator
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"sort"
@@ -26,6 +27,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
+	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/utils/clock"
 
 	"github.com/volume-agent/volume-agent/cache"
@@ -56,8 +58,12 @@ type Options struct {
 	// ResyncPeriod re-resolves every pod even without a change signal
 	// (default 1m): host state plugins look at (paths) can change unseen.
 	ResyncPeriod time.Duration
-	Events       events.Recorder
-	Observer     Observer
+	// Recheck signals that an answer a plugin's Attributes waited for
+	// (plugins.ErrNotReady) came: the pods waiting for it are resolved
+	// again. Nil: never.
+	Recheck  <-chan struct{}
+	Events   events.Recorder
+	Observer Observer
 	// Pods, when set, is told about every pod whose volumes the DSW is
 	// given (before they are desired, and again after any change to the
 	// pod) and about pods that left (refresh.Refresher).
@@ -95,6 +101,9 @@ type podState struct {
 	resolved map[string]cache.PodVolume
 	errs     []*volume.PodVolumeError
 	notices  []notice
+	// pending: a plugin could not answer yet (plugins.ErrNotReady); the
+	// pod is resolved again on the next pass whatever changed.
+	pending bool
 }
 
 // New returns a Populator.
@@ -132,6 +141,10 @@ func (p *Populator) Run(ctx context.Context) {
 		case <-p.opts.Source.Changed():
 			p.Sync(false)
 		case <-resync.C():
+			p.Sync(true)
+		case <-p.opts.Recheck:
+			// An answer about the host came or changed: resolve again
+			// whoever it may concern (no filesystem is touched).
 			p.Sync(true)
 		}
 	}
@@ -184,7 +197,7 @@ func (p *Populator) Sync(force bool) {
 
 func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 	st := p.state[pod.UID]
-	if st != nil && !force && st.pod == pod && p.depsUnchanged(st.deps) {
+	if st != nil && !force && !st.pending && st.pod == pod && p.depsUnchanged(st.deps) {
 		return
 	}
 	info := podInfo(pod)
@@ -218,7 +231,13 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 				vols = append(vols, withSubPaths(pv, mounts.subPaths[vol.Name]))
 				continue
 			}
-			next.errs = append(next.errs, verr)
+			if errors.Is(verr, plugins.ErrNotReady) {
+				// Not the pod's problem, and the answer comes without
+				// it doing anything: not reported, tried again then.
+				next.pending = true
+			} else {
+				next.errs = append(next.errs, verr)
+			}
 			if old, ok := prev[vol.Name]; ok {
 				next.resolved[vol.Name] = old
 				vols = append(vols, withSubPaths(old, mounts.subPaths[vol.Name]))
@@ -359,25 +378,26 @@ func podInfo(pod *v1.Pod) volume.PodInfo {
 	return info
 }
 
-// memoryLimit is the pod's memory limit: the pod-level limit if set, else
-// the sum of its containers' limits when every container has one (a
-// container without a limit makes the pod unlimited).
+// memoryLimit is the pod's memory limit as the kubelet computes it for the
+// pod's cgroup (and from it the size of Memory emptyDirs): containers and
+// sidecars summed, the largest init container if larger, a pod-level limit
+// instead when set, plus the pod's overhead; nil when a container (or init
+// container) has no memory limit and there is no pod-level one.
 func memoryLimit(pod *v1.Pod) *resource.Quantity {
-	if pod.Spec.Resources != nil {
-		if q, ok := pod.Spec.Resources.Limits[v1.ResourceMemory]; ok {
-			return &q
-		}
+	declared := true
+	limits := resourcehelper.PodLimits(pod, resourcehelper.PodResourcesOptions{
+		ContainerFn: func(res v1.ResourceList, _ resourcehelper.ContainerType) {
+			if res.Memory().IsZero() {
+				declared = false
+			}
+		},
+	})
+	if resourcehelper.IsPodLevelResourcesSet(pod) && !pod.Spec.Resources.Limits.Memory().IsZero() {
+		declared = true
 	}
-	if len(pod.Spec.Containers) == 0 {
+	q, ok := limits[v1.ResourceMemory]
+	if !declared || !ok || q.IsZero() {
 		return nil
 	}
-	var sum resource.Quantity
-	for i := range pod.Spec.Containers {
-		q, ok := pod.Spec.Containers[i].Resources.Limits[v1.ResourceMemory]
-		if !ok {
-			return nil
-		}
-		sum.Add(q)
-	}
-	return &sum
+	return &q
 }

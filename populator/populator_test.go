@@ -506,7 +506,7 @@ func TestSyncReresolvedButUnchanged(t *testing.T) {
 }
 
 // TestSyncForcedResyncSeesHostChanges: host state plugins look at is only
-// seen by forced passes.
+// seen by forced passes, once the background check has seen it.
 func TestSyncForcedResyncSeesHostChanges(t *testing.T) {
 	h := newHarness(t)
 	dir := t.TempDir()
@@ -525,7 +525,14 @@ func TestSyncForcedResyncSeesHostChanges(t *testing.T) {
 	if p := h.pod(t, pod); len(p.Errors) != 0 {
 		t.Errorf("unforced Sync re-resolved an unchanged pod: %v", reasons(p.Errors))
 	}
-	h.pop.Sync(true)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		h.pop.Sync(true)
+		if len(h.pod(t, pod).Errors) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
 	p := h.pod(t, pod)
 	if got := reasons(p.Errors); !slices.Equal(got, []string{"data:" + ReasonInvalid}) {
 		t.Errorf("errors after forced Sync = %v", got)

@@ -790,6 +790,30 @@ func TestPodInfo(t *testing.T) {
 			p.Spec.Resources = &r
 		}, "1Gi"},
 		{"no containers", func(p *v1.Pod) { p.Spec.Containers = nil }, ""},
+		// As the kubelet computes the pod's cgroup limit: an init container
+		// runs alone, so the larger of it and the containers counts...
+		{"init container larger than the containers", func(p *v1.Pod) {
+			p.Spec.Containers[0].Resources = mem("64Mi")
+			p.Spec.InitContainers = []v1.Container{{Name: "init", Resources: mem("512Mi")}}
+		}, "512Mi"},
+		{"init container smaller than the containers", func(p *v1.Pod) {
+			p.Spec.Containers[0].Resources = mem("64Mi")
+			p.Spec.InitContainers = []v1.Container{{Name: "init", Resources: mem("16Mi")}}
+		}, "64Mi"},
+		{"init container without a limit", func(p *v1.Pod) {
+			p.Spec.Containers[0].Resources = mem("64Mi")
+			p.Spec.InitContainers = []v1.Container{{Name: "init"}}
+		}, ""},
+		// ...a sidecar runs beside them, so it is added...
+		{"sidecar", func(p *v1.Pod) {
+			p.Spec.Containers[0].Resources = mem("64Mi")
+			p.Spec.InitContainers = []v1.Container{{Name: "proxy", RestartPolicy: ptr.To(v1.ContainerRestartPolicyAlways), Resources: mem("32Mi")}}
+		}, "96Mi"},
+		// ...and so is the pod's overhead (runtime class).
+		{"overhead", func(p *v1.Pod) {
+			p.Spec.Containers[0].Resources = mem("64Mi")
+			p.Spec.Overhead = v1.ResourceList{v1.ResourceMemory: resource.MustParse("8Mi")}
+		}, "72Mi"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

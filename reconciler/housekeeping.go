@@ -51,7 +51,7 @@ func CleanPodDirs(paths volume.Paths, dsw *cache.DesiredSnapshot, asw *cache.Act
 		podDir := paths.PodDir(uid)
 		left := cleanSubPaths(paths.PodSubPathsDir(uid))
 		for _, sub := range []string{"volume-subpaths", "volumes", "volumeDevices", "volume-state"} {
-			left = append(left, removeEmptyTree(filepath.Join(podDir, sub), isMountPoint)...)
+			left = append(left, removeEmptyTree(filepath.Join(podDir, sub), layoutDepth[sub], isMountPoint)...)
 		}
 		if err := unix.Rmdir(podDir); err == nil || errors.Is(err, unix.ENOENT) {
 			continue
@@ -72,6 +72,12 @@ func CleanPodDirs(paths volume.Paths, dsw *cache.DesiredSnapshot, asw *cache.Act
 	return problems
 }
 
+// layoutDepth is how deep the agent's own directories go below each of a
+// pod's directories: <plugin>/<volume> (<plugin>/<volume>/<container>/<index>
+// for sub-paths). Below that is a volume's content, the pod's, which
+// housekeeping never walks.
+var layoutDepth = map[string]int{"volumes": 2, "volumeDevices": 2, "volume-state": 2, "volume-subpaths": 4}
+
 // cleanSubPaths removes the sub-path targets of every volume of a gone pod
 // (<dir>/<plugin>/<specName>/<container>/<index>) and returns what it had
 // to leave.
@@ -90,9 +96,9 @@ func cleanSubPaths(dir string) []string {
 }
 
 // removeEmptyTree removes empty directories bottom-up below and including
-// dir, and returns the paths it had to leave (files, mount points, non-empty
-// directories).
-func removeEmptyTree(dir string, isMountPoint func(string) (bool, error)) []string {
+// dir, at most depth levels down, and returns the paths it had to leave
+// (files, mount points, non-empty directories).
+func removeEmptyTree(dir string, depth int, isMountPoint func(string) (bool, error)) []string {
 	info, err := os.Lstat(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -103,6 +109,12 @@ func removeEmptyTree(dir string, isMountPoint func(string) (bool, error)) []stri
 	if mounted, err := isMountPoint(dir); err != nil || mounted {
 		return []string{dir}
 	}
+	if depth == 0 {
+		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
+			return []string{dir}
+		}
+		return nil
+	}
 	atomicfile.RemoveTemps(dir)
 	children, err := os.ReadDir(dir)
 	if err != nil {
@@ -110,7 +122,7 @@ func removeEmptyTree(dir string, isMountPoint func(string) (bool, error)) []stri
 	}
 	var left []string
 	for _, c := range children {
-		left = append(left, removeEmptyTree(filepath.Join(dir, c.Name()), isMountPoint)...)
+		left = append(left, removeEmptyTree(filepath.Join(dir, c.Name()), depth-1, isMountPoint)...)
 	}
 	if len(left) == 0 {
 		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {

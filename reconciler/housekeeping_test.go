@@ -199,7 +199,7 @@ func TestCleanPodDirsNeverDeletesFilesOrMountPoints(t *testing.T) {
 		byPod[p.PodUID] = p
 	}
 	for uid, left := range map[types.UID][]string{
-		"files":   {file, extra},
+		"files":   {filepath.Dir(file), extra}, // the volume holding it, never walked
 		"mounted": {mountPoint},
 		"links":   {link},
 		"unknown": {failing},
@@ -221,6 +221,9 @@ func TestCleanPodDirsNeverDeletesFilesOrMountPoints(t *testing.T) {
 				t.Errorf("%s was removed", l)
 			}
 		}
+	}
+	if !w.exists(file) {
+		t.Errorf("%s was removed", file)
 	}
 	// The debris of an interrupted state write is the agent's own and is
 	// never valid content: it goes.
@@ -300,8 +303,30 @@ func TestCleanPodDirsReportsAtMostFiveLeftovers(t *testing.T) {
 		t.Fatalf("problems: %+v", problems)
 	}
 	r := problems[0].Reason
-	if strings.Count(r, "/f") != 5 || !strings.Contains(r, "and 2 more") {
+	if strings.Count(r, "empty-dir/") != 5 || !strings.Contains(r, "and 2 more") {
 		t.Errorf("reason %q: want five paths and \"and 2 more\"", r)
+	}
+}
+
+// A volume's content is the pod's: housekeeping reports a volume directory
+// that is not empty and never walks into it (a pod may have left a tree
+// deep enough to cost a recursive walk memory by the square of its depth).
+func TestCleanPodDirsNeverWalksVolumeContent(t *testing.T) {
+	w := newHKWorld(t)
+	w.file("gone/volumes/kubernetes.io~empty-dir/v/"+strings.Repeat("d/", 50)+"f", "")
+	var asked []string
+	isMountPoint := func(p string) (bool, error) {
+		asked = append(asked, p)
+		return false, nil
+	}
+	problems := CleanPodDirs(w.paths, hkDesired(), hkActual(), isMountPoint)
+	if len(problems) != 1 || !strings.HasSuffix(problems[0].Reason, "kubernetes.io~empty-dir/v") {
+		t.Fatalf("problems: %+v, want the volume directory reported", problems)
+	}
+	for _, p := range asked {
+		if strings.Contains(p, "empty-dir/v/") {
+			t.Errorf("housekeeping looked inside the volume: %s", p)
+		}
 	}
 }
 

@@ -32,6 +32,8 @@ type Executor interface {
 	// Run starts op on key, or says why not (operations.IsExpected tells
 	// the refusals that are not failures).
 	Run(key operations.Key, op *operations.Operation) error
+	// Forget drops the failed entries of keys relevant says are gone.
+	Forget(relevant func(operations.Key) bool) int
 }
 
 // Observer is told about every reconcile pass (metrics, pod readiness).
@@ -160,6 +162,9 @@ func (r *Reconciler) ReconcileOnce() []Action {
 			started++
 		}
 	}
+	// Failed keys of pods and volumes that are gone will never be retried:
+	// their backoff entries go, or they would pile up under pod churn.
+	r.opts.Executor.Forget(func(k operations.Key) bool { return Relevant(dsw, asw, k) })
 	if r.opts.Log != nil && started > 0 {
 		r.opts.Log.Debug("reconciled", zap.Int("actions", len(actions)), zap.Int("started", started),
 			zap.Bool("sourcesReady", ready), zap.Duration("took", r.opts.Clock.Since(start)))
@@ -186,4 +191,20 @@ func (r *Reconciler) dispatch(a *Action) {
 		r.opts.Log.Error("starting operation", zap.String("operation", string(a.Op)),
 			zap.String("volume", string(a.Volume)), zap.Error(fmt.Errorf("%s: %w", a.Reason, err)))
 	}
+}
+
+// Relevant reports whether an operation key still concerns something the
+// snapshots know of: for a pod's key, a pod that wants the volume or has it
+// mounted (or may have); for a volume-wide key, a volume some pod wants or
+// that is attached or mounted. It is a pure function of the snapshots.
+func Relevant(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, key operations.Key) bool {
+	if key.Pod == "" {
+		_, actual := asw.Volumes[key.Volume]
+		return actual || dsw.HasVolume(key.Volume)
+	}
+	if dsw.HasPodVolume(key.Volume, key.Pod) {
+		return true
+	}
+	_, mounted := asw.PodMount(key.Volume, key.Pod)
+	return mounted
 }

@@ -2,6 +2,8 @@ package reconciler
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -29,6 +31,8 @@ func (e *fakeExecutor) Startable(cands []operations.Candidate) []bool {
 	}
 	return out
 }
+
+func (e *fakeExecutor) Forget(func(operations.Key) bool) int { return 0 }
 
 func (e *fakeExecutor) Run(key operations.Key, op *operations.Operation) error {
 	e.ran = append(e.ran, string(op.Name)+" "+string(key.Volume)+" "+string(key.Pod))
@@ -74,5 +78,72 @@ func TestReconcilerRunsOnlyStartableActions(t *testing.T) {
 	}
 	if !slices.Equal(exec.ran, want) {
 		t.Errorf("ran %q, want %q", exec.ran, want)
+	}
+}
+
+// failingHandler builds operations that always fail.
+type failingHandler struct{}
+
+func (failingHandler) Operation(a *Action) *operations.Operation {
+	return &operations.Operation{Name: a.Op, Plugin: a.Plugin, Pod: a.Pod.PodRef,
+		Fn: func(context.Context) error { return errors.New("device busy") }}
+}
+
+func (failingHandler) Adopt(Adoption) {}
+
+// Pods come and go while their volumes fail to mount: the executor's
+// entries (what /debug/operations lists and the pending-operations metric
+// counts) are those of pods still there, not one per pod that ever was.
+func TestExecutorForgetsKeysOfGonePods(t *testing.T) {
+	clk := clock.RealClock{}
+	dsw, asw := cache.NewDesiredStateOfWorld(clk), cache.NewActualStateOfWorld(clk)
+	exec := operations.NewExecutor(operations.ExecutorOptions{MaxConcurrent: 4})
+	r := New(Options{DSW: dsw, ASW: asw, Executor: exec, Handler: failingHandler{}, Clock: clk})
+	const churn = 50
+	most := 0
+	for i := range churn {
+		uid := types.UID(fmt.Sprintf("pod-%d", i))
+		name := volume.PodScopedName(emptydir.Name, uid, "scratch")
+		dsw.SetPod(volume.PodInfo{PodRef: rcRef(uid)}, []cache.PodVolume{
+			{Name: name, Plugin: emptydir.Name, OuterName: "scratch", Spec: emptyDirSpec("scratch", v1.StorageMediumDefault)},
+		}, nil, nil)
+		r.ReconcileOnce()
+		if err := exec.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if exec.LastError(operations.Key{Volume: name, Pod: uid}) == nil {
+			t.Fatalf("pod %s: its mount did not fail", uid)
+		}
+		dsw.DeletePod(uid)
+		r.ReconcileOnce()
+		most = max(most, len(exec.Status()))
+	}
+	if most > 1 {
+		t.Errorf("the executor held up to %d entries with at most one pod on the node (%d pods came and went)", most, churn)
+	}
+	if st := exec.Status(); len(st) != 0 {
+		t.Errorf("entries of gone pods remain: %+v", st)
+	}
+}
+
+func TestRelevant(t *testing.T) {
+	const v, other = volume.UniqueName("p/v"), volume.UniqueName("p/other")
+	dsw := desiredSnapshot([]*cache.DesiredVolume{dvol(v, volume.Attributes{}, "wants")}, nil)
+	asw := actualSnapshot([]*cache.ActualVolume{avol(other, volume.Attributes{}, mounted("has"))})
+	for _, tc := range []struct {
+		key  operations.Key
+		want bool
+	}{
+		{operations.Key{Volume: v, Pod: "wants"}, true},
+		{operations.Key{Volume: other, Pod: "has"}, true},
+		{operations.Key{Volume: v, Pod: "gone"}, false},
+		{operations.Key{Volume: other, Pod: "wants"}, false},
+		{operations.Key{Volume: v}, true},
+		{operations.Key{Volume: other}, true},
+		{operations.Key{Volume: "p/nothing"}, false},
+	} {
+		if got := Relevant(dsw, asw, tc.key); got != tc.want {
+			t.Errorf("Relevant(%+v) = %v, want %v", tc.key, got, tc.want)
+		}
 	}
 }

@@ -1,6 +1,8 @@
 package reconciler
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,6 +34,7 @@ import (
 	"github.com/volume-agent/volume-agent/plugins/emptydir"
 	"github.com/volume-agent/volume-agent/plugins/hostpath"
 	"github.com/volume-agent/volume-agent/plugins/local"
+	"github.com/volume-agent/volume-agent/plugins/pluginstest"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -134,7 +137,7 @@ func (w *rcWorld) populatorName(uid types.UID, spec *volume.Spec) (volume.Unique
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	attrs, err := p.Attributes(spec)
+	attrs, err := pluginstest.Attributes(w.t, p, spec)
 	if err != nil {
 		w.t.Fatalf("attributes of %s: %v", spec.Name, err)
 	}
@@ -183,7 +186,11 @@ func (w *rcWorld) csiPodState(uid types.UID, spec *volume.Spec, name volume.Uniq
 	if spec.PV != nil {
 		st.VolumeID, st.PV = spec.PV.Spec.CSI.VolumeHandle, spec.PV.Name
 	} else {
-		st.Inline, st.VolumeID = true, "csi-inline-"+string(uid)
+		// The plugin's names for an inline volume: its handle is unique
+		// per pod and volume.
+		sum := sha256.Sum256([]byte(string(uid) + spec.Name))
+		st.Inline, st.VolumeID = true, "csi-"+hex.EncodeToString(sum[:])
+		st.VolumeName = volume.PodScopedName(csiplugin.Name, uid, spec.Name)
 	}
 	if err := atomicfile.WriteJSON(w.paths.PodVolumeStateFile(uid, csiplugin.Name, spec.Name), st); err != nil {
 		w.t.Fatal(err)
@@ -380,6 +387,10 @@ func TestReconstructLocalBlockMatchesAttributes(t *testing.T) {
 	}
 }
 
+// rcAttachment is the VolumeAttachment of handle-1 on the test node, by the
+// name the plugin gives it.
+var rcAttachment = csiplugin.AttachmentName("handle-1", rcDriver, rcNode)
+
 // CSI volumes are named from the state files written before publishing and
 // staging: the pod's, and the device's with its staging path and
 // attachment.
@@ -393,12 +404,12 @@ func TestReconstructCSI(t *testing.T) {
 		withPod, podMounted    bool
 		wantDeviceFound        bool
 	}{
-		{name: "staged and published", staged: true, stagingMounted: true, attachment: "csi-va", withPod: true, podMounted: true, wantDeviceFound: true},
+		{name: "staged and published", staged: true, stagingMounted: true, attachment: rcAttachment, withPod: true, podMounted: true, wantDeviceFound: true},
 		{name: "staged, publish lost", staged: true, stagingMounted: true, withPod: true, podMounted: false, wantDeviceFound: true},
 		{name: "staging mount lost", staged: true, stagingMounted: false, withPod: true, podMounted: false, wantDeviceFound: false},
-		{name: "staged, pod gone (unpublished before a crash)", staged: true, stagingMounted: true, attachment: "csi-va", wantDeviceFound: true},
+		{name: "staged, pod gone (unpublished before a crash)", staged: true, stagingMounted: true, attachment: rcAttachment, wantDeviceFound: true},
 		{name: "driver without staging", staged: false, withPod: true, podMounted: true, wantDeviceFound: true},
-		{name: "attached only (unstaged, attachment kept)", staged: false, attachment: "csi-va", wantDeviceFound: true},
+		{name: "attached only (unstaged, attachment kept)", staged: false, attachment: rcAttachment, wantDeviceFound: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newRCWorld(t)

@@ -27,6 +27,7 @@ import (
 	"io/fs"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -67,7 +68,9 @@ type Server struct {
 	opts    Options
 	hub     *hub
 	streams atomic.Int32
-	tmpl    *templates
+	// tmpl is parsed when the page is first served: an agent nobody
+	// looks at does not hold the parsed templates.
+	tmpl    func() *templates
 	renders renders
 }
 
@@ -91,7 +94,7 @@ func New(o Options) *Server {
 	if o.Log == nil {
 		o.Log = zap.NewNop()
 	}
-	return &Server{opts: o, hub: newHub(o.Gather, o.MinInterval, o.Refresh), tmpl: parseTemplates()}
+	return &Server{opts: o, hub: newHub(o.Gather, o.MinInterval, o.Refresh), tmpl: sync.OnceValue(parseTemplates)}
 }
 
 // Changed tells the server the agent's state may have changed. It never
@@ -141,7 +144,7 @@ func watching(r *http.Request) bool {
 func (s *Server) mainPage(w http.ResponseWriter, r *http.Request) {
 	f := filterOf(r)
 	render := func(snap *snapshot, fragment bool) ([]byte, int, error) {
-		return s.tmpl.main(snap.page, f, streamURL(r), fragment)
+		return s.tmpl().main(snap.page, f, streamURL(r), fragment)
 	}
 	s.serveHTML(w, r, render)
 }
@@ -151,9 +154,9 @@ func (s *Server) podPage(w http.ResponseWriter, r *http.Request) {
 	render := func(snap *snapshot, fragment bool) ([]byte, int, error) {
 		d, ok := model.BuildPod(snap.in, ns, name)
 		if !ok {
-			return s.tmpl.missing(snap.page, ns, name, streamURL(r), fragment)
+			return s.tmpl().missing(snap.page, ns, name, streamURL(r), fragment)
 		}
-		return s.tmpl.pod(snap.page, d, streamURL(r), fragment)
+		return s.tmpl().pod(snap.page, d, streamURL(r), fragment)
 	}
 	s.serveHTML(w, r, render)
 }

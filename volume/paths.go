@@ -26,6 +26,7 @@ import (
 //	                                                           device (staging) mount of a shared volume;
 //	                                                           for a Block CSI volume, its staging directory
 //	<root>/plugins/<plugin~escaped>/mounts/<identity>/state.json
+//	<root>/trash/<entry>                                      a volume directory being deleted
 //
 // A raw block volume (volumeMode Block, used in a container's
 // volumeDevices) gets one access point per pod and volume, at PodDevicePath:
@@ -49,6 +50,9 @@ func EscapePlugin(plugin string) string { return strings.ReplaceAll(plugin, "/",
 
 // UnescapePlugin reverses EscapePlugin.
 func UnescapePlugin(dir string) string { return strings.ReplaceAll(dir, "~", "/") }
+
+// TrashDir holds volume directories being deleted (see internal/trash).
+func (p Paths) TrashDir() string { return filepath.Join(p.Root, "trash") }
 
 // PodsDir holds one directory per pod.
 func (p Paths) PodsDir() string { return filepath.Join(p.Root, "pods") }

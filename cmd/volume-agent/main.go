@@ -58,14 +58,14 @@ func run() error {
 	fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
 	fs.StringVar(&nodeLabels, "node-labels", "", "standalone mode: this node's labels, k=v,k2=v2 (checked against PV node affinity)")
 	fs.StringVar(&cfg.RootDir, "root-dir", "/var/lib/volume-agent", "directory holding pods' volume directories and the agent's state")
-	fs.StringVar(&cfg.HostRoot, "host-root", "/", "where the node's root filesystem is visible (e.g. /host in a container); hostPath and local paths are resolved below it")
+	fs.StringVar(&cfg.HostRoot, "host-root", "/", "where the node's root filesystem is visible (e.g. /host in a container); hostPath and local paths are resolved within it, symbolic links as on the node")
 	fs.StringVar(&cfg.PodManifestPath, "pod-manifest-path", "", "standalone mode: directory of Pod, PV, PVC, StorageClass and CSIDriver manifests (YAML or JSON)")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "cluster mode: kubeconfig file (without it and without --pod-manifest-path, the in-cluster configuration is used)")
 	fs.StringVar(&cfg.NodeKubeconfig, "node-kubeconfig", "", "cluster mode: kubeconfig with the node's own identity (system:node:<name>, e.g. the kubelet's /var/lib/kubelet/kubeconfig); secrets, configMaps and service-account tokens for API volumes are requested with it, so the Node authorizer limits them to what this node's pods reference")
 	var qps float64
-	fs.Float64Var(&qps, "kube-api-qps", 20, "cluster mode: sustained requests per second to the API server (watches do not count)")
-	fs.IntVar(&cfg.KubeAPIBurst, "kube-api-burst", 40, "cluster mode: request burst to the API server")
-	fs.IntVar(&cfg.StatusWorkers, "status-workers", 4, "cluster mode: pod condition updates sent in parallel")
+	fs.Float64Var(&qps, "kube-api-qps", 50, "cluster mode: sustained requests per second to the API server (watches do not count), as the kubelet's default; pod condition patches have a limit of their own of the same size")
+	fs.IntVar(&cfg.KubeAPIBurst, "kube-api-burst", 100, "cluster mode: request burst to the API server (and of pod condition patches)")
+	fs.IntVar(&cfg.StatusWorkers, "status-workers", 16, "cluster mode: pod condition updates sent in parallel")
 	fs.StringVar(&cfg.PluginRegistryDir, "plugin-registry-dir", "", "directory watched for kubelet-style CSI driver registration sockets (default <root-dir>/plugins_registry; point it at /var/lib/kubelet/plugins_registry to share node-driver-registrar's sockets)")
 	fs.Func("csi-driver", "a CSI driver without a registration socket, NAME=unix:///path/csi.sock (repeatable)", func(s string) error {
 		d, err := agent.ParseStaticDriver(s)

@@ -21,6 +21,7 @@ package atomicdir
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -34,7 +35,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/safefs"
 )
 
 // File is one file of a payload.
@@ -265,7 +266,7 @@ func (w *writer) write() (bool, error) {
 		return true, err
 	}
 	if current != "" {
-		if err := mountutil.RemoveAllAt(w.dfd, current, w.path(current)); err != nil {
+		if err := safefs.RemoveAllAt(context.Background(), w.dfd, current, w.path(current)); err != nil {
 			return true, err
 		}
 	}
@@ -282,7 +283,7 @@ func (w *writer) abandon(next string, err error) error {
 		return err
 	}
 	_ = unix.Unlinkat(w.dfd, dataTmpLink, 0)
-	_ = mountutil.RemoveAllAt(w.dfd, next, w.path(next))
+	_ = safefs.RemoveAllAt(context.Background(), w.dfd, next, w.path(next))
 	return err
 }
 
@@ -295,7 +296,7 @@ func (w *writer) currentDir() (string, error) {
 	case errors.Is(err, unix.EINVAL):
 		// Not a link: the writer never makes that, so it is debris (the
 		// swap's rename replaces a link, not a directory).
-		if err := mountutil.RemoveAllAt(w.dfd, dataLink, w.path(dataLink)); err != nil {
+		if err := safefs.RemoveAllAt(context.Background(), w.dfd, dataLink, w.path(dataLink)); err != nil {
 			return "", err
 		}
 		return "", nil
@@ -350,7 +351,7 @@ func (w *writer) removeDebris(current string) error {
 				return &os.PathError{Op: "unlink", Path: w.path(n), Err: err}
 			}
 		case isTimestampDir(n) && n != current:
-			if err := mountutil.RemoveAllAt(w.dfd, n, w.path(n)); err != nil {
+			if err := safefs.RemoveAllAt(context.Background(), w.dfd, n, w.path(n)); err != nil {
 				return err
 			}
 		}

@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,8 +37,10 @@ import (
 	"k8s.io/client-go/tools/metrics"
 )
 
-// Scheme knows the agent's API groups, nothing else.
-var Scheme = func() *runtime.Scheme {
+// Scheme knows the agent's API groups, nothing else. It is built on first
+// use: standalone mode never needs it, and registering the types touches
+// code and data throughout the API packages (resident memory).
+var Scheme = sync.OnceValue(func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{v1.AddToScheme, storagev1.AddToScheme, authenticationv1.AddToScheme, certificatesv1beta1.AddToScheme} {
 		if err := add(s); err != nil {
@@ -45,9 +48,9 @@ var Scheme = func() *runtime.Scheme {
 		}
 	}
 	return s
-}()
+})
 
-var codecs = serializer.NewCodecFactory(Scheme)
+var codecs = sync.OnceValue(func() serializer.CodecFactory { return serializer.NewCodecFactory(Scheme()) })
 
 // Options configure how the agent reaches the API server.
 type Options struct {
@@ -112,7 +115,7 @@ func restClient(base *rest.Config, gv schema.GroupVersion, apiPath string) (*res
 	cfg := rest.CopyConfig(base)
 	cfg.GroupVersion = &gv
 	cfg.APIPath = apiPath
-	cfg.NegotiatedSerializer = codecs.WithoutConversion()
+	cfg.NegotiatedSerializer = codecs().WithoutConversion()
 	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	cfg.ContentType = "application/json"
 	return rest.RESTClientFor(cfg)

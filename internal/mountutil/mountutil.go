@@ -2,8 +2,7 @@
 // tmpfs and bind mounts straight through mount(2) (forking mount(8) per
 // volume would cost more than the whole mount budget), unmounts that treat
 // "not mounted" as done, mount-point checks and formatting through
-// k8s.io/mount-utils, and directory removal that never follows a symlink out
-// of a volume and never descends into another mount.
+// k8s.io/mount-utils. Removing a volume's content is internal/safefs's.
 package mountutil
 
 import (

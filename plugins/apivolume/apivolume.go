@@ -28,6 +28,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/internal/atomicdir"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/safefs"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/apivolume/payload"
 	"github.com/volume-agent/volume-agent/tokens"
@@ -257,7 +258,7 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	if err := atomicdir.MakeDirs(req.Dir, in.Pod.NestedMounts[req.Spec.Name]); err != nil {
 		err = fmt.Errorf("making the mount points of volumes mounted beneath this one: %w", err)
 		if fresh {
-			if terr := p.remove(req.Dir); terr != nil {
+			if terr := p.remove(ctx, req.Dir); terr != nil {
 				return volume.Uncertain(errors.Join(err, terr))
 			}
 		}
@@ -268,7 +269,7 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 		err = fmt.Errorf("writing the volume's files: %w", err)
 		if fresh {
 			// Nothing of a new volume may stay half made.
-			if terr := p.remove(req.Dir); terr != nil {
+			if terr := p.remove(ctx, req.Dir); terr != nil {
 				return volume.Uncertain(errors.Join(err, terr))
 			}
 		}
@@ -342,18 +343,18 @@ func TmpfsSize(files atomicdir.Payload) int64 {
 	return 2*n + 64<<10
 }
 
-func (p *Plugin) remove(dir string) error {
+func (p *Plugin) remove(ctx context.Context, dir string) error {
 	if err := p.host.Mounter.UnmountAll(dir); err != nil {
 		return err
 	}
-	return mountutil.RemoveAll(dir)
+	return safefs.RemoveAll(ctx, dir)
 }
 
 // TearDown unmounts the tmpfs (whatever the spec says: after a restart it
 // may be unknown) and removes the directory, never following a link or
 // crossing into another mount.
-func (p *Plugin) TearDown(_ context.Context, req *plugins.TearDownRequest) error {
-	if err := p.remove(req.Dir); err != nil {
+func (p *Plugin) TearDown(ctx context.Context, req *plugins.TearDownRequest) error {
+	if err := p.remove(ctx, req.Dir); err != nil {
 		return err
 	}
 	p.status.forget(req.VolumeName)

@@ -78,6 +78,9 @@ func (p *Plugin) recordAttachment(req *plugins.AttachRequest, src source, attach
 	if err != nil {
 		return err
 	}
+	if err := p.checkDeviceState(state, identity, p.deviceStateFile(identity)); err != nil {
+		return fmt.Errorf("not recording the attachment of %s: %w", req.VolumeName, err)
+	}
 	if state.Attachment == attachment && state.AttachMode == p.cfg.AttachMode {
 		return nil
 	}
@@ -121,7 +124,7 @@ func (p *Plugin) attachSelf(ctx context.Context, req *plugins.AttachRequest, nam
 }
 
 func (p *Plugin) attachLocal(ctx context.Context, req *plugins.AttachRequest, src source) (*plugins.AttachResult, error) {
-	if err := p.recordAttachment(req, src, "local"); err != nil {
+	if err := p.recordAttachment(req, src, AttachLocal); err != nil {
 		return nil, fmt.Errorf("recording attachment: %w", err)
 	}
 	publishContext, err := p.controllerPublish(ctx, src)
@@ -173,6 +176,11 @@ func (p *Plugin) Detach(ctx context.Context, req *plugins.AttachRequest) error {
 	if identity != "" {
 		stateFile = p.deviceStateFile(identity)
 		if s, err := ReadDeviceState(stateFile); err == nil {
+			// Its attachment name is what gets deleted: only on the word
+			// of a file that agrees with the volume.
+			if err := p.checkDeviceState(s, identity, stateFile); err != nil {
+				return fmt.Errorf("not detaching %s: %w", req.VolumeName, err)
+			}
 			state = s
 		}
 	}

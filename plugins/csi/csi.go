@@ -216,9 +216,13 @@ func AttachmentName(handle, driver, node string) string {
 // ReconstructPodVolume implements plugins.Reconstructor from the state file
 // written before the volume was published.
 func (p *Plugin) ReconstructPodVolume(pod types.UID, specName, _ string) (volume.UniqueName, volume.Attributes, error) {
-	st, err := ReadPodState(p.cfg.Host.Paths.PodVolumeStateFile(pod, Name, specName))
+	file := p.cfg.Host.Paths.PodVolumeStateFile(pod, Name, specName)
+	st, err := ReadPodState(file)
 	if err != nil {
 		return "", volume.Attributes{}, fmt.Errorf("no usable CSI state for pod %s volume %s: %w", pod, specName, err)
+	}
+	if err := p.checkPodState(st, pod, specName, "", file); err != nil {
+		return "", volume.Attributes{}, err
 	}
 	if st.Inline {
 		return volume.PodScopedName(Name, pod, specName), volume.Attributes{}, nil
@@ -250,10 +254,17 @@ func (p *Plugin) ReconstructDevice(volumeDir string) (*plugins.ReconstructedDevi
 	if err != nil {
 		return nil, fmt.Errorf("no usable CSI state in %s: %w", volumeDir, err)
 	}
+	// The directory is named after the identity, and everything else is
+	// computed from it: the file must agree (the volume is reported as an
+	// orphan, and nothing is done on its word, if it does not).
+	if err := p.checkDeviceState(st, "", filepath.Join(volumeDir, "state.json")); err != nil {
+		return nil, err
+	}
+	identity := st.Driver + "^" + st.VolumeID
 	d := &plugins.ReconstructedDevice{
-		Name:            st.VolumeName,
-		Attributes:      volume.Attributes{Identity: st.Driver + "^" + st.VolumeID, DeviceMountable: true, Attachable: st.Attachable || st.Attachment != "", Block: st.Block},
-		DeviceMountPath: st.StagingPath,
+		Name:            volume.SharedName(Name, identity),
+		Attributes:      volume.Attributes{Identity: identity, DeviceMountable: true, Attachable: st.Attachable || st.Attachment != "", Block: st.Block},
+		DeviceMountPath: p.cfg.Host.Paths.DeviceMountPath(Name, identity),
 		Attached:        st.Attachment != "",
 	}
 	if st.Staged && st.Block {
@@ -261,7 +272,7 @@ func (p *Plugin) ReconstructDevice(volumeDir string) (*plugins.ReconstructedDevi
 		// the driver said so (recorded after it did).
 		d.Mounted = st.BlockStaged
 	} else if st.Staged {
-		if d.Mounted, err = p.cfg.Host.Mounter.IsMountPoint(st.StagingPath); err != nil {
+		if d.Mounted, err = p.cfg.Host.Mounter.IsMountPoint(d.DeviceMountPath); err != nil {
 			return nil, err
 		}
 	} else {

@@ -8,11 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/csi/csiclient"
 	"github.com/volume-agent/volume-agent/csi/registry"
@@ -58,6 +61,85 @@ type PodState struct {
 	PodUID      string            `json:"podUID"`
 	// Block: TargetPath is a raw block volume's access point (a file).
 	Block bool `json:"block,omitempty"`
+}
+
+// ErrStateMismatch: a state file disagrees with what the volume's identity
+// says (its driver and handle, the paths and names computed from them).
+// State files are hints: nothing is unstaged, unpublished, removed or
+// detached on the word of one that disagrees, and the volume is reported.
+var ErrStateMismatch = errors.New("state file disagrees with the volume's identity")
+
+// checkDeviceState checks a staged volume's state against the layout:
+// identity (driver^handle, "" when only the file knows it) names the
+// directory, the staging path is computed from it, and an attachment has
+// the name the agent gives it.
+func (p *Plugin) checkDeviceState(st *DeviceState, identity, file string) error {
+	var why []string
+	own := st.Driver + "^" + st.VolumeID
+	if st.Driver == "" || st.VolumeID == "" {
+		why = append(why, "no driver or volume handle")
+	}
+	if identity != "" && own != identity {
+		why = append(why, fmt.Sprintf("it is for %q, not %q", own, identity))
+	}
+	if want := p.deviceStateFile(own); file != "" && filepath.Clean(file) != want {
+		why = append(why, fmt.Sprintf("its volume's state belongs in %s", want))
+	}
+	if want := p.cfg.Host.Paths.DeviceMountPath(Name, own); st.StagingPath != "" && st.StagingPath != want {
+		why = append(why, fmt.Sprintf("staging path %q is not %q", st.StagingPath, want))
+	}
+	if want := volume.SharedName(Name, own); st.VolumeName != "" && st.VolumeName != want {
+		why = append(why, fmt.Sprintf("volume name %q is not %q", st.VolumeName, want))
+	}
+	if want := AttachmentName(st.VolumeID, st.Driver, p.cfg.Host.NodeName); st.Attachment != "" && st.Attachment != AttachLocal && st.Attachment != want {
+		why = append(why, fmt.Sprintf("attachment %q is not %q", st.Attachment, want))
+	}
+	return mismatch(file, why)
+}
+
+// checkPodState checks a pod's publish state against the pod, the volume's
+// directory and (when known) the volume's unique name.
+func (p *Plugin) checkPodState(st *PodState, pod types.UID, specName string, name volume.UniqueName, file string) error {
+	var why []string
+	if st.Driver == "" || st.VolumeID == "" {
+		why = append(why, "no driver or volume handle")
+	}
+	if st.PodUID != string(pod) {
+		why = append(why, fmt.Sprintf("it is for pod %q, not %q", st.PodUID, pod))
+	}
+	if st.SpecName != specName {
+		why = append(why, fmt.Sprintf("it is for volume %q, not %q", st.SpecName, specName))
+	}
+	want := p.cfg.Host.Paths.PodVolumeDir(pod, Name, specName)
+	if st.Block {
+		want = p.cfg.Host.Paths.PodDevicePath(pod, Name, specName)
+	}
+	if st.TargetPath != want {
+		why = append(why, fmt.Sprintf("target path %q is not %q", st.TargetPath, want))
+	}
+	own := volume.SharedName(Name, st.Driver+"^"+st.VolumeID)
+	if st.Inline {
+		own = volume.PodScopedName(Name, pod, specName)
+		if want := inlineHandle(volume.PodRef{UID: pod}, specName); st.VolumeID != want {
+			why = append(why, fmt.Sprintf("inline volume handle %q is not %q", st.VolumeID, want))
+		}
+	} else if want := p.cfg.Host.Paths.DeviceMountPath(Name, st.Driver+"^"+st.VolumeID); st.StagingPath != "" && st.StagingPath != want {
+		why = append(why, fmt.Sprintf("staging path %q is not %q", st.StagingPath, want))
+	}
+	if st.VolumeName != own {
+		why = append(why, fmt.Sprintf("volume name %q is not %q", st.VolumeName, own))
+	}
+	if name != "" && name != own {
+		why = append(why, fmt.Sprintf("it describes %q, not %q", own, name))
+	}
+	return mismatch(file, why)
+}
+
+func mismatch(file string, why []string) error {
+	if len(why) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: %s", ErrStateMismatch, file, strings.Join(why, "; "))
 }
 
 func (p *Plugin) deviceStateFile(identity string) string {
@@ -169,7 +251,7 @@ func (p *Plugin) MountDevice(ctx context.Context, req *plugins.DeviceRequest) er
 		StagingPath: req.DeviceMountPath, Staged: d.StageUnstage, AttachMode: p.cfg.AttachMode, Attachable: req.Attachable,
 		Block: src.block,
 	}
-	if prev, err := ReadDeviceState(p.deviceStateFile(req.Identity)); err == nil {
+	if prev, err := ReadDeviceState(p.deviceStateFile(req.Identity)); err == nil && p.checkDeviceState(prev, req.Identity, "") == nil {
 		state.Attachment = prev.Attachment
 	}
 	if err := atomicfile.WriteJSON(p.deviceStateFile(req.Identity), state); err != nil {
@@ -242,29 +324,37 @@ func checkBlockTarget(target string) error {
 
 // UnmountDevice unstages the volume. It works from the state file, so it
 // needs nothing but the volume's identity.
+//
+// The staging path is computed from the volume's identity; the state file
+// only says what the identity alone cannot (was it staged, an attachment),
+// and is refused when it disagrees with it.
 func (p *Plugin) UnmountDevice(ctx context.Context, req *plugins.DeviceRequest) error {
 	path := p.deviceStateFile(req.Identity)
+	staging := p.cfg.Host.Paths.DeviceMountPath(Name, req.Identity)
 	state, err := ReadDeviceState(path)
 	if errors.Is(err, fs.ErrNotExist) && req.Spec != nil {
 		src := sourceOf(req.Spec, volume.PodRef{})
-		state = &DeviceState{Driver: src.driver, VolumeID: src.handle, StagingPath: req.DeviceMountPath, Staged: true}
+		state = &DeviceState{Driver: src.driver, VolumeID: src.handle, Staged: true}
 		err = nil
 	}
 	if err != nil {
 		return fmt.Errorf("cannot unstage %s: %w", req.VolumeName, err)
+	}
+	if err := p.checkDeviceState(state, req.Identity, path); err != nil {
+		return fmt.Errorf("not unstaging %s: %w", req.VolumeName, err)
 	}
 	if state.Staged {
 		d, err := p.driver(state.Driver)
 		if err != nil {
 			return err
 		}
-		if _, err := d.Client.Node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: state.VolumeID, StagingTargetPath: state.StagingPath}); err != nil {
+		if _, err := d.Client.Node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: state.VolumeID, StagingTargetPath: staging}); err != nil {
 			return fmt.Errorf("NodeUnstageVolume of %s (driver %s): %w", state.VolumeID, state.Driver, csiclient.Classify(err))
 		}
-		if mounted, err := p.cfg.Host.Mounter.IsMountPoint(state.StagingPath); err != nil || mounted {
-			return volume.Uncertainf("driver %s unstaged %s but %s is still mounted", state.Driver, state.VolumeID, state.StagingPath)
+		if mounted, err := p.cfg.Host.Mounter.IsMountPoint(staging); err != nil || mounted {
+			return volume.Uncertainf("driver %s unstaged %s but %s is still mounted", state.Driver, state.VolumeID, staging)
 		}
-		if err := os.Remove(state.StagingPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := os.Remove(staging); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
 	}
@@ -359,7 +449,7 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 		return nil
 	}
 	if mountGroup == "" && applyFSGroup(policy, src) {
-		if err := plugins.ApplyFSGroup(req.Dir, req.Pod, src.readOnly); err != nil {
+		if err := plugins.ApplyFSGroup(ctx, req.Dir, req.Pod, src.readOnly); err != nil {
 			return volume.Uncertain(fmt.Errorf("applying fsGroup: %w", err))
 		}
 	}
@@ -415,15 +505,23 @@ func applyFSGroup(policy storagev1.FSGroupPolicy, src source) bool {
 // TearDown unpublishes the volume from the pod's directory, from the state
 // file written when it was published.
 func (p *Plugin) TearDown(ctx context.Context, req *plugins.TearDownRequest) error {
-	stateFile := p.podStateFile(req.Pod, filepath.Base(req.Dir))
+	specName := filepath.Base(req.Dir)
+	stateFile := p.podStateFile(req.Pod, specName)
 	state, err := ReadPodState(stateFile)
-	if errors.Is(err, fs.ErrNotExist) {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		if req.Spec != nil {
 			src := sourceOf(req.Spec, req.Pod)
 			state, err = &PodState{Driver: src.driver, VolumeID: src.handle, TargetPath: req.Dir}, nil
 		} else if mounted, merr := p.cfg.Host.Mounter.IsMountPoint(req.Dir); merr == nil && !mounted {
 			// Nothing was ever published here.
 			return removeTarget(req.Dir)
+		}
+	case err == nil:
+		// The target is req.Dir, computed from the pod and the volume;
+		// the file must agree with it before its handle is used.
+		if cerr := p.checkPodState(state, req.Pod.UID, specName, req.VolumeName, stateFile); cerr != nil {
+			return fmt.Errorf("not unpublishing %s: %w", req.Dir, cerr)
 		}
 	}
 	if err != nil {

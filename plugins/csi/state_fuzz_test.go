@@ -24,8 +24,8 @@ import (
 // no state file can lead the agent outside its root by its volume's
 // identity.
 //
-// TODO(i13-harden): once state files are checked against the layout
-// (ErrStateMismatch), also require that a reconstructed device's
+// TODO: state files are now checked against the layout
+// (ErrStateMismatch); also require here that a reconstructed device's
 // DeviceMountPath and name are the ones computed from its identity, and
 // that a pod volume's state names that pod and volume.
 func FuzzStateFiles(f *testing.F) {

@@ -29,6 +29,25 @@ func newFakeMounterPlugin(t *testing.T) (*emptydir.Plugin, *pluginstest.Mounter,
 	return emptydir.New(plugins.Host{Paths: paths, Mounter: m, NodeName: "node", Log: zap.NewNop()}), m, paths
 }
 
+// nodeMemory is the fake node's allocatable memory: 2 GiB.
+const nodeMemory = 2 << 30
+
+// newFakeMounterPluginWithMemory: mem -1 is a node whose memory is unknown,
+// 0 one of nodeMemory.
+func newFakeMounterPluginWithMemory(t *testing.T, mem int64) (*emptydir.Plugin, *pluginstest.Mounter, volume.Paths) {
+	t.Helper()
+	m := pluginstest.NewMounter()
+	paths := volume.Paths{Root: t.TempDir()}
+	host := plugins.Host{Paths: paths, Mounter: m, NodeName: "node", Log: zap.NewNop()}
+	if mem == 0 {
+		mem = nodeMemory
+	}
+	if mem > 0 {
+		host.NodeMemory = func() int64 { return mem }
+	}
+	return emptydir.New(host), m, paths
+}
+
 func TestMemorySetUpDecisions(t *testing.T) {
 	errBoom := errors.New("boom")
 	cases := []struct {
@@ -37,24 +56,32 @@ func TestMemorySetUpDecisions(t *testing.T) {
 		podLimit  string
 		// exists: the directory is there already; mounted: with a tmpfs.
 		exists, mounted bool
-		fault           *pluginstest.Fault
-		wantSize        int64 // of the one MountTmpfs; -1: none
-		wantErr         error
+		// nodeMemory: -1 for unknown, else the default below.
+		nodeMemory int64
+		fault      *pluginstest.Fault
+		wantSize   int64 // of the one MountTmpfs; -1: none
+		wantErr    error
 	}{
-		{name: "no limits", wantSize: 0},
+		// Like the kubelet: the smallest of the node's allocatable memory,
+		// the pod's memory limit and sizeLimit, each where set; never
+		// the kernel's default of half the node's memory.
+		{name: "no limits", wantSize: nodeMemory},
+		{name: "no limits, node memory unknown", nodeMemory: -1, wantSize: 0},
+		{name: "pod limit above the node's memory", podLimit: "8Gi", wantSize: nodeMemory},
+		{name: "sizeLimit above the node's memory", sizeLimit: "8Gi", wantSize: nodeMemory},
 		{name: "sizeLimit", sizeLimit: "64Mi", wantSize: 64 << 20},
 		{name: "pod limit", podLimit: "32Mi", wantSize: 32 << 20},
 		{name: "pod limit below sizeLimit", sizeLimit: "64Mi", podLimit: "32Mi", wantSize: 32 << 20},
 		{name: "sizeLimit below pod limit", sizeLimit: "64Mi", podLimit: "128Mi", wantSize: 64 << 20},
 		{name: "zero sizeLimit is no limit", sizeLimit: "0", podLimit: "16Mi", wantSize: 16 << 20},
 		{name: "set up before", exists: true, mounted: true, wantSize: -1},
-		{name: "directory left without its tmpfs", exists: true, wantSize: 0},
-		{name: "mount fails", fault: &pluginstest.Fault{Op: "MountTmpfs", Err: errBoom}, wantSize: 0, wantErr: errBoom},
+		{name: "directory left without its tmpfs", exists: true, wantSize: nodeMemory},
+		{name: "mount fails", fault: &pluginstest.Fault{Op: "MountTmpfs", Err: errBoom}, wantSize: nodeMemory, wantErr: errBoom},
 		{name: "mount check fails", exists: true, fault: &pluginstest.Fault{Op: "IsMountPoint", Err: errBoom}, wantSize: -1, wantErr: errBoom},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p, m, paths := newFakeMounterPlugin(t)
+			p, m, paths := newFakeMounterPluginWithMemory(t, c.nodeMemory)
 			src := v1.EmptyDirVolumeSource{Medium: v1.StorageMediumMemory}
 			if c.sizeLimit != "" {
 				src.SizeLimit = ptr(resource.MustParse(c.sizeLimit))

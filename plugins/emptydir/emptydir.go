@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/trash"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -49,10 +50,10 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 	}
 }
 
-func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
+func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	src := req.Spec.Volume.EmptyDir
 	if src.Medium != v1.StorageMediumMemory {
-		return setUpDir(req)
+		return setUpDir(ctx, req)
 	}
 	created, err := mountutil.EnsureDir(req.Dir, 0o777)
 	if err != nil {
@@ -66,25 +67,25 @@ func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
 			}
 		}
 		if !mounted {
-			if err := p.host.Mounter.MountTmpfs(req.Dir, mountutil.TmpfsOptions{SizeBytes: tmpfsSize(src, req.Pod), Mode: 0o777}); err != nil {
+			if err := p.host.Mounter.MountTmpfs(req.Dir, mountutil.TmpfsOptions{SizeBytes: p.tmpfsSize(src, req.Pod), Mode: 0o777}); err != nil {
 				return err
 			}
 		}
 	}
-	return plugins.ApplyFSGroup(req.Dir, req.Pod, false)
+	return plugins.ApplyFSGroup(ctx, req.Dir, req.Pod, false)
 }
 
 // setUpDir makes a disk emptyDir. A new one is prepared under a hidden name
 // (mode, fsGroup) and renamed into place, so a directory at the volume's
 // path is always completely set up: after a crash, finding it is proof
 // enough to adopt it without an operation.
-func setUpDir(req *plugins.SetUpRequest) error {
+func setUpDir(ctx context.Context, req *plugins.SetUpRequest) error {
 	if _, err := os.Lstat(req.Dir); err == nil {
 		// Set up before; applying the mode and group again is harmless.
 		if err := os.Chmod(req.Dir, 0o777); err != nil {
 			return err
 		}
-		return plugins.ApplyFSGroup(req.Dir, req.Pod, false)
+		return plugins.ApplyFSGroup(ctx, req.Dir, req.Pod, false)
 	}
 	tmp := filepath.Join(filepath.Dir(req.Dir), "."+filepath.Base(req.Dir)+".setup")
 	if _, err := mountutil.EnsureDir(tmp, 0o777); err != nil {
@@ -95,35 +96,49 @@ func setUpDir(req *plugins.SetUpRequest) error {
 	if err := os.Chmod(tmp, 0o777); err != nil {
 		return err
 	}
-	if err := plugins.ApplyFSGroup(tmp, req.Pod, false); err != nil {
+	if err := plugins.ApplyFSGroup(ctx, tmp, req.Pod, false); err != nil {
 		return err
 	}
 	return os.Rename(tmp, req.Dir)
 }
 
-// tmpfsSize is sizeLimit when set, else the pod's memory limit, else 0 (the
-// kernel's default): a memory-backed volume counts against the pod's memory.
-func tmpfsSize(src *v1.EmptyDirVolumeSource, pod volume.PodInfo) int64 {
+// tmpfsSize sizes a Memory emptyDir as the kubelet does: the node's
+// allocatable memory, lowered to the pod's memory limit and then to
+// sizeLimit, each where set and smaller. A memory-backed volume counts
+// against the pod's memory, and no pod can use more than the node has for
+// pods: without a size the kernel would allow half the node's RAM to a
+// pod with no limit at all. 0 (the kernel's default) only when nothing is
+// known.
+func (p *Plugin) tmpfsSize(src *v1.EmptyDirVolumeSource, pod volume.PodInfo) int64 {
 	size := int64(0)
-	if src.SizeLimit != nil && src.SizeLimit.Sign() > 0 {
-		size = src.SizeLimit.Value()
+	if p.host.NodeMemory != nil {
+		size = p.host.NodeMemory()
 	}
-	if pod.MemoryLimit != nil && pod.MemoryLimit.Sign() > 0 {
-		if limit := pod.MemoryLimit.Value(); size == 0 || limit < size {
+	lower := func(limit int64) {
+		if limit > 0 && (size <= 0 || limit < size) {
 			size = limit
 		}
 	}
-	return size
+	if pod.MemoryLimit != nil {
+		lower(pod.MemoryLimit.Value())
+	}
+	if src.SizeLimit != nil {
+		lower(src.SizeLimit.Value())
+	}
+	return max(size, 0)
 }
 
 // TearDown unmounts a tmpfs (whatever the spec says: after a restart the spec
 // may be unknown) and deletes the directory and its contents, never crossing
-// into another mount and never following a symbolic link.
-func (p *Plugin) TearDown(_ context.Context, req *plugins.TearDownRequest) error {
+// into another mount and never following a symbolic link. A directory with
+// contents is moved into the trash first, so an agent stopped half way
+// never finds a half-deleted volume at the volume's path (where a pod with
+// the same UID would adopt it); it finishes the removal from the trash.
+func (p *Plugin) TearDown(ctx context.Context, req *plugins.TearDownRequest) error {
 	if err := p.host.Mounter.UnmountAll(req.Dir); err != nil {
 		return err
 	}
-	return mountutil.RemoveAll(req.Dir)
+	return trash.RemoveAll(ctx, p.host.Paths.TrashDir(), req.Dir, string(req.Pod.UID)+"-"+filepath.Base(req.Dir))
 }
 
 // ReconstructPodVolume implements plugins.Reconstructor.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/safefs"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/emptydir"
 	"github.com/volume-agent/volume-agent/volume"
@@ -114,18 +115,26 @@ func TestMemoryMediumSize(t *testing.T) {
 		name      string
 		sizeLimit *resource.Quantity
 		memLimit  *resource.Quantity
-		want      int64 // 0: kernel default
+		// nodeMemory is the node's allocatable memory (0: unknown).
+		nodeMemory int64
+		want       int64 // 0: kernel default
 	}{
-		{"sizeLimit only", qty("8Mi"), nil, 8 << 20},
-		{"memory limit only", nil, qty("16Mi"), 16 << 20},
-		{"sizeLimit smaller", qty("4Mi"), qty("16Mi"), 4 << 20},
-		{"memory limit smaller", qty("64Mi"), qty("12Mi"), 12 << 20},
-		{"neither", nil, nil, 0},
-		{"zero sizeLimit means none", qty("0"), qty("6Mi"), 6 << 20},
+		{name: "neither, the node's memory", nodeMemory: 24 << 20, want: 24 << 20},
+		{name: "memory limit above the node's memory", memLimit: qty("1Gi"), nodeMemory: 24 << 20, want: 24 << 20},
+		{name: "sizeLimit only", sizeLimit: qty("8Mi"), want: 8 << 20},
+		{name: "memory limit only", memLimit: qty("16Mi"), want: 16 << 20},
+		{name: "sizeLimit smaller", sizeLimit: qty("4Mi"), memLimit: qty("16Mi"), want: 4 << 20},
+		{name: "memory limit smaller", sizeLimit: qty("64Mi"), memLimit: qty("12Mi"), want: 12 << 20},
+		{name: "neither, node's memory unknown", want: 0},
+		{name: "zero sizeLimit means none", sizeLimit: qty("0"), memLimit: qty("6Mi"), want: 6 << 20},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
+			if tc.nodeMemory > 0 {
+				f.plugin = emptydir.New(plugins.Host{Paths: f.paths, Mounter: mountutil.New(), NodeName: "node",
+					NodeMemory: func() int64 { return tc.nodeMemory }, Log: zap.NewNop()})
+			}
 			s := spec("mem", v1.EmptyDirVolumeSource{Medium: v1.StorageMediumMemory, SizeLimit: tc.sizeLimit})
 			pod := podInfo("pod-1")
 			pod.MemoryLimit = tc.memLimit
@@ -251,7 +260,7 @@ func TestTearDownUnexpectedMountInside(t *testing.T) {
 				t.Fatal("TearDown succeeded with a mount inside the volume")
 			}
 			t.Logf("TearDown: %v", err)
-			if medium == v1.StorageMediumDefault && !errors.Is(err, mountutil.ErrMountPointInside) {
+			if medium == v1.StorageMediumDefault && !errors.Is(err, safefs.ErrMountPointInside) {
 				t.Errorf("error %v is not ErrMountPointInside", err)
 			}
 			if medium == v1.StorageMediumMemory && !errors.Is(err, syscall.EBUSY) {

@@ -1,7 +1,8 @@
 // Package hostpath implements hostPath volumes: an existing path on the node
 // (checked, or created, according to the volume's type) bind-mounted into the
-// pod's volume directory. Tearing down unmounts and never deletes anything of
-// the host path.
+// pod's volume directory. The path is resolved within the host root
+// (internal/hostroot) and mounted from the descriptor that was checked.
+// Tearing down unmounts and never deletes anything of the host path.
 package hostpath
 
 import (
@@ -16,6 +17,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/volume"
@@ -25,7 +27,10 @@ import (
 const Name = "kubernetes.io/host-path"
 
 // Plugin is the hostPath plugin.
-type Plugin struct{ host plugins.Host }
+type Plugin struct {
+	host plugins.Host
+	root hostroot.Root
+}
 
 // The agent finds a plugin's capabilities by type assertion: these make a
 // changed signature fail the build instead of a volume at run time.
@@ -35,7 +40,7 @@ var (
 )
 
 // New returns the plugin.
-func New(host plugins.Host) *Plugin { return &Plugin{host: host} }
+func New(host plugins.Host) *Plugin { return &Plugin{host: host, root: hostroot.New(host.HostRoot)} }
 
 func (p *Plugin) Name() string { return Name }
 
@@ -61,7 +66,7 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 			return volume.Attributes{}, fmt.Errorf("hostPath %q must not contain '..'", src.Path)
 		}
 	}
-	if _, err := checkerFor(pathType(src)); err != nil {
+	if _, err := kindOf(pathType(src)); err != nil {
 		return volume.Attributes{}, err
 	}
 	return volume.Attributes{}, nil
@@ -74,68 +79,66 @@ func pathType(src *v1.HostPathVolumeSource) v1.HostPathType {
 	return *src.Type
 }
 
-// checker validates (and for *OrCreate types, creates) the host path.
-type checker func(path string) error
+// kind is what a hostPath type asks for.
+type kind struct {
+	// anything: the path must exist, whatever it is (type unset).
+	anything bool
+	typ      fs.FileMode
+	what     string
+	// createDir, createFile: *OrCreate types make what is missing.
+	createDir, createFile bool
+}
 
-func checkerFor(t v1.HostPathType) (checker, error) {
+func kindOf(t v1.HostPathType) (kind, error) {
 	switch t {
 	case v1.HostPathUnset:
-		return mustExist, nil
+		return kind{anything: true}, nil
 	case v1.HostPathDirectoryOrCreate:
-		return func(path string) error {
-			if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
-				if err := os.MkdirAll(path, 0o755); err != nil {
-					return err
-				}
-			}
-			return mustBe(path, fs.ModeDir, "a directory")
-		}, nil
+		return kind{typ: fs.ModeDir, what: "a directory", createDir: true}, nil
 	case v1.HostPathDirectory:
-		return func(path string) error { return mustBe(path, fs.ModeDir, "a directory") }, nil
+		return kind{typ: fs.ModeDir, what: "a directory"}, nil
 	case v1.HostPathFileOrCreate:
-		return func(path string) error {
-			if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
-				// Like the kubelet, the parent directory is not created.
-				f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
-				if err != nil && !errors.Is(err, fs.ErrExist) {
-					return fmt.Errorf("creating file %s: %w", path, err)
-				}
-				if f != nil {
-					f.Close()
-				}
-			}
-			return mustBe(path, 0, "a regular file")
-		}, nil
+		return kind{typ: 0, what: "a regular file", createFile: true}, nil
 	case v1.HostPathFile:
-		return func(path string) error { return mustBe(path, 0, "a regular file") }, nil
+		return kind{typ: 0, what: "a regular file"}, nil
 	case v1.HostPathSocket:
-		return func(path string) error { return mustBe(path, fs.ModeSocket, "a socket") }, nil
+		return kind{typ: fs.ModeSocket, what: "a socket"}, nil
 	case v1.HostPathCharDev:
-		return func(path string) error { return mustBe(path, fs.ModeDevice|fs.ModeCharDevice, "a character device") }, nil
+		return kind{typ: fs.ModeDevice | fs.ModeCharDevice, what: "a character device"}, nil
 	case v1.HostPathBlockDev:
-		return func(path string) error { return mustBe(path, fs.ModeDevice, "a block device") }, nil
+		return kind{typ: fs.ModeDevice, what: "a block device"}, nil
 	}
-	return nil, fmt.Errorf("hostPath type %q is not one of DirectoryOrCreate, Directory, FileOrCreate, File, Socket, CharDevice, BlockDevice", t)
+	return kind{}, fmt.Errorf("hostPath type %q is not one of DirectoryOrCreate, Directory, FileOrCreate, File, Socket, CharDevice, BlockDevice", t)
 }
 
-func mustExist(path string) error {
-	if _, err := os.Stat(path); err != nil {
-		return fmt.Errorf("hostPath %s: %w", path, err)
+// open opens the node's path (symbolic links resolved within the host
+// root, as the bind mount will follow them), creating what an *OrCreate
+// type asks for, and checks it is of the kind asked.
+func (p *Plugin) open(path string, k kind) (*os.File, error) {
+	f, err := p.root.Open(path)
+	if errors.Is(err, fs.ErrNotExist) && (k.createDir || k.createFile) {
+		if k.createDir {
+			f, err = p.root.MkdirAll(path, 0o755)
+		} else if err = p.root.CreateFile(path, 0o644); err != nil {
+			// Like the kubelet, the parent directory is not created.
+			return nil, fmt.Errorf("creating file %s: %w", path, err)
+		} else {
+			f, err = p.root.Open(path)
+		}
 	}
-	return nil
-}
-
-// mustBe checks the type of what path points to (symlinks followed, as the
-// bind mount will follow them).
-func mustBe(path string, typ fs.FileMode, what string) error {
-	info, err := os.Stat(path)
 	if err != nil {
-		return fmt.Errorf("hostPath %s: %w", path, err)
+		return nil, fmt.Errorf("hostPath %s: %w", path, err)
 	}
-	if info.Mode().Type() != typ {
-		return fmt.Errorf("hostPath %s is not %s (it is %s)", path, what, describe(info.Mode()))
+	info, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("hostPath %s: %w", path, err)
 	}
-	return nil
+	if !k.anything && info.Mode().Type() != k.typ {
+		f.Close()
+		return nil, fmt.Errorf("hostPath %s is not %s (it is %s)", path, k.what, describe(info.Mode()))
+	}
+	return f, nil
 }
 
 func describe(m fs.FileMode) string {
@@ -159,15 +162,16 @@ func describe(m fs.FileMode) string {
 
 func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
 	src := source(req.Spec)
-	check, err := checkerFor(pathType(src))
+	k, err := kindOf(pathType(src))
 	if err != nil {
 		return err
 	}
-	path := p.host.HostPath(src.Path)
-	if err := check(path); err != nil {
+	f, err := p.open(src.Path, k)
+	if err != nil {
 		return err
 	}
-	info, err := os.Stat(path)
+	defer f.Close()
+	info, err := f.Stat()
 	if err != nil {
 		return err
 	}
@@ -185,7 +189,9 @@ func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
 	if err != nil || mounted {
 		return err
 	}
-	return p.host.Mounter.BindMount(path, req.Dir, mountutil.BindOptions{ReadOnly: req.Spec.ReadOnly, Recursive: true})
+	// Mounting the descriptor mounts exactly what was checked, whatever
+	// happens to the path meanwhile.
+	return p.host.Mounter.BindMount(hostroot.FDPath(f), req.Dir, mountutil.BindOptions{ReadOnly: req.Spec.ReadOnly, Recursive: true})
 }
 
 func ensureFile(path string) error {

@@ -469,3 +469,98 @@ func TestReadOnlyPV(t *testing.T) {
 		})
 	}
 }
+
+// Under --host-root, a node path is resolved as the node would resolve it:
+// a symbolic link's absolute target starts again at the host root and ".."
+// never climbs above it. Resolving in the agent's own file system would
+// bind-mount (or create) the agent container's files instead.
+func TestHostRootSymlinks(t *testing.T) {
+	mounttest.RequireRoot(t)
+	escape := "/volume-agent-test-escape-" + strings.ReplaceAll(t.Name(), "/", "-")
+	t.Cleanup(func() { _ = os.RemoveAll(escape) })
+	for _, tc := range []struct {
+		name string
+		// host makes the host tree below root.
+		host func(t *testing.T, root string)
+		path string
+		typ  *v1.HostPathType
+		// want is the file the pod must see in its volume (for a
+		// directory) or the host path that must now exist.
+		seen, created string
+	}{
+		{name: "absolute link", path: "/var/run", typ: typ(v1.HostPathDirectory), seen: "marker", host: func(t *testing.T, root string) {
+			mounttest.WriteFile(t, filepath.Join(root, "run", "marker"), "host's /run")
+			symlink(t, "/run", filepath.Join(root, "var", "run"))
+		}},
+		{name: "relative link climbing above the root", path: "/up", seen: "marker", host: func(t *testing.T, root string) {
+			mounttest.WriteFile(t, filepath.Join(root, "etc", "marker"), "host's /etc")
+			symlink(t, "../../../../../../../../etc", filepath.Join(root, "up"))
+		}},
+		{name: "DirectoryOrCreate through an absolute link", path: "/data/sub", typ: typ(v1.HostPathDirectoryOrCreate), created: escape + "/sub", host: func(t *testing.T, root string) {
+			bothRoots(t, root, escape)
+			symlink(t, escape, filepath.Join(root, "data"))
+		}},
+		{name: "FileOrCreate below an absolute link", path: "/conf/app.conf", typ: typ(v1.HostPathFileOrCreate), created: escape + "/app.conf", host: func(t *testing.T, root string) {
+			bothRoots(t, root, escape)
+			symlink(t, escape, filepath.Join(root, "conf"))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixtureInRoot(t)
+			tc.host(t, f.host)
+			s := inline("vol", tc.path, tc.typ)
+			if err := f.setUp(s); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := f.tearDown(s); err != nil {
+					t.Error(err)
+				}
+			}()
+			if tc.seen != "" {
+				if _, err := os.Stat(filepath.Join(f.dir(s), tc.seen)); err != nil {
+					t.Errorf("the pod does not see the host's %s: %v", tc.seen, err)
+				}
+			}
+			if tc.created != "" {
+				if _, err := os.Lstat(filepath.Join(f.host, tc.created)); err != nil {
+					t.Errorf("not created below the host root: %v", err)
+				}
+				if _, err := os.Lstat(tc.created); !errors.Is(err, os.ErrNotExist) {
+					_ = os.RemoveAll(tc.created)
+					t.Errorf("created in the agent's own file system: %s (%v)", tc.created, err)
+				}
+			}
+		})
+	}
+}
+
+// bothRoots makes the directory p on the host (below root) and in the
+// agent's own file system, as a container's /run and the host's /run.
+func bothRoots(t *testing.T, root, p string) {
+	t.Helper()
+	for _, d := range []string{filepath.Join(root, p), p} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func symlink(t *testing.T, target, link string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// newFixtureInRoot is newFixture with the host's root at f.host, as with
+// --host-root in a container: volumes name paths below it.
+func newFixtureInRoot(t *testing.T) *fixture {
+	t.Helper()
+	f := newFixture(t)
+	f.plugin = hostpath.New(plugins.Host{Paths: f.paths, Mounter: mountutil.New(), NodeName: "node", HostRoot: f.host, Log: zap.NewNop()})
+	return f
+}

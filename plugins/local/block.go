@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"strconv"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/volume"
@@ -33,7 +33,10 @@ func (p *Plugin) UnmapDevice(context.Context, *plugins.DeviceRequest) error { re
 // one that holds another device is an error (the pod may be using it).
 func (p *Plugin) MapPodDevice(_ context.Context, req *plugins.SetUpRequest) error {
 	local := req.Spec.PV.Spec.Local
-	dev, err := openInRoot(p.host.HostRoot, local.Path)
+	dev, err := p.root.Open(local.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("local path %s of PV %s does not exist: %w", local.Path, req.Spec.PV.Name, err)
+	}
 	if err != nil {
 		return fmt.Errorf("local path %s of PV %s: %w", local.Path, req.Spec.PV.Name, err)
 	}
@@ -64,8 +67,7 @@ func (p *Plugin) MapPodDevice(_ context.Context, req *plugins.SetUpRequest) erro
 	if err := makeAccessPoint(req.Dir); err != nil {
 		return err
 	}
-	source := "/proc/self/fd/" + strconv.Itoa(int(dev.Fd()))
-	if err := p.host.Mounter.BindMount(source, req.Dir, mountutil.BindOptions{ReadOnly: req.Spec.ReadOnly}); err != nil {
+	if err := p.host.Mounter.BindMount(hostroot.FDPath(dev), req.Dir, mountutil.BindOptions{ReadOnly: req.Spec.ReadOnly}); err != nil {
 		if mounted, _ := p.host.Mounter.IsMountPoint(req.Dir); mounted {
 			return volume.Uncertain(err)
 		}
@@ -102,30 +104,6 @@ func makeAccessPoint(path string) error {
 		return fmt.Errorf("access point %s exists and is not a regular file (%s)", path, info.Mode().Type())
 	}
 	return nil
-}
-
-// openInRoot opens the node's absolute path p (O_PATH) with every symbolic
-// link resolved inside root, as if root were "/".
-func openInRoot(root, p string) (*os.File, error) {
-	if root == "" {
-		root = "/"
-	}
-	rootFd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("opening host root %s: %w", root, err)
-	}
-	defer unix.Close(rootFd)
-	fd, err := unix.Openat2(rootFd, p, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
-	})
-	if errors.Is(err, unix.ENOENT) {
-		return nil, fmt.Errorf("%w (below host root %s)", fs.ErrNotExist, root)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return os.NewFile(uintptr(fd), p), nil
 }
 
 func devNumber(rdev uint64) string {

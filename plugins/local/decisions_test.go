@@ -3,6 +3,7 @@ package local_test
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -20,13 +21,18 @@ import (
 // uncertain. The real mounts are tested in local_test.go.
 
 // newFakeFixture returns a fixture with a fake mounter and the host's root
-// at /host, so that paths from the PV are looked up below it.
+// at a temporary directory (its path in host, the PV's directory
+// /mnt/disks/d1 in it), so that paths from the PV are looked up below it.
 func newFakeFixture(t *testing.T) (*fixture, *pluginstest.Mounter) {
 	t.Helper()
 	m := pluginstest.NewMounter()
 	paths := volume.Paths{Root: t.TempDir()}
-	h := plugins.Host{Paths: paths, Mounter: m, NodeName: "node", HostRoot: "/host", Log: zap.NewNop()}
-	return &fixture{plugin: local.New(h), paths: paths}, m
+	host := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(host, "mnt", "disks", "d1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := plugins.Host{Paths: paths, Mounter: m, NodeName: "node", HostRoot: host, Log: zap.NewNop()}
+	return &fixture{plugin: local.New(h), paths: paths, host: host}, m
 }
 
 func TestMountDeviceDecisions(t *testing.T) {
@@ -58,7 +64,7 @@ func TestMountDeviceDecisions(t *testing.T) {
 				if err := os.MkdirAll(global, 0o750); err != nil {
 					t.Fatal(err)
 				}
-				m.SetMounted("/host/dev/disk1", global)
+				m.SetMounted(f.host+"/dev/disk1", global)
 			}
 			if c.fault != nil {
 				m.Fail(*c.fault)
@@ -69,7 +75,7 @@ func TestMountDeviceDecisions(t *testing.T) {
 			}
 			var want []string
 			if c.wantMount != "" {
-				want = []string{"FormatAndMount /host/dev/disk1 " + global + " " + c.wantMount}
+				want = []string{"FormatAndMount " + f.host + "/dev/disk1 " + global + " " + c.wantMount}
 			}
 			if got := m.CallStrings(); !slices.Equal(got, want) {
 				t.Errorf("mounter calls %q, want %q", got, want)
@@ -106,7 +112,7 @@ func TestUnmountDeviceDecisions(t *testing.T) {
 				t.Fatal(err)
 			}
 			if c.mounted {
-				m.SetMounted("/host/dev/disk1", global)
+				m.SetMounted(f.host+"/dev/disk1", global)
 			}
 			podDir := f.podDir(s, pod("p1"))
 			if c.podBound {
@@ -168,7 +174,7 @@ func TestSetUpDecisions(t *testing.T) {
 			s := spec("pv-1", "/mnt/disks/d1", c.readOnly, c.opts...)
 			p := pod("p1")
 			dir := f.podDir(s, p)
-			source, deviceMountPath := "/host/mnt/disks/d1", ""
+			source, deviceMountPath := f.host+"/mnt/disks/d1", ""
 			if c.device {
 				source, deviceMountPath = f.globalPath(s), f.globalPath(s)
 			}
@@ -210,7 +216,7 @@ func TestTearDownDecisions(t *testing.T) {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			t.Fatal(err)
 		}
-		m.SetMounted("/host/mnt/disks/d1", dir)
+		m.SetMounted(f.host+"/mnt/disks/d1", dir)
 		if fail {
 			m.Fail(pluginstest.Fault{Op: "UnmountAll", Err: errors.New("busy")})
 		}
@@ -221,5 +227,28 @@ func TestTearDownDecisions(t *testing.T) {
 		if _, serr := os.Stat(dir); (serr == nil) != fail {
 			t.Errorf("failing unmount %v: mount point kept %v", fail, serr == nil)
 		}
+	}
+}
+
+// A device named by a link (/dev/disk/by-id/...) whose target is absolute
+// is the node's device: the link resolves within the host root. Resolved
+// in the agent's own file system it would name the container's device
+// node of that name, and format the wrong disk.
+func TestMountDeviceResolvesLinksWithinTheHostRoot(t *testing.T) {
+	f, m := newFakeFixture(t)
+	byID := filepath.Join(f.host, "dev", "disk", "by-id")
+	if err := os.MkdirAll(byID, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/sdz", filepath.Join(byID, "wwn-1")); err != nil {
+		t.Fatal(err)
+	}
+	s := spec("pv-1", "/dev/disk/by-id/wwn-1", false)
+	if err := f.mountDevice(s); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"FormatAndMount " + f.host + "/dev/sdz " + f.globalPath(s) + " ext4"}
+	if got := m.CallStrings(); !slices.Equal(got, want) {
+		t.Errorf("mounter calls %q, want %q", got, want)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,7 +22,9 @@ import (
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
+	"github.com/volume-agent/volume-agent/internal/hostroot"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/pathcheck"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -33,7 +36,13 @@ const Name = "kubernetes.io/local-volume"
 const DefaultFSType = "ext4"
 
 // Plugin is the local volume plugin.
-type Plugin struct{ host plugins.Host }
+type Plugin struct {
+	host plugins.Host
+	root hostroot.Root
+	// paths answers Attributes' question (directory or block device?)
+	// without it waiting on the disk.
+	paths *pathcheck.Checker
+}
 
 // The agent finds a plugin's capabilities by type assertion: these make a
 // changed signature fail the build instead of a volume at run time.
@@ -48,7 +57,26 @@ var (
 )
 
 // New returns the plugin.
-func New(host plugins.Host) *Plugin { return &Plugin{host: host} }
+func New(host plugins.Host) *Plugin { return NewWithOptions(host, pathcheck.Options{}) }
+
+// NewWithOptions is New with the path checker's options (timeouts), for
+// tests; Changed defaults to host.Recheck.
+func NewWithOptions(host plugins.Host, checks pathcheck.Options) *Plugin {
+	p := &Plugin{host: host, root: hostroot.New(host.HostRoot)}
+	if checks.Changed == nil {
+		checks.Changed = host.Recheck
+	}
+	p.paths = pathcheck.New(p.statType, checks)
+	return p
+}
+
+func (p *Plugin) statType(path string) (fs.FileMode, error) {
+	fi, err := p.stat(path)
+	if err != nil {
+		return 0, err
+	}
+	return fi.Mode(), nil
+}
 
 func (p *Plugin) Name() string { return Name }
 
@@ -58,7 +86,9 @@ func (p *Plugin) CanSupport(spec *volume.Spec) bool {
 
 // Attributes names the volume by its PV (shared by every pod using it) and
 // looks at the path: a block device needs a device mount, a directory does
-// not.
+// not. It never waits on the disk: the path is looked at in the background
+// (ErrNotReady until the first answer; an error if the disk does not answer
+// in time) and the answer kept, refreshed in the background every minute.
 func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 	path := spec.PV.Spec.Local.Path
 	if !filepath.IsAbs(path) {
@@ -74,15 +104,18 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 		// MapPodDevice), not here: nothing is staged, so no device phase.
 		return volume.Attributes{Identity: spec.PV.Name, Block: true}, nil
 	}
-	info, err := os.Stat(p.host.HostPath(path))
+	typ, err := p.paths.Type(path)
+	if errors.Is(err, pathcheck.ErrPending) {
+		return volume.Attributes{}, fmt.Errorf("local path %s of PV %s: %w", path, spec.PV.Name, plugins.ErrNotReady)
+	}
 	if err != nil {
 		return volume.Attributes{}, fmt.Errorf("local path of PV %s: %w", spec.PV.Name, err)
 	}
 	attrs := volume.Attributes{Identity: spec.PV.Name}
 	switch {
-	case info.Mode().Type() == os.ModeDevice:
+	case typ == os.ModeDevice:
 		attrs.DeviceMountable = true
-	case info.IsDir():
+	case typ.IsDir():
 	default:
 		return volume.Attributes{}, fmt.Errorf("local path %s of PV %s is neither a directory nor a block device", path, spec.PV.Name)
 	}
@@ -90,6 +123,24 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 		return volume.Attributes{}, fmt.Errorf("PV %s: %w", spec.PV.Name, err)
 	}
 	return attrs, nil
+}
+
+// stat looks at the node's path, resolved within the host root.
+func (p *Plugin) stat(path string) (os.FileInfo, error) {
+	f, err := p.root.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.Stat()
+}
+
+// device is where the node's device path is visible to the agent, every
+// link resolved within the host root (/dev/disk/by-id links are relative
+// to the node's /dev): a path, for the programs that format, check and
+// mount it.
+func (p *Plugin) device(spec *volume.Spec) (string, error) {
+	return p.root.Resolve(spec.PV.Spec.Local.Path)
 }
 
 // MountDevice formats the device if it is blank and mounts it at the global
@@ -107,11 +158,15 @@ func (p *Plugin) MountDevice(_ context.Context, req *plugins.DeviceRequest) erro
 	if local.FSType != nil && *local.FSType != "" {
 		fsType = *local.FSType
 	}
+	device, err := p.device(req.Spec)
+	if err != nil {
+		return err
+	}
 	if req.DesiredSize != nil {
-		if err := deviceFits(p.host.HostPath(local.Path), *req.DesiredSize); err != nil {
+		if err := deviceFits(device, *req.DesiredSize); err != nil {
 			return err
 		}
-		grown, err := p.growOffline(p.host.HostPath(local.Path))
+		grown, err := p.growOffline(device)
 		if err != nil {
 			return err
 		}
@@ -120,7 +175,7 @@ func (p *Plugin) MountDevice(_ context.Context, req *plugins.DeviceRequest) erro
 			req.Resized = &size
 		}
 	}
-	if err := p.host.Mounter.FormatAndMount(p.host.HostPath(local.Path), req.DeviceMountPath, fsType, plugins.MountOptions(req.Spec)); err != nil {
+	if err := p.host.Mounter.FormatAndMount(device, req.DeviceMountPath, fsType, plugins.MountOptions(req.Spec)); err != nil {
 		// mount(8) may have been killed half way: the mount is uncertain
 		// only if something is now mounted there.
 		if mounted, _ := p.host.Mounter.IsMountPoint(req.DeviceMountPath); mounted {
@@ -152,11 +207,23 @@ func (p *Plugin) UnmountDevice(_ context.Context, req *plugins.DeviceRequest) er
 }
 
 // SetUp bind-mounts the directory, or the device's global mount, into the
-// pod's volume directory.
-func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
-	source := p.host.HostPath(req.Spec.PV.Spec.Local.Path)
-	if req.DeviceMountPath != "" {
-		source = req.DeviceMountPath
+// pod's volume directory. The directory is opened within the host root and
+// mounted from that descriptor: what was checked is what is mounted.
+func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
+	source := req.DeviceMountPath
+	if source == "" {
+		path := req.Spec.PV.Spec.Local.Path
+		dir, err := p.root.Open(path)
+		if err != nil {
+			return fmt.Errorf("local path of PV %s: %w", req.Spec.PV.Name, err)
+		}
+		defer dir.Close()
+		if info, err := dir.Stat(); err != nil {
+			return err
+		} else if !info.IsDir() {
+			return fmt.Errorf("local path %s of PV %s is not a directory (and the volume has no device mount)", path, req.Spec.PV.Name)
+		}
+		source = hostroot.FDPath(dir)
 	}
 	flags, readOnly, err := bindOptions(req)
 	if err != nil {
@@ -172,7 +239,7 @@ func (p *Plugin) SetUp(_ context.Context, req *plugins.SetUpRequest) error {
 	if err := p.host.Mounter.BindMount(source, req.Dir, mountutil.BindOptions{ReadOnly: readOnly, Flags: flags}); err != nil {
 		return err
 	}
-	if err := plugins.ApplyFSGroup(req.Dir, req.Pod, readOnly); err != nil {
+	if err := plugins.ApplyFSGroup(ctx, req.Dir, req.Pod, readOnly); err != nil {
 		// The mount is there; say so, so it is retried or torn down.
 		return volume.Uncertain(fmt.Errorf("applying fsGroup: %w", err))
 	}
@@ -203,7 +270,10 @@ func (p *Plugin) Expand(_ context.Context, req *plugins.ExpandRequest) (*resourc
 	if req.DeviceMountPath == "" {
 		return nil, fmt.Errorf("local PV %s is a directory: %w", req.Spec.PV.Name, plugins.ErrExpansionNotSupported)
 	}
-	device := p.host.HostPath(req.Spec.PV.Spec.Local.Path)
+	device, err := p.device(req.Spec)
+	if err != nil {
+		return nil, err
+	}
 	if err := deviceFits(device, req.NewSize); err != nil {
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/local"
+	"github.com/volume-agent/volume-agent/plugins/pluginstest"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -74,7 +75,7 @@ func (f *fixture) globalPath(s *volume.Spec) string {
 
 func (f *fixture) attributes(t *testing.T, s *volume.Spec) volume.Attributes {
 	t.Helper()
-	a, err := f.plugin.Attributes(s)
+	a, err := pluginstest.Attributes(t, f.plugin, s)
 	if err != nil {
 		t.Fatalf("Attributes: %v", err)
 	}
@@ -248,7 +249,7 @@ func TestDirectoryUnsupportedMountOption(t *testing.T) {
 	src := f.hostDir(t)
 	for _, opts := range [][]string{{"discard"}, {"noexec", "nfsvers=4"}, {"size=1m"}} {
 		s := spec("pv-dir", src, false, mountOptions(opts...))
-		_, err := f.plugin.Attributes(s)
+		_, err := pluginstest.Attributes(t, f.plugin, s)
 		if err == nil {
 			t.Errorf("Attributes accepted mount options %v", opts)
 			continue
@@ -276,7 +277,7 @@ func TestAttributesInvalid(t *testing.T) {
 		spec("pv", file, false),
 		spec("pv", "/dev/null", false),
 	} {
-		if _, err := f.plugin.Attributes(s); err == nil || !strings.Contains(err.Error(), "pv") {
+		if _, err := pluginstest.Attributes(t, f.plugin, s); err == nil || !strings.Contains(err.Error(), "pv") {
 			t.Errorf("Attributes(%s) = %v, want an error naming the PV", s.PV.Spec.Local.Path, err)
 		}
 	}
@@ -531,3 +532,38 @@ func TestBlockDeviceReadOnlyMountOption(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// Under --host-root, the PV's directory is resolved as the node resolves
+// it: an absolute link in the path starts again at the host root, never in
+// the agent's own file system (where a directory of the same name would be
+// bind-mounted into the pod instead).
+func TestDirectoryThroughAnAbsoluteLinkOnTheHost(t *testing.T) {
+	f := newFixture(t)
+	f.plugin = local.New(plugins.Host{Paths: f.paths, Mounter: mountutil.New(), NodeName: "node", HostRoot: f.host, Log: zap.NewNop()})
+	agentOwn := "/volume-agent-test-disks-" + t.Name()
+	t.Cleanup(func() { _ = os.RemoveAll(agentOwn) })
+	if err := os.MkdirAll(filepath.Join(agentOwn, "d1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mounttest.WriteFile(t, filepath.Join(f.host, agentOwn, "d1", "host.txt"), "the node's disk")
+	if err := os.MkdirAll(filepath.Join(f.host, "mnt"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(agentOwn, filepath.Join(f.host, "mnt", "disks")); err != nil {
+		t.Fatal(err)
+	}
+	s := spec("pv-link", "/mnt/disks/d1", false)
+	p := pod("p1")
+	if err := f.setUp(s, p, ""); err != nil {
+		t.Fatal(err)
+	}
+	dir := f.podDir(s, p)
+	defer func() {
+		if err := f.tearDown(s, p); err != nil {
+			t.Error(err)
+		}
+	}()
+	if got, err := os.ReadFile(filepath.Join(dir, "host.txt")); err != nil || string(got) != "the node's disk" {
+		t.Errorf("the pod sees %q, %v; want the node's disk", got, err)
+	}
+}

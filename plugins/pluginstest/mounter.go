@@ -7,17 +7,21 @@
 package pluginstest
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/plugins"
+	"github.com/volume-agent/volume-agent/volume"
 )
 
 // Call is one call of a Mounter method.
@@ -229,7 +233,15 @@ func (m *Mounter) MountTmpfs(target string, o mountutil.TmpfsOptions) error {
 }
 
 // BindMount implements plugins.Mounter.
+// A source naming an open descriptor (/proc/self/fd/N, what plugins mount
+// from after resolving a node path safely) is recorded as the path it
+// holds, as mount(2) would resolve it.
 func (m *Mounter) BindMount(source, target string, o mountutil.BindOptions) error {
+	if strings.HasPrefix(source, "/proc/self/fd/") {
+		if p, err := os.Readlink(source); err == nil {
+			source = p
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.mountOn(Call{Op: "BindMount", Source: source, Target: target, Bind: o}, filepath.Clean(source))
@@ -325,4 +337,22 @@ func (m *Mounter) MountRefs(path string) ([]string, error) {
 	}
 	slices.Sort(refs)
 	return refs, nil
+}
+
+// Attributes asks p about spec until it answers: while a plugin looks at
+// the host in the background (plugins.ErrNotReady), polling, with a
+// deadline.
+func Attributes(t testing.TB, p plugins.Plugin, spec *volume.Spec) (volume.Attributes, error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a, err := p.Attributes(spec)
+		if !errors.Is(err, plugins.ErrNotReady) {
+			return a, err
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Attributes(%s) not ready after 10s", spec.Name)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

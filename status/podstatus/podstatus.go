@@ -4,8 +4,11 @@
 // otherwise. Pods can list it in spec.readinessGates.
 //
 // Conditions are computed from the reconciler's snapshots after every pass
-// (no extra work), and patched only when they change, through a rate-limited
-// work queue so a slow or unreachable API server never blocks the reconciler.
+// (no extra work) and patched only when they change, from a queue of pods
+// (never of patches: a pod waiting in it gets one patch with its latest
+// condition) served by parallel workers, so a slow or unreachable API server
+// never blocks the reconciler. Pods whose readiness changes go first: a
+// burst of "still waiting" messages never holds back a pod that is ready.
 package podstatus
 
 import (
@@ -22,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/operations"
@@ -65,13 +69,26 @@ type Errors interface {
 	LastError(key operations.Key) error
 }
 
+// Options configure a Reporter.
+type Options struct {
+	Patcher Patcher
+	GetPod  PodGetter
+	Errors  Errors
+	Log     *zap.Logger
+	// Clock times the delays (not-ready hold-back, retries); default real.
+	Clock clock.WithDelayedExecution
+}
+
 // Reporter computes and publishes the condition.
 type Reporter struct {
 	patcher Patcher
 	getPod  PodGetter
 	errs    Errors
 	log     *zap.Logger
-	queue   workqueue.TypedRateLimitingInterface[types.UID]
+	clock   clock.WithDelayedExecution
+	queue   *queue
+	// retry spaces the attempts of a pod whose patches fail.
+	retry workqueue.TypedRateLimiter[types.UID]
 
 	mu      sync.Mutex
 	want    map[types.UID]podCondition
@@ -84,11 +101,14 @@ type podCondition struct {
 }
 
 // New returns a Reporter; Run publishes.
-func New(p Patcher, getPod PodGetter, errs Errors, log *zap.Logger) *Reporter {
+func New(o Options) *Reporter {
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	return &Reporter{
-		patcher: p, getPod: getPod, errs: errs, log: log,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[types.UID](),
-			workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "pod-status"}),
+		patcher: o.Patcher, getPod: o.GetPod, errs: o.Errors, log: o.Log, clock: o.Clock,
+		queue:   newQueue(),
+		retry:   workqueue.DefaultTypedControllerRateLimiter[types.UID](),
 		want:    map[types.UID]podCondition{},
 		written: map[types.UID]Condition{},
 	}
@@ -156,64 +176,109 @@ func (r *Reporter) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnaps
 		}
 		r.want[uid] = podCondition{pod: p.Pod.PodRef, cond: c}
 		if c.Status == v1.ConditionTrue {
-			r.queue.Add(uid)
+			r.queue.add(uid, r.priorityLocked(uid))
 		} else {
 			// Most pods mount within milliseconds: writing "not ready" first
 			// would double the API writes for nothing.
-			r.queue.AddAfter(uid, notReadyDelay)
+			r.clock.AfterFunc(notReadyDelay, func() { r.enqueue(uid) })
 		}
 	}
 	for uid := range r.want {
 		if _, ok := dsw.Pods[uid]; !ok {
 			delete(r.want, uid)
 			delete(r.written, uid)
+			// A pod that leaves while its patches fail would otherwise stay
+			// in the retry limiter's map for the agent's lifetime.
+			r.retry.Forget(uid)
 		}
 	}
 }
 
-// Run publishes conditions until ctx ends.
+// priorityLocked: high when publishing the pod's wanted condition makes it
+// ready or stops it being ready.
+func (r *Reporter) priorityLocked(uid types.UID) priority {
+	if r.want[uid].cond.Status == v1.ConditionTrue || r.written[uid].Status == v1.ConditionTrue {
+		return high
+	}
+	return low
+}
+
+// enqueue queues a pod that is still wanted, at the priority its
+// condition has now.
+func (r *Reporter) enqueue(uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.want[uid]; ok {
+		r.queue.add(uid, r.priorityLocked(uid))
+	}
+}
+
+// Run publishes conditions with the given number of workers until ctx
+// ends. Workers beyond what the client's rate limit lets through only wait
+// in it; fewer than that leave its burst unused while each patch takes an
+// API round trip.
 func (r *Reporter) Run(ctx context.Context, workers int) {
 	go func() {
 		<-ctx.Done()
-		r.queue.ShutDown()
+		r.queue.shutDown()
 	}()
 	var wg sync.WaitGroup
-	for i := 0; i < workers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for range workers {
+		wg.Go(func() {
 			for r.processNext(ctx) {
 			}
-		}()
+		})
 	}
 	wg.Wait()
 }
 
 func (r *Reporter) processNext(ctx context.Context) bool {
-	uid, shutdown := r.queue.Get()
-	if shutdown {
+	uid, _, ok := r.queue.get()
+	if !ok {
 		return false
 	}
-	defer r.queue.Done(uid)
+	defer r.queue.done(uid)
 	r.mu.Lock()
 	pc, ok := r.want[uid]
 	written, wasWritten := r.written[uid]
 	r.mu.Unlock()
 	if !ok || (wasWritten && written == pc.cond) {
-		r.queue.Forget(uid)
+		r.retry.Forget(uid)
 		return true
 	}
 	if err := r.publish(ctx, pc); err != nil {
-		r.log.Warn("updating pod condition failed; will retry", zap.String("pod", pc.pod.String()), zap.Error(err))
-		r.queue.AddRateLimited(uid)
+		if ctx.Err() != nil {
+			return true
+		}
+		// Under mu, so that a pod that left meanwhile (Reconciled forgot
+		// it) is not counted in the limiter again.
+		r.mu.Lock()
+		_, wanted := r.want[uid]
+		var delay time.Duration
+		if wanted {
+			delay = r.retry.When(uid)
+		}
+		r.mu.Unlock()
+		if !wanted {
+			return true
+		}
+		r.log.Warn("updating pod condition failed; will retry", zap.String("pod", pc.pod.String()),
+			zap.Duration("retryIn", delay), zap.Error(err))
+		r.clock.AfterFunc(delay, func() { r.enqueue(uid) })
 		return true
 	}
-	r.queue.Forget(uid)
+	r.retry.Forget(uid)
 	r.mu.Lock()
-	r.written[uid] = pc.cond
+	if _, ok := r.want[uid]; ok {
+		r.written[uid] = pc.cond
+	}
 	r.mu.Unlock()
 	return true
 }
+
+// Pending is the number of pods waiting for their condition to be
+// published.
+func (r *Reporter) Pending() int { return r.queue.len() }
 
 // publish patches the pod's status unless the API server already has the
 // condition. The transition time changes only when the status does.

@@ -151,7 +151,7 @@ func runAPIVolumes(o options, work, root string) error {
 
 func qpsString(q int) string {
 	if q == 0 {
-		return "default (20)"
+		return "default (50)"
 	}
 	return strconv.Itoa(q)
 }

@@ -4,7 +4,9 @@
 // time until every volume is mounted, the CPU the idle agent uses with them
 // mounted, its RSS, and the time until everything is unmounted after the
 // manifests are deleted. -scenario api-volumes is cluster mode with API
-// volumes (see apivolumes.go).
+// volumes (see apivolumes.go); -scenario readiness is how soon pods'
+// VolumesReady conditions follow their mounts in cluster mode (see
+// readiness.go).
 //
 // Mounts are counted in /proc/self/mountinfo, the kernel's own view. The
 // agent's root directory is, by default, on a dedicated ext4 filesystem on a
@@ -45,26 +47,45 @@ type options struct {
 	idle     time.Duration
 	rootFS   string
 	timeout  time.Duration
+	// profile, if set, is a directory for CPU profiles of the agent during
+	// the mount and the unmount phase (profileFor long each).
+	profile    string
+	profileFor time.Duration
 	// api-volumes scenario
 	kubeQPS         int
 	nodeCredentials bool
 	updates         int
 	dumpMetrics     string
+	// readiness scenario
+	sizes        string
+	modes        string
+	runs         int
+	agentArgs    string
+	baseline     string
+	baselineArgs string
 }
 
 func run() error {
 	var o options
 	flag.StringVar(&o.agent, "agent", "bin/volume-agent", "volume-agent binary")
-	flag.StringVar(&o.scenario, "scenario", "emptydir", "emptydir (standalone mode, Memory emptyDirs) or api-volumes (cluster mode, kube-api-access + configMap + secret per pod)")
+	flag.StringVar(&o.scenario, "scenario", "emptydir", "emptydir (standalone mode, Memory emptyDirs), api-volumes (cluster mode, kube-api-access + configMap + secret per pod) or readiness (cluster mode, pod conditions; see readiness.go)")
 	flag.IntVar(&o.kubeQPS, "kube-qps", 0, "api-volumes: the agent's --kube-api-qps (burst twice that); 0: its default")
 	flag.BoolVar(&o.nodeCredentials, "node-credentials", false, "api-volumes: run the agent with --node-kubeconfig")
 	flag.IntVar(&o.updates, "updates", 10, "api-volumes: ConfigMap updates timed")
 	flag.StringVar(&o.dumpMetrics, "dump-metrics", "", "api-volumes: write the agent's /metrics here at the end")
+	flag.StringVar(&o.sizes, "sizes", "100,200", "readiness: numbers of pods, comma-separated")
+	flag.StringVar(&o.modes, "modes", "before,running", "readiness: pods created before the agent starts, or at once while it runs")
+	flag.IntVar(&o.runs, "runs", 1, "readiness: rounds of each size, mode and agent")
+	flag.StringVar(&o.agentArgs, "agent-args", "", "readiness: more flags for the agent")
+	flag.StringVar(&o.baseline, "baseline", "", "readiness: a second agent binary, run alternately with -agent")
+	flag.StringVar(&o.baselineArgs, "baseline-args", "", "readiness: more flags for the baseline agent")
 	flag.IntVar(&o.pods, "pods", 500, "pods")
-	flag.IntVar(&o.volumes, "volumes", 4, "Memory emptyDir volumes per pod")
+	flag.IntVar(&o.volumes, "volumes", 4, "volumes per pod: Memory emptyDirs (emptydir) or PVCs bound to local PVs (readiness)")
 	flag.DurationVar(&o.idle, "idle", 20*time.Second, "how long to measure idle CPU with everything mounted")
 	flag.StringVar(&o.rootFS, "root-fs", "loop", "where the agent's root dir lives: loop (own ext4 on a loop device) or host")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up after this long in any phase")
+	flag.StringVar(&o.profile, "profile", "", "emptydir: write CPU profiles of the agent (mount.pprof, unmount.pprof, idle.pprof) to this directory")
+	flag.DurationVar(&o.profileFor, "profile-for", 10*time.Second, "emptydir: length of each CPU profile")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("must run as root (it mounts)")
@@ -91,8 +112,11 @@ func run() error {
 		defer cleanup()
 	}
 	defer unmountBelow(root)
-	if o.scenario == "api-volumes" {
+	switch o.scenario {
+	case "api-volumes":
 		return runAPIVolumes(o, work, root)
+	case "readiness":
+		return runReadiness(o, work, root)
 	}
 
 	debugAddr, metricsAddr := freeAddr(), freeAddr()
@@ -129,6 +153,21 @@ func run() error {
 	}
 
 	fmt.Printf("volume-agent standalone: %d pods x %d emptyDir{medium: Memory} = %d mounts, root dir on %s\n", o.pods, o.volumes, want, o.rootFS)
+	profile := func(name string, d time.Duration) func() {
+		if o.profile == "" {
+			return func() {}
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := saveProfile(debugAddr, d, filepath.Join(o.profile, name)); err != nil {
+				fmt.Fprintln(os.Stderr, "bench: profile:", err)
+			}
+		}()
+		return func() { <-done }
+	}
+	waitProfile := profile("mount.pprof", o.profileFor)
+	user0, system0, _ := cpuSplit(cmd.Process.Pid)
 	start := time.Now()
 	for name, data := range files {
 		tmp := filepath.Join(manifests, "."+name)
@@ -144,14 +183,17 @@ func run() error {
 		return fmt.Errorf("waiting for %d mounts (have %d): %w", want, countMounts(root), err)
 	}
 	mounted := time.Now()
-	fmt.Printf("  mounted:   %.3f s after the manifests were written (%.3f s from the first write)\n",
-		mounted.Sub(written).Seconds(), mounted.Sub(start).Seconds())
+	fmt.Printf("  mounted:   %.3f s after the manifests were written (%.3f s from the first write), %s\n",
+		mounted.Sub(written).Seconds(), mounted.Sub(start).Seconds(), cpuSince(cmd.Process.Pid, user0, system0))
 
+	waitProfile()
+	waitProfile = profile("idle.pprof", o.idle)
 	cpu0, err := cpuSeconds(cmd.Process.Pid)
 	if err != nil {
 		return err
 	}
 	time.Sleep(o.idle) // measuring idle cost: the wait is the measurement
+	waitProfile()
 	if os.Getenv("BENCH_DUMP_METRICS") != "" {
 		if resp, err := http.Get("http://" + metricsAddr + "/metrics"); err == nil {
 			b, _ := io.ReadAll(resp.Body)
@@ -170,6 +212,9 @@ func run() error {
 	fmt.Printf("  idle CPU:  %.3f s over %s with everything mounted\n", cpu1-cpu0, o.idle)
 	fmt.Printf("  RSS:       %.1f MiB\n", float64(rss)/1024)
 
+	waitProfile = profile("unmount.pprof", o.profileFor)
+	defer waitProfile()
+	user0, system0, _ = cpuSplit(cmd.Process.Pid)
 	for name := range files {
 		if err := os.Remove(filepath.Join(manifests, name)); err != nil {
 			return err
@@ -179,7 +224,7 @@ func run() error {
 	if err := waitFor(o.timeout, func() bool { return countMounts(root) == 0 }); err != nil {
 		return fmt.Errorf("waiting for unmounts (%d left): %w", countMounts(root), err)
 	}
-	fmt.Printf("  unmounted: %.3f s after the manifests were deleted\n", time.Since(deleted).Seconds())
+	fmt.Printf("  unmounted: %.3f s after the manifests were deleted, %s\n", time.Since(deleted).Seconds(), cpuSince(cmd.Process.Pid, user0, system0))
 	if err := waitFor(o.timeout, func() bool {
 		entries, _ := os.ReadDir(filepath.Join(root, "pods"))
 		return len(entries) == 0
@@ -238,15 +283,27 @@ func waitFor(timeout time.Duration, cond func() bool) error {
 }
 
 func cpuSeconds(pid int) (float64, error) {
+	user, system, err := cpuSplit(pid)
+	return user + system, err
+}
+
+// cpuSplit is a process's CPU time in user space and in the kernel.
+func cpuSplit(pid int) (user, system float64, err error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// Fields after the command name (which may contain spaces).
 	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+2:]))
 	utime, _ := strconv.ParseFloat(fields[11], 64)
 	stime, _ := strconv.ParseFloat(fields[12], 64)
-	return (utime + stime) / 100, nil // USER_HZ is 100 on Linux
+	return utime / 100, stime / 100, nil // USER_HZ is 100 on Linux
+}
+
+// cpuSince formats the CPU a process used since (user0, system0).
+func cpuSince(pid int, user0, system0 float64) string {
+	user, system, _ := cpuSplit(pid)
+	return fmt.Sprintf("CPU %.2f s user + %.2f s kernel", user-user0, system-system0)
 }
 
 func rssKiB(pid int) (int, error) {
@@ -260,6 +317,23 @@ func rssKiB(pid int) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}
+
+// saveProfile writes a CPU profile of the agent over d to path.
+func saveProfile(debugAddr string, d time.Duration, path string) error {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", debugAddr, int(d.Seconds())))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s", resp.Status)
+	}
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
 }
 
 func freeAddr() string {

@@ -84,26 +84,49 @@ type keyRing struct {
 	prev, next *keyRing
 }
 
-// ring is a fixed-size circular buffer of records.
+// ring is a circular buffer of at most size records. Its buffer grows
+// with the records it gets: most pods have a few operations (one mount per
+// volume), and a buffer of size records for each of thousands of pods
+// would be most of the agent's memory.
 type ring struct {
 	buf  []Record
+	size int
 	next int
 	full bool
 }
 
 func (r *ring) add(rec Record) {
+	if !r.full {
+		if len(r.buf) == cap(r.buf) {
+			grown := make([]Record, len(r.buf), min(max(4, 2*cap(r.buf)), r.size))
+			copy(grown, r.buf)
+			r.buf = grown
+		}
+		r.buf = append(r.buf, rec)
+		if len(r.buf) == r.size {
+			r.next, r.full = 0, true
+		}
+		return
+	}
 	r.buf[r.next] = rec
 	r.next++
 	if r.next == len(r.buf) {
-		r.next, r.full = 0, true
+		r.next = 0
 	}
+}
+
+// reset empties the ring, keeping its buffer.
+func (r *ring) reset() {
+	clear(r.buf)
+	r.buf, r.next, r.full = r.buf[:0], 0, false
 }
 
 // appendTo appends the records oldest first.
 func (r *ring) appendTo(out []Record) []Record {
-	if r.full {
-		out = append(out, r.buf[r.next:]...)
+	if !r.full {
+		return append(out, r.buf...)
 	}
+	out = append(out, r.buf[r.next:]...)
 	return append(out, r.buf[:r.next]...)
 }
 
@@ -121,7 +144,7 @@ func New(o Options) *Ring {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	r := &Ring{opts: o, overall: ring{buf: make([]Record, o.Overall)}, keys: map[key]*keyRing{}}
+	r := &Ring{opts: o, overall: ring{size: o.Overall}, keys: map[key]*keyRing{}}
 	r.lru.prev, r.lru.next = &r.lru, &r.lru
 	return r
 }
@@ -179,10 +202,9 @@ func (r *Ring) newKey(k key) *keyRing {
 		kr = r.lru.prev
 		kr.unlink()
 		delete(r.keys, kr.key)
-		clear(kr.ring.buf)
-		kr.ring.next, kr.ring.full = 0, false
+		kr.ring.reset()
 	} else {
-		kr = &keyRing{ring: ring{buf: make([]Record, r.opts.PerKey)}}
+		kr = &keyRing{ring: ring{size: r.opts.PerKey}}
 	}
 	kr.key = k
 	r.keys[k] = kr

@@ -145,3 +145,21 @@ func BenchmarkOperationFinished(b *testing.B) {
 		r.OperationFinished(keys[i%len(keys)], ops[i%len(ops)], time.Millisecond, nil, 0)
 	}
 }
+
+// A key's buffer grows with its records, up to PerKey: thousands of pods
+// with a few operations each must not cost PerKey records each.
+func TestBufferGrowsWithRecords(t *testing.T) {
+	r := New(Options{PerKey: 32, Keys: 8, Overall: 16, Now: fakeNow()})
+	a := pod("a")
+	for n := 1; n <= 40; n++ {
+		finish(r, "v", a, operations.OpMountVolume, nil)
+		kr := r.keys[key{pod: a.UID}]
+		if c := cap(kr.ring.buf); c > max(4, 2*n) || c > 32 {
+			t.Fatalf("after %d records the buffer holds %d", n, c)
+		}
+		got := r.ForPod(a.UID, nil)
+		if len(got) != min(n, 32) || got[len(got)-1].Seq != uint64(n) || got[0].Seq != uint64(max(1, n-31)) {
+			t.Fatalf("after %d records ForPod has %v", n, seqs(got))
+		}
+	}
+}

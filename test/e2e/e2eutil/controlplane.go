@@ -38,9 +38,8 @@ type ControlPlaneOptions struct {
 	Nodes []string
 	// APIServerArgs are added to kube-apiserver's flags (feature gates).
 	APIServerArgs []string
-	// Controllers replaces cluster.DefaultControllers (e.g. without the
-	// PV binder, for suites that make thousands of claims and bind their
-	// own).
+	// Controllers replaces cluster.DefaultControllers (a benchmark binds
+	// thousands of claims itself, without the binder's resyncs).
 	Controllers []string
 	// AdmissionPolicies also creates the kustomization's
 	// ValidatingAdmissionPolicies and their bindings. They refuse every
@@ -88,7 +87,8 @@ func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (_ *ControlPl
 	if err != nil {
 		return nil, err
 	}
-	c, err := cluster.Start(ctx, cluster.Options{ControllerManager: true, Dir: o.Dir, Nodes: o.Nodes, APIServerArgs: o.APIServerArgs, Controllers: o.Controllers})
+	c, err := cluster.Start(ctx, cluster.Options{ControllerManager: true, Dir: o.Dir, Nodes: o.Nodes, APIServerArgs: o.APIServerArgs,
+		Controllers: o.Controllers})
 	if err != nil {
 		return nil, fmt.Errorf("starting the control plane: %w", err)
 	}

@@ -157,7 +157,7 @@ func (e *env) startProvisioner(mods ...func(*localpv.Options)) *provisioner {
 	log := zaptest.NewLogger(e.t, zaptest.Level(zap.InfoLevel)).Named("localpv")
 	bc := record.NewBroadcaster(record.WithContext(context.Background()))
 	bc.StartRecordingToSink(kubeclient.EventSink{Client: client.Core})
-	rec := bc.NewRecorder(kubeclient.Scheme, corev1.EventSource{Component: "volume-agent", Host: e.node})
+	rec := bc.NewRecorder(kubeclient.Scheme(), corev1.EventSource{Component: "volume-agent", Host: e.node})
 	opts := localpv.Options{
 		Client: client, NodeName: e.node, ConfigFile: e.configFile(), HostRoot: "/",
 		Recorder: events.NewLog(log, 100, sink{rec}), Log: log,

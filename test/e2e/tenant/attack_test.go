@@ -31,7 +31,6 @@ import (
 // creating /data/new (DirectoryOrCreate) must create it in the node's
 // directory, not in the decoy.
 func TestHostPathStaysWithinHostRoot(t *testing.T) {
-	needsFix(t, "4 (i13-harden: host paths resolved within --host-root)")
 	t.Parallel()
 	d := newDecoy(t)
 	hostRoot := mounttest.TempDir(t)
@@ -96,7 +95,6 @@ func sameInode(a, b string) (bool, error) {
 // memory limit (LimitRange, ResourceQuota) that bounds what a tenant can
 // hold in memory; the agent only makes the volume say the same.
 func TestMemoryEmptyDirDefaultSize(t *testing.T) {
-	needsFix(t, "10 (i13-harden: a default size for memory emptyDirs)")
 	t.Parallel()
 	a := newAgent(t)
 	a.Write("unlimited.yaml", pod("unlimited", nil, e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "")))
@@ -145,7 +143,6 @@ func memTotal(t *testing.T) int64 {
 // port and never finishes a request (slowloris). The agent keeps serving,
 // holds a bounded number of them, and closes those that idle.
 func TestConnectionFlood(t *testing.T) {
-	needsFix(t, "5 (i13-harden: HTTP timeouts and a connection cap)")
 	t.Parallel()
 	a := newAgent(t)
 	a.Start()

@@ -373,13 +373,3 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
-
-// needsFix skips a test whose expectation needs a fix that is not on this
-// branch yet (docs/security.md lists them), saying which.
-// VOLUME_AGENT_TENANT_ALL=1 runs it anyway, to see it fail.
-func needsFix(t *testing.T, fix string) {
-	t.Helper()
-	if os.Getenv("VOLUME_AGENT_TENANT_ALL") != "1" {
-		t.Skipf("needs fix %s, not on this branch yet (VOLUME_AGENT_TENANT_ALL=1 runs it)", fix)
-	}
-}

@@ -71,7 +71,6 @@ func TestFSGroupSetupOfPlantedVolume(t *testing.T) {
 // owners and modes as soon as it loses the race; a walk on file
 // descriptors never does.
 func TestFSGroupSymlinkSwapRace(t *testing.T) {
-	needsFix(t, "1 (i13-harden: fsGroup walk on file descriptors)")
 	t.Parallel()
 	d := newDecoy(t)
 	a := newAgent(t)
@@ -119,7 +118,6 @@ func TestFSGroupSymlinkSwapRace(t *testing.T) {
 // walk reaches the bottom (a walk by path fails beyond PATH_MAX) in bounded
 // memory.
 func TestFSGroupSetupDeepAndWide(t *testing.T) {
-	needsFix(t, "1 (i13-harden: fsGroup walk on file descriptors)")
 	t.Parallel()
 	a := newAgent(t)
 	dir := localVolume(t, a)

@@ -82,7 +82,6 @@ func TestTeardownOfPlantedVolumes(t *testing.T) {
 // removes it, in bounded memory.
 func TestTeardownDeepTree(t *testing.T) {
 	// Before it, removal peaks at about 350 MiB for this tree.
-	needsFix(t, "2 (i13-harden: tree removal in bounded memory)")
 	t.Parallel()
 	a := newAgent(t)
 	a.Write("deep.yaml", pod("deep", nil,
@@ -103,7 +102,6 @@ func TestTeardownDeepTree(t *testing.T) {
 // teardown removes them without holding every name at once.
 func TestTeardownWideTree(t *testing.T) {
 	// Before it, removal adds about 43 MiB for these names.
-	needsFix(t, "2 (i13-harden: tree removal in bounded memory)")
 	t.Parallel()
 	a := newAgent(t)
 	a.Write("wide.yaml", pod("wide", nil, e2eutil.EmptyDirVolume("scratch", "", "")))

@@ -1,6 +1,7 @@
-package mountutil_test
+package safefs_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -12,7 +13,20 @@ import (
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/safefs"
 )
+
+func removeAll(dir string) error { return safefs.RemoveAll(context.Background(), dir) }
+
+func removeContents(dir string) error { return safefs.RemoveContents(context.Background(), dir) }
+
+func mkdir(t *testing.T, path string) string {
+	t.Helper()
+	if err := os.MkdirAll(path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
 
 // outside is a directory next to the one being removed, with content that
 // must survive whatever is done to the removed one.
@@ -69,7 +83,7 @@ func TestRemoveAll(t *testing.T) {
 	out := outside(t, tmp)
 	dir := mkdir(t, filepath.Join(tmp, "victim"))
 	tree(t, dir, out)
-	if err := mountutil.RemoveAll(dir); err != nil {
+	if err := removeAll(dir); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
@@ -80,14 +94,14 @@ func TestRemoveAll(t *testing.T) {
 
 func TestRemoveAllMissingAndEmpty(t *testing.T) {
 	tmp := t.TempDir()
-	if err := mountutil.RemoveAll(filepath.Join(tmp, "missing")); err != nil {
+	if err := removeAll(filepath.Join(tmp, "missing")); err != nil {
 		t.Errorf("RemoveAll(missing) = %v", err)
 	}
-	if err := mountutil.RemoveContents(filepath.Join(tmp, "missing")); err != nil {
+	if err := removeContents(filepath.Join(tmp, "missing")); err != nil {
 		t.Errorf("RemoveContents(missing) = %v", err)
 	}
 	empty := mkdir(t, filepath.Join(tmp, "empty"))
-	if err := mountutil.RemoveAll(empty); err != nil {
+	if err := removeAll(empty); err != nil {
 		t.Errorf("RemoveAll(empty) = %v", err)
 	}
 	if _, err := os.Lstat(empty); !errors.Is(err, os.ErrNotExist) {
@@ -100,7 +114,7 @@ func TestRemoveContents(t *testing.T) {
 	out := outside(t, tmp)
 	dir := mkdir(t, filepath.Join(tmp, "victim"))
 	tree(t, dir, out)
-	if err := mountutil.RemoveContents(dir); err != nil {
+	if err := removeContents(dir); err != nil {
 		t.Fatal(err)
 	}
 	entries, err := os.ReadDir(dir)
@@ -122,10 +136,10 @@ func TestRemoveThroughSymlinkRefused(t *testing.T) {
 	if err := os.Symlink(out, link); err != nil {
 		t.Fatal(err)
 	}
-	if err := mountutil.RemoveContents(link); err == nil {
+	if err := removeContents(link); err == nil {
 		t.Error("RemoveContents(symlink) succeeded")
 	}
-	if err := mountutil.RemoveAll(link); err == nil {
+	if err := removeAll(link); err == nil {
 		t.Error("RemoveAll(symlink) succeeded")
 	}
 	checkOutside(t, out)
@@ -155,7 +169,7 @@ func TestRemoveRefusesMountPointInside(t *testing.T) {
 		for _, remove := range []struct {
 			name string
 			fn   func(string) error
-		}{{"RemoveAll", mountutil.RemoveAll}, {"RemoveContents", mountutil.RemoveContents}} {
+		}{{"RemoveAll", removeAll}, {"RemoveContents", removeContents}} {
 			t.Run(tc.name+"/"+remove.name, func(t *testing.T) {
 				tmp := mounttest.TempDir(t)
 				out := outside(t, tmp)
@@ -167,7 +181,7 @@ func TestRemoveRefusesMountPointInside(t *testing.T) {
 				mounttest.WriteFile(t, filepath.Join(mnt, "d", "more.txt"), "more")
 
 				err := remove.fn(dir)
-				if !errors.Is(err, mountutil.ErrMountPointInside) {
+				if !errors.Is(err, safefs.ErrMountPointInside) {
 					t.Fatalf("%s = %v, want ErrMountPointInside", remove.name, err)
 				}
 				if err != nil && !strings.Contains(err.Error(), mnt) {
@@ -231,7 +245,7 @@ func TestRemoveFileMountPointInside(t *testing.T) {
 	if err := mountutil.New().BindMount(src, target, mountutil.BindOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := mountutil.RemoveAll(dir); err == nil {
+	if err := removeAll(dir); err == nil {
 		t.Fatal("RemoveAll succeeded with a file mount point inside")
 	}
 	if got := mounttest.ReadFile(t, src); got != "precious" {
@@ -254,10 +268,74 @@ func TestRemoveAllOfMountPoint(t *testing.T) {
 	dir := mkdir(t, filepath.Join(tmp, "mnt"))
 	mounttest.MountTmpfs(t, dir)
 	mounttest.WriteFile(t, filepath.Join(dir, "data.txt"), "data")
-	if err := mountutil.RemoveAll(dir); err == nil {
+	if err := removeAll(dir); err == nil {
 		t.Error("RemoveAll of a mount point succeeded")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "data.txt")); err != nil {
 		t.Errorf("data on the mount was deleted: %v", err)
+	}
+}
+
+// RemoveAllAt removes one entry of an open directory, whatever it is,
+// with RemoveAll's guarantees: a link is removed, not followed; a tree is
+// removed without leaving it; a mount point (the entry or inside it) is
+// left with its data.
+func TestRemoveAllAt(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		root    bool
+		make    func(t *testing.T, entry, out string)
+		wantErr error
+		gone    bool
+		// data, below the entry, is on a mount and must stay.
+		data string
+	}{
+		{"missing", false, func(*testing.T, string, string) {}, nil, true, ""},
+		{"file", false, func(t *testing.T, entry, _ string) { mounttest.WriteFile(t, entry, "x") }, nil, true, ""},
+		{"link to a directory outside", false, func(t *testing.T, entry, out string) {
+			if err := os.Symlink(out, entry); err != nil {
+				t.Fatal(err)
+			}
+		}, nil, true, ""},
+		{"empty directory", false, func(t *testing.T, entry, _ string) { mkdir(t, entry) }, nil, true, ""},
+		{"tree", false, func(t *testing.T, entry, out string) { tree(t, mkdir(t, entry), out) }, nil, true, ""},
+		{"mount point", true, func(t *testing.T, entry, _ string) {
+			mounttest.MountTmpfs(t, mkdir(t, entry))
+			mounttest.WriteFile(t, filepath.Join(entry, "data.txt"), "data")
+		}, safefs.ErrMountPointInside, false, "data.txt"},
+		{"mount point inside", true, func(t *testing.T, entry, _ string) {
+			mounttest.MountTmpfs(t, mkdir(t, filepath.Join(entry, "sub")))
+			mounttest.WriteFile(t, filepath.Join(entry, "sub", "data.txt"), "data")
+		}, safefs.ErrMountPointInside, false, "sub/data.txt"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.root {
+				mounttest.RequireRoot(t)
+			}
+			tmp := mounttest.TempDir(t)
+			out := outside(t, tmp)
+			parent := mkdir(t, filepath.Join(tmp, "parent"))
+			entry := filepath.Join(parent, "entry")
+			tc.make(t, entry, out)
+			dfd, err := unix.Open(parent, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(dfd)
+			err = safefs.RemoveAllAt(context.Background(), dfd, "entry", entry)
+			if (tc.wantErr == nil && err != nil) || (tc.wantErr != nil && !errors.Is(err, tc.wantErr)) {
+				t.Fatalf("RemoveAllAt = %v, want %v", err, tc.wantErr)
+			}
+			_, err = os.Lstat(entry)
+			if gone := errors.Is(err, os.ErrNotExist); gone != tc.gone {
+				t.Errorf("entry gone: %v, want %v", gone, tc.gone)
+			}
+			if tc.data != "" {
+				if _, err := os.Stat(filepath.Join(entry, tc.data)); err != nil {
+					t.Errorf("data on the mount was deleted: %v", err)
+				}
+			}
+			checkOutside(t, out)
+		})
 	}
 }

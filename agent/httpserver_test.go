@@ -1,0 +1,353 @@
+package agent
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// testServer serves h within l on a loopback port the way the agent's
+// endpoints do, and reports the most connections it ever served at once.
+type testServer struct {
+	addr string
+	mu   sync.Mutex
+	open int
+	max  int
+}
+
+func serveTest(t *testing.T, h http.Handler, l HTTPLimits) *testServer {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := &testServer{addr: lis.Addr().String()}
+	l = l.withDefaults()
+	s := newHTTPServer(h, l)
+	conns := newConnLimiter(l.MaxConnections)
+	s.ConnState = conns.ConnState
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = s.Serve(conns.Listener(&countingListener{Listener: lis, ts: ts}))
+	}()
+	t.Cleanup(func() {
+		_ = s.Close()
+		<-done
+	})
+	return ts
+}
+
+// countingListener counts the connections accepted and not yet closed.
+type countingListener struct {
+	net.Listener
+	ts *testServer
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.ts.mu.Lock()
+	l.ts.open++
+	l.ts.max = max(l.ts.max, l.ts.open)
+	l.ts.mu.Unlock()
+	return &countedConn{Conn: c, ts: l.ts}, nil
+}
+
+type countedConn struct {
+	net.Conn
+	ts   *testServer
+	once sync.Once
+}
+
+// Close counts the connection closed before closing it: the cap's slot is
+// freed by the close.
+func (c *countedConn) Close() error {
+	c.once.Do(func() {
+		c.ts.mu.Lock()
+		c.ts.open--
+		c.ts.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+func (ts *testServer) maxOpen() int {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return ts.max
+}
+
+// waitClosed reads from c until the server closes it.
+func waitClosed(t *testing.T, c net.Conn, within time.Duration) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(within))
+	_, err := io.Copy(io.Discard, c)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Errorf("the server did not close an idle connection within %v", within)
+	}
+}
+
+// A flood of idle connections (connected, sending nothing) is held at most
+// MaxConnections at a time (plus the one just accepted, which closes the
+// oldest), and each is closed when its headers do not come in time: memory
+// stays bounded however many there are.
+func TestIdleConnectionsAreCappedAndTimedOut(t *testing.T) {
+	const cap, flood = 4, 40
+	ts := serveTest(t, http.NotFoundHandler(), HTTPLimits{MaxConnections: cap, ReadHeaderTimeout: 100 * time.Millisecond})
+	conns := make([]net.Conn, flood)
+	for i := range conns {
+		c, err := net.Dial("tcp", ts.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns[i] = c
+	}
+	// Every connection is accepted in turn and closed by the server; once
+	// all are, the high-water mark is final.
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			waitClosed(t, c, time.Minute)
+		}()
+	}
+	wg.Wait()
+	if got := ts.maxOpen(); got > cap+1 {
+		t.Errorf("%d connections were held at once, the cap is %d", got, cap)
+	}
+	// The endpoint still answers.
+	resp, err := http.Get("http://" + ts.addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+}
+
+// Silent connections that fill the cap do not keep a real request waiting:
+// the newcomer closes the oldest silent one, long before its header timeout.
+func TestFloodDoesNotDelayRequests(t *testing.T) {
+	const cap, flood = 4, 200
+	ts := serveTest(t, http.NotFoundHandler(), HTTPLimits{MaxConnections: cap, ReadHeaderTimeout: time.Hour})
+	for range flood {
+		c, err := net.Dial("tcp", ts.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client := &http.Client{Timeout: time.Minute}
+	for i := range 3 {
+		resp, err := client.Get("http://" + ts.addr + "/")
+		if err != nil {
+			t.Fatalf("request %d during the flood: %v", i, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+	}
+	if got := ts.maxOpen(); got > cap+1 {
+		t.Errorf("%d connections were held at once, the cap is %d", got, cap)
+	}
+}
+
+// Requests in progress are never closed to make room: a connection beyond
+// the cap while all are busy is the one closed.
+func TestBusyConnectionsAreKept(t *testing.T) {
+	const cap = 2
+	release := make(chan struct{})
+	started := make(chan struct{}, cap)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-release
+		w.WriteHeader(http.StatusNoContent)
+	})
+	ts := serveTest(t, h, HTTPLimits{MaxConnections: cap})
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	errs := make(chan error, cap)
+	for range cap {
+		go func() {
+			resp, err := client.Get("http://" + ts.addr + "/")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusNoContent {
+					err = errors.New(resp.Status)
+				}
+			}
+			errs <- err
+		}()
+	}
+	for range cap {
+		<-started
+	}
+	c, err := net.Dial("tcp", ts.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitClosed(t, c, time.Minute)
+	close(release)
+	for range cap {
+		if err := <-errs; err != nil {
+			t.Errorf("a busy request was cut: %v", err)
+		}
+	}
+}
+
+// A kept-alive connection that sends nothing more is closed after the idle
+// timeout.
+func TestKeptAliveConnectionIsClosedWhenIdle(t *testing.T) {
+	ts := serveTest(t, http.NotFoundHandler(), HTTPLimits{IdleTimeout: 100 * time.Millisecond})
+	c, err := net.Dial("tcp", ts.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.Close {
+		t.Fatal("the server did not keep the connection alive")
+	}
+	waitClosed(t, c, time.Minute)
+}
+
+// writeUntil writes to w until a write fails or the response has lasted
+// for; it reports how long it wrote.
+func writeUntil(w http.ResponseWriter, r *http.Request, lasted time.Duration) (time.Duration, error) {
+	start := time.Now()
+	buf := make([]byte, 32<<10)
+	for time.Since(start) < lasted {
+		if _, err := w.Write(buf); err != nil {
+			return time.Since(start), err
+		}
+		if err := http.NewResponseController(w).Flush(); err != nil {
+			return time.Since(start), err
+		}
+		if r.Context().Err() != nil {
+			return time.Since(start), r.Context().Err()
+		}
+	}
+	return time.Since(start), nil
+}
+
+// A response that takes longer than the write timeout to write is cut
+// off; a streaming one (pprof, server-sent events) is not, nor is its
+// request's context cancelled by the read timeout.
+func TestWriteTimeoutAndStreaming(t *testing.T) {
+	const writeTimeout = 200 * time.Millisecond
+	results := make(chan error, 2)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
+		_, err := writeUntil(w, r, time.Minute)
+		results <- err
+	})
+	mux.HandleFunc("/stream", streaming(func(w http.ResponseWriter, r *http.Request) {
+		_, err := writeUntil(w, r, 3*writeTimeout)
+		results <- err
+	}))
+	ts := serveTest(t, mux, HTTPLimits{WriteTimeout: writeTimeout, ReadTimeout: writeTimeout})
+	for _, tc := range []struct {
+		path    string
+		wantErr bool
+	}{{"/slow", true}, {"/stream", false}} {
+		resp, err := http.Get("http://" + ts.addr + tc.path)
+		if err == nil {
+			// A client that reads slowly is what makes a writer block.
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		if err := <-results; (err != nil) != tc.wantErr {
+			t.Errorf("%s: the handler's writes ended with %v, want an error: %v", tc.path, err, tc.wantErr)
+		}
+	}
+}
+
+// The agent's debug endpoint serves a CPU profile longer than its write
+// timeout: profiles are streaming handlers.
+func TestDebugProfileOutlastsTheWriteTimeout(t *testing.T) {
+	cfg := standaloneConfig(t)
+	cfg.HTTP = HTTPLimits{WriteTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond}
+	a := startAgent(t, cfg)
+	code, body, err := get("http://" + a.DebugAddress() + "/debug/pprof/profile?seconds=1")
+	if err != nil || code != http.StatusOK || len(body) == 0 {
+		t.Fatalf("profile: %d, %d bytes, %v", code, len(body), err)
+	}
+}
+
+// The page's live view (server-sent events) outlasts the endpoint's read
+// and write timeouts: a viewer keeps getting changes after them.
+func TestPageStreamOutlastsTheTimeouts(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	cfg := standaloneConfig(t)
+	cfg.HTTP = HTTPLimits{WriteTimeout: timeout, ReadTimeout: timeout}
+	a := startAgent(t, cfg)
+	resp, err := http.Get("http://" + a.DebugAddress() + "/?watch=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream: %s", resp.Status)
+	}
+	events := make(chan string, 100)
+	go func() {
+		defer close(events)
+		s := bufio.NewScanner(resp.Body)
+		s.Buffer(nil, 4<<20)
+		for s.Scan() {
+			if ev, ok := strings.CutPrefix(s.Text(), "event: "); ok {
+				events <- ev
+			}
+		}
+	}()
+	if _, ok := <-events; !ok {
+		t.Fatal("the stream ended before its first event")
+	}
+	// What is tested is time passing: the stream must live through it.
+	time.Sleep(3 * timeout)
+	for drained := false; !drained; {
+		select {
+		case _, ok := <-events:
+			if !ok {
+				t.Fatal("the stream ended when the read or write timeout expired")
+			}
+		default:
+			drained = true
+		}
+	}
+	// A change after that still reaches the viewer.
+	manifest := strings.NewReplacer("name: web", "name: later", "000000000001", "000000000002").Replace(podManifest)
+	if err := os.WriteFile(filepath.Join(cfg.PodManifestPath, "later.yaml"), []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case _, ok := <-events:
+		if !ok {
+			t.Fatal("the stream ended instead of showing the new pod")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no event for the new pod within 30s")
+	}
+}

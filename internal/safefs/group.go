@@ -1,0 +1,169 @@
+package safefs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// Group is what SetGroup gives a tree.
+type Group struct {
+	// GID becomes the group of every entry (symbolic links included: their
+	// own group, never their target's).
+	GID int
+	// FileBits are permission bits (unix, e.g. 0o660) added to everything
+	// but directories and symbolic links; DirBits (e.g. 0o2770, setgid so
+	// new files inherit the group) are added to directories.
+	FileBits, DirBits uint32
+	// SkipIfRootMatches: when the root already has GID and DirBits, nothing
+	// below it is looked at (the OnRootMismatch policy).
+	SkipIfRootMatches bool
+}
+
+const permBits = 0o7777
+
+// SetGroup gives dir and everything below it the group and bits of g, on
+// file descriptors: a directory is opened (O_NOFOLLOW) before it is changed
+// or entered, everything else is changed by name relative to its parent's
+// descriptor with AT_SYMLINK_NOFOLLOW, so a symbolic link swapped in
+// mid-walk is never followed out of the tree. Other mounts inside the tree
+// are left alone. Entries that vanish during the walk are skipped.
+func SetGroup(ctx context.Context, dir string, g Group) error {
+	w, err := openRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	root := w.rootStat
+	if g.SkipIfRootMatches && int(root.gid) == g.GID && root.mode&g.DirBits == g.DirBits {
+		return nil
+	}
+	if err := fixFD(w.root.fd, root, g, g.DirBits); err != nil {
+		return &os.PathError{Op: "chgrp", Path: dir, Err: err}
+	}
+	for count := 1; ; count++ {
+		if count%checkEvery == 0 {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("applying group %d to %s: %w", g.GID, dir, err)
+			}
+		}
+		e, ok, err := w.next()
+		if err != nil {
+			return &os.PathError{Op: "readdir", Path: w.dirPath(), Err: err}
+		}
+		if !ok {
+			if w.depth == 0 {
+				return nil
+			}
+			if _, _, err := w.ascend(); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := setGroupEntry(w, e, g); err != nil {
+			return err
+		}
+	}
+}
+
+// setGroupEntry changes one entry of the current directory and enters it
+// if it is a directory on the same mount.
+func setGroupEntry(w *walker, e entry, g Group) error {
+	if e.typ == unix.DT_DIR {
+		fd, st, err := w.openDir(e.name)
+		switch {
+		case err == nil:
+			if err := fixFD(fd, st, g, g.DirBits); err != nil {
+				unix.Close(fd)
+				return &os.PathError{Op: "chgrp", Path: w.pathOf(e.name), Err: err}
+			}
+			w.push(fd, st, e.name)
+			return nil
+		case errors.Is(err, unix.ENOENT), errors.Is(err, ErrMountPointInside):
+			return nil
+		case !errors.Is(err, unix.ELOOP) && !errors.Is(err, unix.ENOTDIR):
+			return &os.PathError{Op: "open", Path: w.pathOf(e.name), Err: err}
+		}
+		// No longer a directory: change what is there now, by name.
+	}
+	fd := w.current().fd
+	st, err := statAt(fd, e.name)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return &os.PathError{Op: "statx", Path: w.pathOf(e.name), Err: err}
+	}
+	if !w.sameMount(st) {
+		return nil
+	}
+	if st.isDir() {
+		// A directory now (or the filesystem gives no types): take the
+		// directory path, which opens it without following links.
+		if e.typ == unix.DT_DIR {
+			return nil // it changed back and forth under the walk: skip it
+		}
+		e.typ = unix.DT_DIR
+		return setGroupEntry(w, e, g)
+	}
+	if int(st.gid) != g.GID {
+		err := unix.Fchownat(fd, e.name, -1, g.GID, unix.AT_SYMLINK_NOFOLLOW)
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			return &os.PathError{Op: "chgrp", Path: w.pathOf(e.name), Err: err}
+		}
+	}
+	if st.isSymlink() {
+		return nil // a link's mode means nothing
+	}
+	want := st.mode&permBits | g.FileBits
+	if want == st.mode&permBits {
+		return nil
+	}
+	if err := chmodNoFollow(fd, e.name, want); err != nil && !errors.Is(err, unix.ENOENT) {
+		return &os.PathError{Op: "chmod", Path: w.pathOf(e.name), Err: err}
+	}
+	return nil
+}
+
+// fixFD gives the open file fd the group and adds bits to its mode.
+func fixFD(fd int, st fileStat, g Group, bits uint32) error {
+	if int(st.gid) != g.GID {
+		if err := unix.Fchown(fd, -1, g.GID); err != nil {
+			return err
+		}
+	}
+	if want := st.mode&permBits | bits; want != st.mode&permBits {
+		// chown may have cleared setuid/setgid; want restores them.
+		return unix.Fchmod(fd, want)
+	}
+	return nil
+}
+
+// chmodNoFollow changes the mode of name relative to dirfd unless it is a
+// symbolic link: fchmodat2 with AT_SYMLINK_NOFOLLOW where the kernel has
+// it (Linux 6.6), else through an O_PATH descriptor of exactly that entry.
+func chmodNoFollow(dirfd int, name string, mode uint32) error {
+	err := unix.Fchmodat(dirfd, name, mode, unix.AT_SYMLINK_NOFOLLOW)
+	if !errors.Is(err, unix.EOPNOTSUPP) {
+		return err
+	}
+	// Either no fchmodat2, or the entry became a symbolic link.
+	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return nil
+	}
+	// The magic link resolves to the inode fd holds, not to a path.
+	return unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), mode)
+}
