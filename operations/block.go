@@ -3,7 +3,6 @@ package operations
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"github.com/volume-agent/volume-agent/cache"
@@ -164,9 +163,7 @@ func (o *Operator) UnmapVolume(ctx context.Context, t *Target, accessPoint strin
 		return fail(err)
 	}
 	o.ASW.DeletePodMount(t.Volume, t.Pod.UID)
-	_ = os.Remove(o.Paths.PodVolumeStateFile(t.Pod.UID, t.Plugin, t.SpecName))
-	mountutil.RemoveEmptyDirs(filepath.Dir(o.Paths.PodVolumeStateFile(t.Pod.UID, t.Plugin, t.SpecName)), o.Paths.PodsDir())
-	mountutil.RemoveEmptyDirs(filepath.Dir(accessPoint), o.Paths.PodsDir())
+	o.removePodDirs(t, accessPoint)
 	return nil
 }
 
@@ -180,21 +177,5 @@ func (o *Operator) UnmapDevice(ctx context.Context, t *Target) error {
 	if err != nil {
 		return err
 	}
-	req := &plugins.DeviceRequest{
-		VolumeName: t.Volume, Spec: av.Spec, Identity: av.Attributes.Identity,
-		DevicePath: av.DevicePath, DeviceMountPath: av.DeviceMountPath,
-		Log: o.logger(t, OpUnmapDevice),
-	}
-	if req.DeviceMountPath == "" {
-		req.DeviceMountPath = o.Paths.DeviceMountPath(t.Plugin, av.Attributes.Identity)
-	}
-	if err := bm.UnmapDevice(ctx, req); err != nil {
-		if av.DeviceState != cache.DeviceMountUncertain {
-			o.ASW.SetDeviceState(t.identity(), cache.DeviceMountUncertain, "", "")
-		}
-		return err
-	}
-	o.ASW.SetDeviceState(t.identity(), cache.DeviceNotMounted, "", "")
-	mountutil.RemoveEmptyDirs(o.Paths.VolumeDir(t.Plugin, av.Attributes.Identity), o.Paths.Root)
-	return nil
+	return o.releaseDevice(ctx, t, av, OpUnmapDevice, bm.UnmapDevice)
 }

@@ -248,7 +248,7 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target, mountPath strin
 		return err
 	}
 	o.ASW.DeletePodMount(t.Volume, t.Pod.UID)
-	o.removePodDirs(t)
+	o.removePodDirs(t, o.Paths.PodVolumeDir(t.Pod.UID, t.Plugin, t.SpecName))
 	return nil
 }
 
@@ -293,15 +293,16 @@ func (o *Operator) cleanSubPaths(t *Target) error {
 	return nil
 }
 
-// removePodDirs removes the volume's state file and the pod's directories
+// removePodDirs removes the volume's state file and the directories above
+// its path in the pod (podPath: mount point or block access point)
 // that are now empty, up to the pod directory itself once nothing is left.
-func (o *Operator) removePodDirs(t *Target) {
+func (o *Operator) removePodDirs(t *Target, podPath string) {
 	state := o.Paths.PodVolumeStateFile(t.Pod.UID, t.Plugin, t.SpecName)
 	// Plugins that keep state remove their file themselves; remove it in
 	// case one did not, then its directories once empty.
 	_ = os.Remove(state)
 	mountutil.RemoveEmptyDirs(filepath.Dir(state), o.Paths.PodsDir())
-	mountutil.RemoveEmptyDirs(filepath.Dir(o.Paths.PodVolumeDir(t.Pod.UID, t.Plugin, t.SpecName)), o.Paths.PodsDir())
+	mountutil.RemoveEmptyDirs(filepath.Dir(podPath), o.Paths.PodsDir())
 }
 
 // UnmountDevice unmounts (unstages) a shared volume's device once no pod
@@ -319,15 +320,22 @@ func (o *Operator) UnmountDevice(ctx context.Context, t *Target) error {
 	if !ok {
 		return fmt.Errorf("plugin %s cannot unmount devices", t.Plugin)
 	}
+	return o.releaseDevice(ctx, t, av, OpUnmountDevice, dm.UnmountDevice)
+}
+
+// releaseDevice runs the plugin's release of a volume's device (unmount or
+// unmap) and records the outcome: not mounted, or uncertain after a failure
+// (it may be half released).
+func (o *Operator) releaseDevice(ctx context.Context, t *Target, av *cache.ActualVolume, op Op, release func(context.Context, *plugins.DeviceRequest) error) error {
 	req := &plugins.DeviceRequest{
 		VolumeName: t.Volume, Spec: av.Spec, Identity: av.Attributes.Identity,
 		DevicePath: av.DevicePath, DeviceMountPath: av.DeviceMountPath,
-		Log: o.logger(t, OpUnmountDevice),
+		Log: o.logger(t, op),
 	}
 	if req.DeviceMountPath == "" {
 		req.DeviceMountPath = o.Paths.DeviceMountPath(t.Plugin, av.Attributes.Identity)
 	}
-	if err := dm.UnmountDevice(ctx, req); err != nil {
+	if err := release(ctx, req); err != nil {
 		if av.DeviceState != cache.DeviceMountUncertain {
 			o.ASW.SetDeviceState(t.identity(), cache.DeviceMountUncertain, "", "")
 		}
