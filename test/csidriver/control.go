@@ -6,7 +6,7 @@ package csidriver
 //
 //	GET    /calls          call counts by method
 //	DELETE /calls          reset the call counts
-//	GET    /faults         {"faults":[{"method","code","times"}],"hangs":[...]}
+//	GET    /faults         {"faults":[{"method","code","times"}],"hangs":[...],"hung":{"method":n}}
 //	POST   /faults         {"method":"NodeStageVolume","code":"Internal","times":1}; code "OK" clears
 //	DELETE /faults         clear faults, hangs and crash-after
 //	POST   /hangs          {"method":"NodeStageVolume","hang":true}
@@ -37,6 +37,8 @@ type faultJSON struct {
 type faultsJSON struct {
 	Faults []faultJSON `json:"faults"`
 	Hangs  []string    `json:"hangs"`
+	// Hung counts the calls waiting in a hang right now, by method.
+	Hung map[string]int `json:"hung,omitempty"`
 }
 
 type hangJSON struct {
@@ -75,7 +77,10 @@ func (d *Driver) controlHandler() http.Handler {
 		reply(w, nil, nil)
 	})
 	mux.HandleFunc("GET /faults", func(w http.ResponseWriter, _ *http.Request) {
-		out := faultsJSON{Faults: []faultJSON{}, Hangs: d.Hangs()}
+		out := faultsJSON{Faults: []faultJSON{}, Hangs: d.Hangs(), Hung: map[string]int{}}
+		for _, m := range d.Hangs() {
+			out.Hung[m] = d.HungCalls(m)
+		}
 		for _, f := range d.Faults() {
 			out.Faults = append(out.Faults, faultJSON{Method: f.Method, Code: f.Code.String(), Times: f.Times})
 		}
@@ -193,6 +198,16 @@ func (c *ControlClient) Faults() ([]Fault, []string, error) {
 		out = append(out, Fault{Method: f.Method, Code: code, Times: f.Times})
 	}
 	return out, in.Hangs, nil
+}
+
+// HungCalls is Driver.HungCalls for a driver process, for a method that
+// is set to hang.
+func (c *ControlClient) HungCalls(method string) (int, error) {
+	var in faultsJSON
+	if err := c.do(http.MethodGet, "/faults", nil, &in); err != nil {
+		return 0, err
+	}
+	return in.Hung[method], nil
 }
 
 // SetHang is Driver.SetHang for a driver process.

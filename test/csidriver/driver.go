@@ -500,6 +500,9 @@ func (d *Driver) SetHang(method string, hang bool) error { return d.faults.setHa
 // Hangs returns the methods that hang.
 func (d *Driver) Hangs() []string { return d.faults.listHangs() }
 
+// HungCalls is how many calls of method wait in a hang now.
+func (d *Driver) HungCalls(method string) int { return d.faults.hungCalls(method) }
+
 // SetCrashAfter makes the driver exit with status 2 (through Config.Exit)
 // once n more CSI calls have been answered; a call arriving after that is
 // not served. n <= 0 disables it. Registration calls do not count.

@@ -255,9 +255,21 @@ func TestCSIKillBetweenUnpublishAndUnstage(t *testing.T) {
 		if len(mounttest.MountsAt(t, target)) > 0 {
 			return errors.New("the publish mount is still there")
 		}
+		if n, err := d.Control.HungCalls("NodeUnstageVolume"); err != nil || n == 0 {
+			return fmt.Errorf("NodeUnstageVolume not hanging yet (%v)", err)
+		}
 		return nil
 	})
 	a.Kill()
+	// The hung call ends with the agent's connection; releasing the hang
+	// before the driver has seen that would let the unstage complete.
+	e2eutil.PollErr(t, time.Minute, "the hung NodeUnstageVolume to end with the agent", func() error {
+		n, err := d.Control.HungCalls("NodeUnstageVolume")
+		if err == nil && n > 0 {
+			err = fmt.Errorf("%d calls still hung", n)
+		}
+		return err
+	})
 	if err := d.Control.SetHang("NodeUnstageVolume", false); err != nil {
 		t.Fatal(err)
 	}
