@@ -41,23 +41,9 @@ func (o *Operator) MapDevice(ctx context.Context, t *Target) error {
 	if err != nil {
 		return err
 	}
-	req := &plugins.DeviceRequest{
-		VolumeName: t.Volume, Spec: t.Spec, Identity: t.Attributes.Identity, Attachable: t.Attributes.Attachable,
-		DeviceMountPath: o.Paths.DeviceMountPath(t.Plugin, t.Attributes.Identity),
-		Log:             o.logger(t, OpMapDevice),
-	}
-	if av != nil {
-		req.DevicePath, req.PublishContext = av.DevicePath, av.PublishContext
-	}
+	req := o.deviceRequest(t, av, OpMapDevice)
 	err = bm.MapDevice(ctx, req)
-	switch {
-	case err == nil:
-		o.ASW.SetDeviceState(t.identity(), cache.DeviceGloballyMounted, req.DevicePath, req.DeviceMountPath)
-	case volume.IsUncertain(err):
-		o.ASW.SetDeviceState(t.identity(), cache.DeviceMountUncertain, req.DevicePath, req.DeviceMountPath)
-	case av != nil && av.DeviceState == cache.DeviceMountUncertain:
-		o.ASW.SetDeviceState(t.identity(), cache.DeviceNotMounted, "", "")
-	}
+	o.recordDevice(t, av, req, err)
 	return err
 }
 

@@ -133,34 +133,47 @@ func (o *Operator) MountDevice(ctx context.Context, t *Target) error {
 	if !ok {
 		return fmt.Errorf("plugin %s cannot mount devices", t.Plugin)
 	}
+	req := o.deviceRequest(t, av, OpMountDevice)
+	req.DesiredSize = t.DesiredSize
+	err = dm.MountDevice(ctx, req)
+	o.recordDevice(t, av, req, err)
+	if err == nil && req.Resized != nil {
+		// Grown offline before mounting. If the claim cannot be told
+		// now, the expansion (a no-op by then) and the report run
+		// again as an operation of their own.
+		if err := o.expansionDone(ctx, t, req.Resized); err != nil {
+			o.logger(t, OpMountDevice).Warn("volume grown offline; reporting it will be retried", zap.Error(err))
+		}
+	}
+	return err
+}
+
+// deviceRequest is the request to prepare a volume's device (mount or map)
+// once per node, at the path computed from its identity.
+func (o *Operator) deviceRequest(t *Target, av *cache.ActualVolume, op Op) *plugins.DeviceRequest {
 	req := &plugins.DeviceRequest{
 		VolumeName: t.Volume, Spec: t.Spec, Identity: t.Attributes.Identity, Attachable: t.Attributes.Attachable,
 		DeviceMountPath: o.Paths.DeviceMountPath(t.Plugin, t.Attributes.Identity),
-		DesiredSize:     t.DesiredSize,
-		Log:             o.logger(t, OpMountDevice),
+		Log:             o.logger(t, op),
 	}
 	if av != nil {
 		req.DevicePath, req.PublishContext = av.DevicePath, av.PublishContext
 	}
-	err = dm.MountDevice(ctx, req)
+	return req
+}
+
+// recordDevice records how preparing the device went: prepared, uncertain
+// (it may be half done), or, after a final error, nothing left of an
+// earlier uncertain attempt.
+func (o *Operator) recordDevice(t *Target, av *cache.ActualVolume, req *plugins.DeviceRequest, err error) {
 	switch {
 	case err == nil:
 		o.ASW.SetDeviceState(t.identity(), cache.DeviceGloballyMounted, req.DevicePath, req.DeviceMountPath)
-		if req.Resized != nil {
-			// Grown offline before mounting. If the claim cannot be told
-			// now, the expansion (a no-op by then) and the report run
-			// again as an operation of their own.
-			if err := o.expansionDone(ctx, t, req.Resized); err != nil {
-				o.logger(t, OpMountDevice).Warn("volume grown offline; reporting it will be retried", zap.Error(err))
-			}
-		}
 	case volume.IsUncertain(err):
 		o.ASW.SetDeviceState(t.identity(), cache.DeviceMountUncertain, req.DevicePath, req.DeviceMountPath)
 	case av != nil && av.DeviceState == cache.DeviceMountUncertain:
-		// A final error means the plugin left nothing mounted.
 		o.ASW.SetDeviceState(t.identity(), cache.DeviceNotMounted, "", "")
 	}
-	return err
 }
 
 // MountVolume sets a volume up for one pod.
