@@ -1,8 +1,10 @@
 package cache
 
 import (
+	"hash/maphash"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -109,6 +111,20 @@ func (v *ActualVolume) empty() bool {
 		(v.AttachState == "" || v.AttachState == NotAttached || v.AttachState == AttachNotNeeded)
 }
 
+// hasReconstructed reports whether the volume holds state found on disk
+// after a restart that no operation or adoption has confirmed yet.
+func (v *ActualVolume) hasReconstructed() bool {
+	if v.DeviceReconstructed {
+		return true
+	}
+	for _, m := range v.Pods {
+		if m.Reconstructed {
+			return true
+		}
+	}
+	return false
+}
+
 func (v *ActualVolume) clone() *ActualVolume {
 	nv := *v
 	nv.Pods = make(map[types.UID]*ActualPodMount, len(v.Pods)+1)
@@ -122,6 +138,27 @@ func (v *ActualVolume) clone() *ActualVolume {
 type ActualSnapshot struct {
 	Volumes    map[volume.UniqueName]*ActualVolume
 	Generation uint64
+
+	// reconstructed counts the volumes with unconfirmed reconstructed
+	// state; valid when counted is set (snapshots the ASW made).
+	reconstructed int
+	counted       bool
+}
+
+// HasReconstructed reports whether some volume still holds state found on
+// disk after a restart that nothing has confirmed. The reconciler asks on
+// every pass, so snapshots of the ASW answer from a count the ASW keeps
+// instead of walking every volume.
+func (s *ActualSnapshot) HasReconstructed() bool {
+	if s.counted {
+		return s.reconstructed > 0
+	}
+	for _, v := range s.Volumes {
+		if v.hasReconstructed() {
+			return true
+		}
+	}
+	return false
 }
 
 // PodMount returns the pod's mount of the volume, if any.
@@ -144,27 +181,57 @@ type VolumeIdentity struct {
 
 // ActualStateOfWorld is what is attached and mounted on the node. Only
 // operations write it.
+//
+// Its volumes are sharded by name, each shard under its own lock: in a
+// storm every operation records its outcome here, and with one lock the
+// 64 workers on a 2-CPU node queued behind each other (and behind the
+// reconciler's snapshot copy) until the lock was handed from waiter to
+// waiter at the speed of the scheduler, which then bounded the storm.
 type ActualStateOfWorld struct {
-	clock clock.PassiveClock
+	clock  clock.PassiveClock
+	seed   maphash.Seed
+	shards [aswShards]aswShard
+	// generation counts changes; it grows after the change, under the
+	// shard's lock.
+	generation atomic.Uint64
 
-	mu         sync.RWMutex
-	volumes    map[volume.UniqueName]*ActualVolume
-	generation uint64
-	snapshot   *ActualSnapshot
+	snapMu   sync.Mutex
+	snapshot *ActualSnapshot
+}
+
+const aswShards = 32
+
+type aswShard struct {
+	mu      sync.Mutex
+	volumes map[volume.UniqueName]*ActualVolume
+	// reconstructed counts the volumes for which hasReconstructed holds.
+	reconstructed int
 }
 
 // NewActualStateOfWorld returns an empty ASW.
 func NewActualStateOfWorld(c clock.PassiveClock) *ActualStateOfWorld {
-	return &ActualStateOfWorld{clock: c, volumes: map[volume.UniqueName]*ActualVolume{}}
+	a := &ActualStateOfWorld{clock: c, seed: maphash.MakeSeed()}
+	for i := range a.shards {
+		a.shards[i].volumes = map[volume.UniqueName]*ActualVolume{}
+	}
+	return a
+}
+
+func (a *ActualStateOfWorld) shard(name volume.UniqueName) *aswShard {
+	return &a.shards[maphash.String(a.seed, string(name))%aswShards]
 }
 
 // update applies fn to a copy of the volume's entry (a new one if absent)
 // and publishes the result, dropping the entry when nothing is left of it.
 func (a *ActualStateOfWorld) update(id VolumeIdentity, fn func(v *ActualVolume)) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	sh := a.shard(id.Name)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	var v *ActualVolume
-	if old, ok := a.volumes[id.Name]; ok {
+	if old, ok := sh.volumes[id.Name]; ok {
+		if old.hasReconstructed() {
+			sh.reconstructed--
+		}
 		v = old.clone()
 		if v.Spec == nil && id.Spec != nil {
 			// A volume reconstructed from disk learns its spec, and the
@@ -183,11 +250,14 @@ func (a *ActualStateOfWorld) update(id VolumeIdentity, fn func(v *ActualVolume))
 	}
 	fn(v)
 	if v.empty() {
-		delete(a.volumes, id.Name)
+		delete(sh.volumes, id.Name)
 	} else {
-		a.volumes[id.Name] = v
+		sh.volumes[id.Name] = v
+		if v.hasReconstructed() {
+			sh.reconstructed++
+		}
 	}
-	a.generation++
+	a.generation.Add(1)
 }
 
 // SetAttachState records whether the volume is attached and, when it is,
@@ -291,19 +361,22 @@ func (a *ActualStateOfWorld) SetResizeBlocked(name volume.UniqueName, reason str
 // MarkRemountRequired flags every mount of the pod whose plugin needs a
 // remount on pod updates.
 func (a *ActualStateOfWorld) MarkRemountRequired(pod types.UID) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for name, v := range a.volumes {
-		m, ok := v.Pods[pod]
-		if !ok || !v.Attributes.RequiresRemount || m.RemountRequired {
-			continue
+	for i := range a.shards {
+		sh := &a.shards[i]
+		sh.mu.Lock()
+		for name, v := range sh.volumes {
+			m, ok := v.Pods[pod]
+			if !ok || !v.Attributes.RequiresRemount || m.RemountRequired {
+				continue
+			}
+			nv := v.clone()
+			mm := *m
+			mm.RemountRequired = true
+			nv.Pods[pod] = &mm
+			sh.volumes[name] = nv
+			a.generation.Add(1)
 		}
-		nv := v.clone()
-		mm := *m
-		mm.RemountRequired = true
-		nv.Pods[pod] = &mm
-		a.volumes[name] = nv
-		a.generation++
+		sh.mu.Unlock()
 	}
 }
 
@@ -311,9 +384,10 @@ func (a *ActualStateOfWorld) MarkRemountRequired(pod types.UID) {
 // plugin needs a remount when its content's sources change (API volumes,
 // CSI requiresRepublish). It reports whether such a mount was found.
 func (a *ActualStateOfWorld) MarkPodVolumeRemountRequired(name volume.UniqueName, pod types.UID) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	v, ok := a.volumes[name]
+	sh := a.shard(name)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	v, ok := sh.volumes[name]
 	if !ok || !v.Attributes.RequiresRemount {
 		return false
 	}
@@ -328,49 +402,65 @@ func (a *ActualStateOfWorld) MarkPodVolumeRemountRequired(name volume.UniqueName
 	mm := *m
 	mm.RemountRequired = true
 	nv.Pods[pod] = &mm
-	a.volumes[name] = nv
-	a.generation++
+	sh.volumes[name] = nv
+	a.generation.Add(1)
 	return true
 }
 
 // Volume returns the current entry of a volume.
 func (a *ActualStateOfWorld) Volume(name volume.UniqueName) (*ActualVolume, bool) {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	v, ok := a.volumes[name]
+	sh := a.shard(name)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	v, ok := sh.volumes[name]
 	return v, ok
 }
 
 // PodMounts lists every mount of the pod, sorted by volume name.
 func (a *ActualStateOfWorld) PodMounts(pod types.UID) []*ActualPodMount {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
 	var out []*ActualPodMount
-	for _, v := range a.volumes {
-		if m, ok := v.Pods[pod]; ok {
-			out = append(out, m)
+	for i := range a.shards {
+		sh := &a.shards[i]
+		sh.mu.Lock()
+		for _, v := range sh.volumes {
+			if m, ok := v.Pods[pod]; ok {
+				out = append(out, m)
+			}
 		}
+		sh.mu.Unlock()
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].MountPath < out[j].MountPath })
 	return out
 }
 
 // Snapshot returns an immutable view of the ASW.
+//
+// It is copied shard by shard, so operations recording their outcomes are
+// held up by one shard's copy at a time. Each volume's entry is as one
+// operation left it; an operation that finishes during the copy may or may
+// not be in it, as if it had finished just before or after, and the
+// snapshot's Generation (read before the copy) is then older than its
+// content, so the next call copies again.
 func (a *ActualStateOfWorld) Snapshot() *ActualSnapshot {
-	a.mu.RLock()
-	if s := a.snapshot; s != nil && s.Generation == a.generation {
-		a.mu.RUnlock()
+	gen := a.generation.Load()
+	a.snapMu.Lock()
+	defer a.snapMu.Unlock()
+	if s := a.snapshot; s != nil && s.Generation == gen {
 		return s
 	}
-	a.mu.RUnlock()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if s := a.snapshot; s != nil && s.Generation == a.generation {
-		return s
+	size := 0
+	if a.snapshot != nil {
+		size = len(a.snapshot.Volumes)
 	}
-	s := &ActualSnapshot{Volumes: make(map[volume.UniqueName]*ActualVolume, len(a.volumes)), Generation: a.generation}
-	for k, v := range a.volumes {
-		s.Volumes[k] = v
+	s := &ActualSnapshot{Volumes: make(map[volume.UniqueName]*ActualVolume, size), Generation: gen, counted: true}
+	for i := range a.shards {
+		sh := &a.shards[i]
+		sh.mu.Lock()
+		for k, v := range sh.volumes {
+			s.Volumes[k] = v
+		}
+		s.reconstructed += sh.reconstructed
+		sh.mu.Unlock()
 	}
 	a.snapshot = s
 	return s
@@ -379,11 +469,12 @@ func (a *ActualStateOfWorld) Snapshot() *ActualSnapshot {
 // AddReconstructed records volumes found on disk after a restart. Volumes
 // already known are left alone (the running agent knows better).
 func (a *ActualStateOfWorld) AddReconstructed(vols []*ActualVolume) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	now := a.clock.Now()
 	for _, v := range vols {
-		if _, ok := a.volumes[v.Name]; ok {
+		sh := a.shard(v.Name)
+		sh.mu.Lock()
+		if _, ok := sh.volumes[v.Name]; ok {
+			sh.mu.Unlock()
 			continue
 		}
 		nv := v.clone()
@@ -392,9 +483,13 @@ func (a *ActualStateOfWorld) AddReconstructed(vols []*ActualVolume) {
 			mm.Since = now
 			nv.Pods[uid] = &mm
 		}
-		a.volumes[v.Name] = nv
+		sh.volumes[v.Name] = nv
+		if nv.hasReconstructed() {
+			sh.reconstructed++
+		}
+		sh.mu.Unlock()
 	}
-	a.generation++
+	a.generation.Add(1)
 }
 
 // Adopt confirms reconstructed state that a pod wants: device mounts become

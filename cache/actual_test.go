@@ -548,3 +548,47 @@ func TestActualConcurrent(t *testing.T) {
 		t.Errorf("mounted pods %v, want %v", got, want)
 	}
 }
+
+// The count behind ActualSnapshot.HasReconstructed follows every way
+// reconstructed state comes and goes; each step is checked against a walk
+// of the volumes.
+func TestActualHasReconstructedCount(t *testing.T) {
+	a, _ := newASW()
+	found := func() []*ActualVolume {
+		return []*ActualVolume{
+			{Name: deviceID.Name, Plugin: "test", Attributes: deviceID.Attributes, DeviceState: DeviceMountUncertain, DeviceReconstructed: true,
+				Pods: map[types.UID]*ActualPodMount{"p1": {Pod: volume.PodRef{UID: "p1"}, State: MountUncertain, Reconstructed: true}}},
+			{Name: remountID.Name, Plugin: "test", Attributes: remountID.Attributes, DeviceState: DeviceNotMounted,
+				Pods: map[types.UID]*ActualPodMount{"p2": {Pod: volume.PodRef{UID: "p2"}, State: MountUncertain, Reconstructed: true}}},
+		}
+	}
+	steps := []struct {
+		name string
+		do   func()
+		want bool
+	}{
+		{"empty", func() {}, false},
+		{"unrelated mount", func() { a.SetPodMount(perPodID, mountOf("p9", Mounted)) }, false},
+		{"reconstructed", func() { a.AddReconstructed(found()) }, true},
+		{"reconstructed again (known volumes kept)", func() { a.AddReconstructed(found()) }, true},
+		{"remount marked", func() { a.MarkPodVolumeRemountRequired(remountID.Name, "p2"); a.MarkRemountRequired("p2") }, true},
+		{"second volume adopted", func() {
+			a.Adopt(remountID, false, map[types.UID]ActualPodMount{"p2": {Pod: testPod("p2").PodRef, Spec: remountID.Spec}})
+		}, true},
+		{"pod mount of the first confirmed, device not yet", func() { a.SetPodMount(deviceID, mountOf("p1", Mounted)) }, true},
+		{"device acted on", func() { a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "") }, false},
+		{"reconstructed once more", func() {
+			a.AddReconstructed([]*ActualVolume{{Name: "test/other", Plugin: "test", DeviceState: DeviceNotMounted,
+				Pods: map[types.UID]*ActualPodMount{"p3": {Pod: volume.PodRef{UID: "p3"}, State: MountUncertain, Reconstructed: true}}}})
+		}, true},
+		{"its mount deleted, volume gone", func() { a.DeletePodMount("test/other", "p3") }, false},
+	}
+	for _, st := range steps {
+		st.do()
+		s := a.Snapshot()
+		walked := (&ActualSnapshot{Volumes: s.Volumes}).HasReconstructed()
+		if got := s.HasReconstructed(); got != st.want || walked != st.want {
+			t.Errorf("after %q: counted %v, walked %v; want %v", st.name, got, walked, st.want)
+		}
+	}
+}

@@ -281,16 +281,4 @@ func Adoptions(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, setUpWitho
 
 // HasReconstructed reports whether the ASW still holds unmatched
 // reconstructed state.
-func HasReconstructed(asw *cache.ActualSnapshot) bool {
-	for _, v := range asw.Volumes {
-		if v.DeviceReconstructed {
-			return true
-		}
-		for _, m := range v.Pods {
-			if m.Reconstructed {
-				return true
-			}
-		}
-	}
-	return false
-}
+func HasReconstructed(asw *cache.ActualSnapshot) bool { return asw.HasReconstructed() }
