@@ -1,6 +1,7 @@
 package operations
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -133,7 +134,7 @@ func TestAdmission(t *testing.T) {
 				return e, b
 			}
 			e, _ := newState()
-			startable := e.Startable(cands)
+			startable := e.Startable(cands, e.Mark())
 			var got []string
 			for i, label := range labels {
 				if startable[i] {
@@ -155,5 +156,42 @@ func TestAdmission(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A plan made from snapshots taken before an operation finished must not
+// start its key again: the snapshot does not show the outcome. Startable
+// holds such keys (and those conflicting with them) back until a later mark.
+func TestStartableHoldsKeysFinishedAfterMark(t *testing.T) {
+	e, _, _ := newTestExecutor(t, ExecutorOptions{})
+	before := e.Mark()
+	for _, k := range []Key{{"v", "p1"}, {"w", ""}} {
+		if err := e.Run(k, op("a", noop)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	cands := []Candidate{
+		{Key{"v", "p1"}, "a"}, // finished after before
+		{Key{"v", "p2"}, "a"}, // another pod of v: no conflict
+		{Key{"v", ""}, "b"},   // volume-wide: conflicts with v/p1
+		{Key{"w", "p1"}, "a"}, // a pod of w: conflicts with w's volume-wide key
+		{Key{"x", ""}, "a"},   // untouched
+	}
+	tests := []struct {
+		name string
+		mark uint64
+		want []bool
+	}{
+		{"plan from before the finishes", before, []bool{false, true, false, false, true}},
+		{"plan from after them", e.Mark(), []bool{true, true, true, true, true}},
+		{"an old mark once a newer one was passed", before, []bool{true, true, true, true, true}},
+	}
+	for _, tc := range tests {
+		if got := e.Startable(cands, tc.mark); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: Startable = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

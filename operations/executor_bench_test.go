@@ -60,7 +60,7 @@ func BenchmarkExecutorStartable(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		e.Startable(cands)
+		e.Startable(cands, e.Mark())
 	}
 	b.StopTimer()
 	close(release)

@@ -27,8 +27,12 @@ type Handler interface {
 
 // Executor runs operations: *operations.Executor.
 type Executor interface {
-	// Startable reports, for each candidate, whether Run would start it now.
-	Startable(cands []operations.Candidate) []bool
+	// Mark returns the point in the sequence of finished operations that
+	// snapshots taken after it reflect.
+	Mark() uint64
+	// Startable reports, for each candidate, whether Run would start it
+	// now and no operation on its key finished after mark.
+	Startable(cands []operations.Candidate, mark uint64) []bool
 	// Run starts op on key, or says why not (operations.IsExpected tells
 	// the refusals that are not failures).
 	Run(key operations.Key, op *operations.Operation) error
@@ -132,6 +136,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 func (r *Reconciler) ReconcileOnce() []Action {
 	start := r.opts.Clock.Now()
 	ready := r.opts.SourcesReady()
+	mark := r.opts.Executor.Mark()
 	asw := r.opts.ASW.Snapshot()
 	dsw := r.opts.DSW.Snapshot()
 	if ready && HasReconstructed(asw) {
@@ -156,7 +161,7 @@ func (r *Reconciler) ReconcileOnce() []Action {
 		cands[i] = operations.Candidate{Key: operations.Key{Volume: actions[i].Volume, Pod: actions[i].Pod.UID}, Name: actions[i].Op}
 	}
 	started := 0
-	for i, ok := range r.opts.Executor.Startable(cands) {
+	for i, ok := range r.opts.Executor.Startable(cands, mark) {
 		if ok {
 			r.dispatch(&actions[i])
 			started++

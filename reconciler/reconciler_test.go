@@ -24,7 +24,9 @@ type fakeExecutor struct {
 	ran  []string
 }
 
-func (e *fakeExecutor) Startable(cands []operations.Candidate) []bool {
+func (e *fakeExecutor) Mark() uint64 { return 0 }
+
+func (e *fakeExecutor) Startable(cands []operations.Candidate, _ uint64) []bool {
 	out := make([]bool, len(cands))
 	for i, c := range cands {
 		out[i] = !e.busy[c.Key]
