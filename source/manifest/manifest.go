@@ -22,7 +22,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
 
 	"github.com/volume-agent/volume-agent/source"
@@ -53,6 +52,13 @@ const (
 	debounceMax = 20 * time.Millisecond
 	// holdMax bounds how long a file that keeps being written is left alone.
 	holdMax = 50 * time.Millisecond
+	// readyQuiet and readyMax replace debounceQuiet and debounceMax while
+	// every pending file is complete (renamed into place or closed by its
+	// writer): there is nothing to wait for but the rest of a burst, read
+	// in batches so that the first pods' volumes are being mounted while
+	// the last manifests arrive.
+	readyQuiet = time.Millisecond
+	readyMax   = 5 * time.Millisecond
 	// rewatchInterval is how often a lost directory watch is retried.
 	rewatchInterval = time.Second
 	// maxFileSize keeps a stray large file from costing the agent's memory.
@@ -146,7 +152,12 @@ func (s *Source) notify() {
 	}
 }
 
-type pendingFile struct{ first, last time.Time }
+// pendingFile is a file with events not yet handled; complete says its last
+// event left it complete.
+type pendingFile struct {
+	first, last time.Time
+	complete    bool
+}
 
 // Run reads the directory, then follows it until ctx ends. It fails only if
 // the directory cannot be watched at start.
@@ -157,13 +168,13 @@ func (s *Source) Run(ctx context.Context) error {
 	if err := checkDir(s.dir); err != nil {
 		return err
 	}
-	w, err := fsnotify.NewWatcher()
+	w, err := newDirWatcher()
 	if err != nil {
 		return fmt.Errorf("manifest: cannot watch %s: %w", s.dir, err)
 	}
 	defer w.Close()
 	// Watch before reading, so that a change made while reading is seen.
-	if err := w.Add(s.dir); err != nil {
+	if err := w.watch(s.dir); err != nil {
 		return fmt.Errorf("manifest: cannot watch directory %s: %w", s.dir, err)
 	}
 	s.watchDir, _ = statID(s.dir)
@@ -179,6 +190,7 @@ func (s *Source) Run(ctx context.Context) error {
 	var (
 		pending  = map[string]pendingFile{}
 		burst    time.Time // first event not yet handled
+		waiting  bool      // some pending file is not complete
 		overflow bool
 		lost     bool
 		retry    <-chan time.Time
@@ -192,7 +204,11 @@ func (s *Source) Run(ctx context.Context) error {
 		if burst.IsZero() {
 			burst = now
 		}
-		timer.Reset(max(0, min(debounceQuiet, burst.Add(debounceMax).Sub(now))))
+		quiet, most := readyQuiet, readyMax
+		if waiting || overflow {
+			quiet, most = debounceQuiet, debounceMax
+		}
+		timer.Reset(max(0, min(quiet, burst.Add(most).Sub(now))))
 	}
 	loseWatch := func() {
 		if !lost {
@@ -206,47 +222,49 @@ func (s *Source) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 
-		case ev, ok := <-w.Events:
+		case ev, ok := <-w.events:
 			if !ok {
 				return errors.New("manifest: watcher closed")
 			}
 			now := time.Now()
-			if filepath.Clean(ev.Name) == s.dir {
-				if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
-					loseWatch()
-				}
-			} else {
-				name := filepath.Base(ev.Name)
-				p, ok := pending[name]
-				if !ok {
-					p.first = now
-				}
-				p.last = now
-				pending[name] = p
-			}
-			arm(now)
-
-		case err, ok := <-w.Errors:
-			if !ok {
-				return errors.New("manifest: watcher closed")
-			}
-			if errors.Is(err, fsnotify.ErrEventOverflow) {
+			switch {
+			case ev.overflow:
 				// Events were lost: re-read every file, not only the ones
 				// whose identity changed.
 				overflow = true
 				s.log.Warn("Manifest directory events overflowed; re-reading all files", zap.String("dir", s.dir))
-				arm(time.Now())
-			} else {
-				s.log.Warn("Watching manifest directory", zap.String("dir", s.dir), zap.Error(err))
+			case ev.dir:
+				if ev.lost() {
+					loseWatch()
+				}
+			default:
+				p, ok := pending[ev.name]
+				if !ok {
+					p.first = now
+				}
+				p.last = now
+				p.complete = ev.complete()
+				waiting = waiting || !p.complete
+				pending[ev.name] = p
 			}
+			arm(now)
+
+		case err := <-w.errs:
+			s.log.Warn("Watching manifest directory", zap.String("dir", s.dir), zap.Error(err))
 
 		case <-timer.C:
 			now := time.Now()
 			force := make(map[string]bool, len(pending))
 			hold := map[string]bool{}
+			waiting = false
 			for name, p := range pending {
-				if now.Sub(p.last) < debounceQuiet && now.Sub(p.first) < holdMax {
+				quiet, most := debounceQuiet, holdMax
+				if p.complete {
+					quiet, most = readyQuiet, readyMax
+				}
+				if now.Sub(p.last) < quiet && now.Sub(p.first) < most {
 					hold[name] = true
+					waiting = waiting || !p.complete
 					continue
 				}
 				force[name] = true
@@ -288,13 +306,12 @@ func (s *Source) Run(ctx context.Context) error {
 }
 
 // rewatch moves the watch to whatever directory the path names now.
-func (s *Source) rewatch(w *fsnotify.Watcher) bool {
+func (s *Source) rewatch(w *dirWatcher) bool {
 	id, err := statID(s.dir)
 	if err != nil {
 		return false
 	}
-	_ = w.Remove(s.dir) // gone already if the directory was removed
-	if err := w.Add(s.dir); err != nil {
+	if err := w.watch(s.dir); err != nil {
 		s.log.Debug("Cannot watch manifest directory yet", zap.String("dir", s.dir), zap.Error(err))
 		return false
 	}
