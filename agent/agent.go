@@ -147,7 +147,10 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	a.executor = operations.NewExecutor(operations.ExecutorOptions{
 		MaxConcurrent: cfg.MaxConcurrentOperations,
 		Timeout:       cfg.OperationTimeout,
-		Observer:      &reporter{log: log.Named("operations"), events: a.events, metrics: a.metrics, trimmer: a.trimmer, history: a.history},
+		// The reporter's lines all come from one place, so the caller
+		// says nothing; finding it cost every operation of a storm a
+		// stack walk.
+		Observer:      &reporter{log: log.Named("operations").WithOptions(zap.WithCaller(false)), events: a.events, metrics: a.metrics, trimmer: a.trimmer, history: a.history},
 		OnStateChange: wake.Notify,
 	})
 	a.csi.retryOnChange(a.executor, wake)

@@ -17,10 +17,10 @@ import (
 	"syscall"
 	"time"
 
-	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/volume-agent/volume-agent/agent"
+	"github.com/volume-agent/volume-agent/internal/logging"
 	"github.com/volume-agent/volume-agent/ui/statuscmd"
 )
 
@@ -99,16 +99,8 @@ func run() error {
 	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	zcfg := zap.NewProductionConfig()
-	zcfg.Level = zap.NewAtomicLevelAt(level)
-	zcfg.Sampling = nil
-	zcfg.EncoderConfig.TimeKey = "time"
-	zcfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
-	log, err := zcfg.Build()
-	if err != nil {
-		return err
-	}
-	defer log.Sync() //nolint:errcheck
+	log, stopLog := logging.New(level, os.Stderr)
+	defer stopLog()
 	cfg.Log = log
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
