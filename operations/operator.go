@@ -2,12 +2,15 @@ package operations
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -104,11 +107,14 @@ func (t *Target) identity() cache.VolumeIdentity {
 }
 
 func (o *Operator) logger(t *Target, op Op) *zap.Logger {
-	l := o.Log.With(zap.String("volume", string(t.Volume)), zap.String("plugin", t.Plugin), zap.String("operation", string(op)))
-	if t.Pod.UID != "" {
-		l = l.With(zap.String("pod", t.Pod.String()), zap.String("podUID", string(t.Pod.UID)))
+	// Lazily: most operations never log through it, and encoding the
+	// fields up front cost every operation of a storm an allocation-heavy
+	// With.
+	if t.Pod.UID == "" {
+		return o.Log.WithLazy(zap.String("volume", string(t.Volume)), zap.String("plugin", t.Plugin), zap.String("operation", string(op)))
 	}
-	return l
+	return o.Log.WithLazy(zap.String("volume", string(t.Volume)), zap.String("plugin", t.Plugin), zap.String("operation", string(op)),
+		zap.Stringer("pod", t.Pod), zap.String("podUID", string(t.Pod.UID)))
 }
 
 func (o *Operator) plugin(name string) (plugins.Plugin, error) {
@@ -245,7 +251,7 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target, mountPath strin
 	}
 	prev := podMount(av, t)
 	// Never tear a volume down under a sub-path bind mount of it.
-	if err := o.cleanSubPaths(t); err != nil {
+	if err := o.cleanSubPaths(t, prev); err != nil {
 		return err
 	}
 	req := &plugins.TearDownRequest{
@@ -276,7 +282,7 @@ func (o *Operator) PrepareSubPaths(ctx context.Context, t *Target) error {
 	m := podMount(av, t)
 	dir := o.Paths.VolumeSubPathsDir(t.Pod.UID, t.Plugin, t.SpecName)
 	if len(t.SubPaths) == 0 {
-		if err := o.cleanSubPaths(t); err != nil {
+		if err := o.cleanSubPaths(t, m); err != nil {
 			return err
 		}
 	} else {
@@ -297,7 +303,18 @@ func (o *Operator) PrepareSubPaths(ctx context.Context, t *Target) error {
 
 // cleanSubPaths removes every sub-path of the pod's volume, and the
 // directories that held them once empty.
-func (o *Operator) cleanSubPaths(t *Target) error {
+// m is the recorded mount, if any.
+func (o *Operator) cleanSubPaths(t *Target, m *cache.ActualPodMount) error {
+	// Most volumes never had a sub-path: when none is recorded, one lstat
+	// of the pod's sub-path directory settles it instead of a failing open
+	// and three failing rmdirs per volume in a teardown storm. If it is
+	// missing, no volume of the pod can have a sub-path left (they all
+	// live below it), even one a crash kept from being recorded.
+	if m == nil || (len(m.SubPaths) == 0 && !m.SubPathsOutdated) {
+		if _, err := os.Lstat(o.Paths.PodSubPathsDir(t.Pod.UID)); errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+	}
 	dir := o.Paths.VolumeSubPathsDir(t.Pod.UID, t.Plugin, t.SpecName)
 	if err := o.subPaths().Clean(dir); err != nil {
 		return fmt.Errorf("removing the sub-paths prepared for the pod's containers (the volume stays until they are gone): %w", err)
@@ -312,9 +329,13 @@ func (o *Operator) cleanSubPaths(t *Target) error {
 func (o *Operator) removePodDirs(t *Target, podPath string) {
 	state := o.Paths.PodVolumeStateFile(t.Pod.UID, t.Plugin, t.SpecName)
 	// Plugins that keep state remove their file themselves; remove it in
-	// case one did not, then its directories once empty.
-	_ = os.Remove(state)
-	mountutil.RemoveEmptyDirs(filepath.Dir(state), o.Paths.PodsDir())
+	// case one did not, then its directories once empty. Most plugins keep
+	// none: when the pod has no state directory at all, that is one lstat
+	// instead of a failing unlink and a chain of failing rmdirs.
+	if _, err := os.Lstat(o.Paths.PodVolumeStateDir(t.Pod.UID)); !errors.Is(err, fs.ErrNotExist) {
+		_ = unix.Unlink(state)
+		mountutil.RemoveEmptyDirs(filepath.Dir(state), o.Paths.PodsDir())
+	}
 	mountutil.RemoveEmptyDirs(filepath.Dir(podPath), o.Paths.PodsDir())
 }
 

@@ -151,11 +151,23 @@ func planUnmounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, orphans
 			out = append(out, Action{
 				Op: operations.ForMode(operations.OpUnmountVolume, av.Attributes.Block), Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes,
 				Pod: volume.PodInfo{PodRef: m.Pod}, Spec: m.Spec, SpecName: m.SpecName, MountPath: m.MountPath,
-				Reason: "no longer desired (mount " + string(m.State) + ")",
+				Reason: unmountReason(m.State),
 			})
 		}
 	}
 	return out
+}
+
+// unmountReason is the Reason of an unmount, built without allocating for
+// the known states: a storm plans thousands per pass.
+func unmountReason(s cache.MountState) string {
+	switch s {
+	case cache.Mounted:
+		return "no longer desired (mount Mounted)"
+	case cache.MountUncertain:
+		return "no longer desired (mount Uncertain)"
+	}
+	return "no longer desired (mount " + string(s) + ")"
 }
 
 func protectedPod(dsw *cache.DesiredSnapshot, uid types.UID) bool {

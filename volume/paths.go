@@ -82,9 +82,14 @@ func (p Paths) PodDevicePath(pod types.UID, plugin, specName string) string {
 	return filepath.Join(p.PodDevicesDir(pod), EscapePlugin(plugin), specName)
 }
 
+// PodVolumeStateDir holds the state files of the pod's volumes.
+func (p Paths) PodVolumeStateDir(pod types.UID) string {
+	return filepath.Join(p.PodDir(pod), "volume-state")
+}
+
 // PodVolumeStateFile records what tearing the pod's volume down needs.
 func (p Paths) PodVolumeStateFile(pod types.UID, plugin, specName string) string {
-	return filepath.Join(p.PodDir(pod), "volume-state", EscapePlugin(plugin), specName+".json")
+	return filepath.Join(p.PodVolumeStateDir(pod), EscapePlugin(plugin), specName+".json")
 }
 
 // PluginDir is the plugin's private directory.

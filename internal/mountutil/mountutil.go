@@ -287,7 +287,7 @@ func EnsureDir(dir string, mode os.FileMode) (created bool, err error) {
 		return false, nil
 	}
 	if errors.Is(err, fs.ErrNotExist) {
-		if err := os.MkdirAll(filepath.Dir(dir), 0o750); err != nil {
+		if err := mkdirParents(filepath.Dir(dir)); err != nil {
 			return false, err
 		}
 		err = os.Mkdir(dir, mode)
@@ -299,6 +299,32 @@ func EnsureDir(dir string, mode os.FileMode) (created bool, err error) {
 		}
 	}
 	return false, err
+}
+
+// mkdirParents creates dir and its missing parents with mode 0750. Unlike
+// os.MkdirAll it does not stat its way up first: in a mount storm the
+// parents are usually a pod directory or two that are missing, and a
+// failing mkdir costs what a stat does.
+func mkdirParents(dir string) error {
+	for range 64 {
+		err := unix.Mkdir(dir, 0o750)
+		switch {
+		case err == nil, errors.Is(err, unix.EEXIST):
+			// Another volume of the pod may have made it first; a file in
+			// its place fails the mkdir below it with ENOTDIR.
+			return nil
+		case !errors.Is(err, unix.ENOENT):
+			return &os.PathError{Op: "mkdir", Path: dir, Err: err}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return &os.PathError{Op: "mkdir", Path: dir, Err: err}
+		}
+		if err := mkdirParents(parent); err != nil {
+			return err
+		}
+	}
+	return &os.PathError{Op: "mkdir", Path: dir, Err: unix.ENOENT}
 }
 
 // RemoveEmptyDirs removes dir and then its parents while they are empty,

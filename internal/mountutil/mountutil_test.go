@@ -2,10 +2,12 @@ package mountutil_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -580,5 +582,40 @@ func TestMountRefs(t *testing.T) {
 				t.Errorf("MountRefs of an unmounted directory = %q, %v", refs, err)
 			}
 		})
+	}
+}
+
+// Volumes of one pod are set up concurrently and race to create the same
+// missing parents: every one must succeed, and each leaf be reported
+// created exactly once.
+func TestEnsureDirConcurrentSiblings(t *testing.T) {
+	base := filepath.Join(t.TempDir(), "pods", "uid", "volumes", "plugin")
+	const n = 16
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	created := make([]bool, n)
+	for i := range n {
+		wg.Go(func() {
+			created[i], errs[i] = mountutil.EnsureDir(filepath.Join(base, fmt.Sprint("v", i)), 0o750)
+		})
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil || !created[i] {
+			t.Errorf("volume %d: created %v, err %v; want true, nil", i, created[i], errs[i])
+		}
+	}
+}
+
+// A file where a parent directory should be is an error naming it, not a
+// loop or a panic.
+func TestEnsureDirFileInTheWay(t *testing.T) {
+	tmp := t.TempDir()
+	if err := os.WriteFile(filepath.Join(tmp, "pod"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := mountutil.EnsureDir(filepath.Join(tmp, "pod", "volumes", "v"), 0o750)
+	if !errors.Is(err, unix.ENOTDIR) {
+		t.Errorf("err = %v, want ENOTDIR", err)
 	}
 }
