@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -117,6 +118,11 @@ type DesiredStateOfWorld struct {
 	pods       map[types.UID]*DesiredPod
 	generation uint64
 	snapshot   *DesiredSnapshot // cached for generation
+
+	// batches counts the Batch calls running; changes made meanwhile
+	// signal once, when the last ends (held records that one is due).
+	batches atomic.Int32
+	held    atomic.Bool
 }
 
 // NewDesiredStateOfWorld returns an empty DSW.
@@ -346,7 +352,28 @@ func (d *DesiredStateOfWorld) Snapshot() *DesiredSnapshot {
 
 func (d *DesiredStateOfWorld) bump() {
 	d.generation++
+	if d.batches.Load() > 0 {
+		d.held.Store(true)
+		return
+	}
 	d.changed.Notify()
+}
+
+// Batch runs fn, which changes the DSW, and signals Changed once when it
+// returns instead of after every change. The populator resolves every pod
+// of a burst in one: woken by the first pod, the reconciler planned and
+// started operations that then competed for the CPU with resolving the
+// rest, and a 500-pod burst reached the DSW in three or four slices, each
+// a planning pass of its own. Snapshots taken meanwhile see the changes
+// made so far, as before.
+func (d *DesiredStateOfWorld) Batch(fn func()) {
+	d.batches.Add(1)
+	defer func() {
+		if d.batches.Add(-1) == 0 && d.held.Swap(false) {
+			d.changed.Notify()
+		}
+	}()
+	fn()
 }
 
 func sameErrors(a, b []*volume.PodVolumeError) bool {

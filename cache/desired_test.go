@@ -676,3 +676,38 @@ func TestDesiredConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// Changes made in a Batch are visible at once but signalled once, when the
+// outermost batch ends; a batch that changes nothing signals nothing.
+func TestDesiredBatchSignalsOnce(t *testing.T) {
+	d, _ := newDSW()
+	d.Batch(func() {
+		d.Batch(func() {
+			d.SetPod(testPod("p1"), []PodVolume{emptyDir("p1", "a")}, nil, nil)
+		})
+		if signalled(d) {
+			t.Error("signalled when an inner batch ended")
+		}
+		d.SetPod(testPod("p2"), []PodVolume{emptyDir("p2", "a")}, nil, nil)
+		if len(d.Snapshot().Pods) != 2 {
+			t.Error("changes made in the batch are not visible yet")
+		}
+		if signalled(d) {
+			t.Error("signalled inside the batch")
+		}
+	})
+	if !signalled(d) {
+		t.Error("not signalled when the batch ended")
+	}
+	if signalled(d) {
+		t.Error("signalled more than once")
+	}
+	d.Batch(func() { d.SetPod(testPod("p1"), []PodVolume{emptyDir("p1", "a")}, nil, nil) })
+	if signalled(d) {
+		t.Error("a batch that changed nothing signalled")
+	}
+	d.SetPod(testPod("p3"), nil, nil, nil)
+	if !signalled(d) {
+		t.Error("a change outside any batch was not signalled")
+	}
+}

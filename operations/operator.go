@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -311,7 +309,7 @@ func (o *Operator) cleanSubPaths(t *Target, m *cache.ActualPodMount) error {
 	// missing, no volume of the pod can have a sub-path left (they all
 	// live below it), even one a crash kept from being recorded.
 	if m == nil || (len(m.SubPaths) == 0 && !m.SubPathsOutdated) {
-		if _, err := os.Lstat(o.Paths.PodSubPathsDir(t.Pod.UID)); errors.Is(err, fs.ErrNotExist) {
+		if !exists(o.Paths.PodSubPathsDir(t.Pod.UID)) {
 			return nil
 		}
 	}
@@ -323,6 +321,13 @@ func (o *Operator) cleanSubPaths(t *Target, m *cache.ActualPodMount) error {
 	return nil
 }
 
+// exists reports whether path names something (not following a final
+// symlink); when it cannot tell, it says yes, so callers clean up.
+func exists(path string) bool {
+	var st unix.Stat_t
+	return !errors.Is(unix.Lstat(path, &st), unix.ENOENT)
+}
+
 // removePodDirs removes the volume's state file and the directories above
 // its path in the pod (podPath: mount point or block access point)
 // that are now empty, up to the pod directory itself once nothing is left.
@@ -332,7 +337,7 @@ func (o *Operator) removePodDirs(t *Target, podPath string) {
 	// case one did not, then its directories once empty. Most plugins keep
 	// none: when the pod has no state directory at all, that is one lstat
 	// instead of a failing unlink and a chain of failing rmdirs.
-	if _, err := os.Lstat(o.Paths.PodVolumeStateDir(t.Pod.UID)); !errors.Is(err, fs.ErrNotExist) {
+	if exists(o.Paths.PodVolumeStateDir(t.Pod.UID)) {
 		_ = unix.Unlink(state)
 		mountutil.RemoveEmptyDirs(filepath.Dir(state), o.Paths.PodsDir())
 	}

@@ -169,18 +169,20 @@ func (p *Populator) Sync(force bool) {
 		p.lastNode = node
 	}
 	seen := make(map[types.UID]bool, len(pods))
-	for _, pod := range pods {
-		if p.opts.IsTerminated(pod) {
-			continue
+	p.opts.DSW.Batch(func() {
+		for _, pod := range pods {
+			if p.opts.IsTerminated(pod) {
+				continue
+			}
+			seen[pod.UID] = true
+			p.syncPod(pod, node, force)
 		}
-		seen[pod.UID] = true
-		p.syncPod(pod, node, force)
-	}
-	for _, uid := range p.opts.DSW.PodUIDs() {
-		if !seen[uid] {
-			p.opts.DSW.DeletePod(uid)
+		for _, uid := range p.opts.DSW.PodUIDs() {
+			if !seen[uid] {
+				p.opts.DSW.DeletePod(uid)
+			}
 		}
-	}
+	})
 	for uid := range p.state {
 		if !seen[uid] {
 			delete(p.state, uid)
