@@ -125,3 +125,16 @@ func BenchmarkParsePod(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkParsePodJSON measures parsing alone for one pod file in JSON,
+// the form tools (and mountbench) write.
+func BenchmarkParsePodJSON(b *testing.B) {
+	data := []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p1","namespace":"b","uid":"u-1"},"spec":{"nodeName":"node-1","containers":[{"name":"c","image":"x","volumeMounts":[{"name":"v0","mountPath":"/v0"},{"name":"v1","mountPath":"/v1"},{"name":"v2","mountPath":"/v2"},{"name":"v3","mountPath":"/v3"}]}],"volumes":[{"name":"v0","emptyDir":{"medium":"Memory"}},{"name":"v1","emptyDir":{"medium":"Memory"}},{"name":"v2","emptyDir":{"medium":"Memory"}},{"name":"v3","emptyDir":{"medium":"Memory"}}]}}`)
+	p := parser{nodeName: "node-1"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if r := p.parse(data); r.fatal != "" || len(r.objects) != 1 {
+			b.Fatal(r.fatal)
+		}
+	}
+}
