@@ -369,12 +369,7 @@ func (a *ActualStateOfWorld) MarkRemountRequired(pod types.UID) {
 			if !ok || !v.Attributes.RequiresRemount || m.RemountRequired {
 				continue
 			}
-			nv := v.clone()
-			mm := *m
-			mm.RemountRequired = true
-			nv.Pods[pod] = &mm
-			sh.volumes[name] = nv
-			a.generation.Add(1)
+			a.markRemountLocked(sh, name, v, pod)
 		}
 		sh.mu.Unlock()
 	}
@@ -395,16 +390,21 @@ func (a *ActualStateOfWorld) MarkPodVolumeRemountRequired(name volume.UniqueName
 	if !ok {
 		return false
 	}
-	if m.RemountRequired {
-		return true
+	if !m.RemountRequired {
+		a.markRemountLocked(sh, name, v, pod)
 	}
+	return true
+}
+
+// markRemountLocked replaces the volume's entry by one where the pod's
+// mount requires a remount. sh.mu must be held.
+func (a *ActualStateOfWorld) markRemountLocked(sh *aswShard, name volume.UniqueName, v *ActualVolume, pod types.UID) {
 	nv := v.clone()
-	mm := *m
+	mm := *v.Pods[pod]
 	mm.RemountRequired = true
 	nv.Pods[pod] = &mm
 	sh.volumes[name] = nv
 	a.generation.Add(1)
-	return true
 }
 
 // Volume returns the current entry of a volume.
