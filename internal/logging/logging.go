@@ -10,6 +10,7 @@ package logging
 
 import (
 	"io"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -30,10 +31,87 @@ func New(level zapcore.LevelEnabler, w io.Writer) (*zap.Logger, func()) {
 	enc := zap.NewProductionEncoderConfig()
 	enc.TimeKey = "time"
 	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	buf := &zapcore.BufferedWriteSyncer{WS: zapcore.AddSync(w), Size: bufferSize, FlushInterval: FlushInterval}
+	buf := &bufferedWriter{w: w}
 	core := flushingCore{Core: zapcore.NewCore(zapcore.NewJSONEncoder(enc), buf, level), ws: buf}
 	log := zap.New(core, zap.AddCaller(), zap.AddStacktrace(zapcore.ErrorLevel), zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(w))))
-	return log, func() { _ = buf.Stop() }
+	return log, buf.stop
+}
+
+// bufferedWriter holds lines for at most FlushInterval. Unlike zap's
+// BufferedWriteSyncer it has no ticker: a timer is armed by the first line
+// written into an empty buffer, so an idle agent wakes for nothing (the
+// ticker cost 0.07 s of CPU per 20 s at idle).
+type bufferedWriter struct {
+	w io.Writer
+
+	mu      sync.Mutex
+	buf     []byte
+	timer   *time.Timer
+	armed   bool
+	stopped bool
+}
+
+func (b *bufferedWriter) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped || len(p) >= bufferSize {
+		if err := b.flushLocked(); err != nil {
+			return 0, err
+		}
+		return b.w.Write(p)
+	}
+	if len(b.buf)+len(p) > bufferSize {
+		if err := b.flushLocked(); err != nil {
+			return 0, err
+		}
+	}
+	b.buf = append(b.buf, p...)
+	if !b.armed {
+		b.armed = true
+		if b.timer == nil {
+			b.timer = time.AfterFunc(FlushInterval, b.flushLater)
+		} else {
+			b.timer.Reset(FlushInterval)
+		}
+	}
+	return len(p), nil
+}
+
+func (b *bufferedWriter) flushLater() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.armed = false
+	_ = b.flushLocked()
+}
+
+// Sync writes out what is buffered.
+func (b *bufferedWriter) Sync() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.flushLocked()
+}
+
+func (b *bufferedWriter) flushLocked() error {
+	if len(b.buf) == 0 {
+		return nil
+	}
+	_, err := b.w.Write(b.buf)
+	b.buf = b.buf[:0]
+	if cap(b.buf) > bufferSize {
+		b.buf = nil // a huge line grew it: do not keep that
+	}
+	return err
+}
+
+// stop flushes, and makes every later line go straight to the writer.
+func (b *bufferedWriter) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_ = b.flushLocked()
+	b.stopped = true
+	if b.timer != nil {
+		b.timer.Stop()
+	}
 }
 
 // flushingCore writes entries at warn level and above through at once: a

@@ -3,6 +3,7 @@ package logging
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -83,6 +84,36 @@ func TestStopFlushesAndLinesAreJSON(t *testing.T) {
 			if _, ok := m[k]; !ok {
 				t.Errorf("line %q has no %q", l, k)
 			}
+		}
+	}
+}
+
+// Lines come out in the order they were logged, whatever flushes them: a
+// full buffer, a line larger than the buffer, the timer, or stop; lines
+// logged after stop are written straight through.
+func TestOrderKeptAcrossFlushes(t *testing.T) {
+	out := &syncBuffer{}
+	log, stop := New(zapcore.InfoLevel, out)
+	huge := strings.Repeat("x", bufferSize)
+	var want []string
+	for i := range 2000 { // more than a buffer full
+		log.Info("line", zap.Int("i", i))
+		want = append(want, `"i":`+strconv.Itoa(i))
+		if i == 1000 {
+			log.Info("huge", zap.String("pad", huge))
+			want = append(want, `"msg":"huge"`)
+		}
+	}
+	stop()
+	log.Info("after stop")
+	want = append(want, `"msg":"after stop"`)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != len(want) {
+		t.Fatalf("%d lines, want %d", len(lines), len(want))
+	}
+	for i, w := range want {
+		if !strings.Contains(lines[i], w) {
+			t.Fatalf("line %d is %.80q, want it to contain %q", i, lines[i], w)
 		}
 	}
 }
