@@ -51,6 +51,8 @@ type options struct {
 	// the mount and the unmount phase (profileFor long each).
 	profile    string
 	profileFor time.Duration
+	// floor runs the kernel floor (floor.go) before and after the agent.
+	floor bool
 	// api-volumes scenario
 	kubeQPS         int
 	nodeCredentials bool
@@ -86,6 +88,7 @@ func run() error {
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up after this long in any phase")
 	flag.StringVar(&o.profile, "profile", "", "emptydir: write CPU profiles of the agent (mount.pprof, unmount.pprof, idle.pprof) to this directory")
 	flag.DurationVar(&o.profileFor, "profile-for", 10*time.Second, "emptydir: length of each CPU profile")
+	flag.BoolVar(&o.floor, "floor", true, "emptydir: also time the kernel floor (the same directories and mounts with bare syscalls) on the same filesystem, just before and just after the agent, and report the agent's ratio to it")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("must run as root (it mounts)")
@@ -117,6 +120,22 @@ func run() error {
 		return runAPIVolumes(o, work, root)
 	case "readiness":
 		return runReadiness(o, work, root)
+	}
+
+	var floors [][2]time.Duration
+	runFloor := func() error {
+		if !o.floor {
+			return nil
+		}
+		setup, teardown, err := floor(root, o.pods, o.volumes)
+		if err != nil {
+			return err
+		}
+		floors = append(floors, [2]time.Duration{setup, teardown})
+		return nil
+	}
+	if err := runFloor(); err != nil {
+		return err
 	}
 
 	debugAddr, metricsAddr := freeAddr(), freeAddr()
@@ -167,14 +186,18 @@ func run() error {
 		return func() { <-done }
 	}
 	waitProfile := profile("mount.pprof", o.profileFor)
-	user0, system0, _ := cpuSplit(cmd.Process.Pid)
-	start := time.Now()
+	// Written beforehand (hidden names, which the agent ignores) and
+	// renamed into place in one go, as a deployment tool would: the time
+	// is the agent's, not that of writing 500 files to disk.
 	for name, data := range files {
-		tmp := filepath.Join(manifests, "."+name)
-		if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(manifests, "."+name), data, 0o644); err != nil {
 			return err
 		}
-		if err := os.Rename(tmp, filepath.Join(manifests, name)); err != nil {
+	}
+	user0, system0, _ := cpuSplit(cmd.Process.Pid)
+	start := time.Now()
+	for name := range files {
+		if err := os.Rename(filepath.Join(manifests, "."+name), filepath.Join(manifests, name)); err != nil {
 			return err
 		}
 	}
@@ -215,6 +238,7 @@ func run() error {
 	waitProfile = profile("unmount.pprof", o.profileFor)
 	defer waitProfile()
 	user0, system0, _ = cpuSplit(cmd.Process.Pid)
+	deleteStart := time.Now()
 	for name := range files {
 		if err := os.Remove(filepath.Join(manifests, name)); err != nil {
 			return err
@@ -224,14 +248,31 @@ func run() error {
 	if err := waitFor(o.timeout, func() bool { return countMounts(root) == 0 }); err != nil {
 		return fmt.Errorf("waiting for unmounts (%d left): %w", countMounts(root), err)
 	}
-	fmt.Printf("  unmounted: %.3f s after the manifests were deleted, %s\n", time.Since(deleted).Seconds(), cpuSince(cmd.Process.Pid, user0, system0))
+	unmountedAt := time.Now()
+	fmt.Printf("  unmounted: %.3f s after the manifests were deleted, %s\n", unmountedAt.Sub(deleted).Seconds(), cpuSince(cmd.Process.Pid, user0, system0))
 	if err := waitFor(o.timeout, func() bool {
 		entries, _ := os.ReadDir(filepath.Join(root, "pods"))
 		return len(entries) == 0
 	}); err != nil {
 		return fmt.Errorf("pod directories left behind: %w", err)
 	}
+	if o.floor {
+		if err := runFloor(); err != nil {
+			return err
+		}
+		agentSetup, agentTeardown := mounted.Sub(start), unmountedAt.Sub(deleteStart)
+		fmt.Printf("  floor:     setup %s, teardown %s (before) and %s, %s (after): bare mkdir/mount/umount2/rmdir from %d goroutines on the same filesystem\n",
+			ms(floors[0][0])+" ms", ms(floors[0][1])+" ms", ms(floors[1][0])+" ms", ms(floors[1][1])+" ms", floorWorkers)
+		fmt.Printf("  agent ÷ floor: setup %s, teardown %s (from the first manifest written / removed; the goal is ≤ 1.5×)\n",
+			ratios(agentSetup, floors[0][0], floors[1][0]), ratios(agentTeardown, floors[0][1], floors[1][1]))
+	}
 	return nil
+}
+
+// ratios is the agent's time over each floor time, smallest first.
+func ratios(agent, a, b time.Duration) string {
+	r1, r2 := agent.Seconds()/a.Seconds(), agent.Seconds()/b.Seconds()
+	return fmt.Sprintf("%.1f–%.1f×", min(r1, r2), max(r1, r2))
 }
 
 func podManifest(i, volumes int) []byte {
