@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 
@@ -239,5 +240,42 @@ func TestPrepareSubPathsNoCreateInAPIVolumes(t *testing.T) {
 				t.Errorf("%s: %+v, want NoCreate %v", plugin, m, noCreate)
 			}
 		}
+	}
+}
+
+// Teardown skips the sub-path clean-up only when nothing can be left: no
+// sub-path recorded and no sub-path directory for the pod on disk. One a
+// crash kept from being recorded (the directory exists) is still cleaned.
+func TestUnmountVolumeSubPathCleanupSkippedOnlyWhenNoneCanExist(t *testing.T) {
+	tests := []struct {
+		name      string
+		recorded  bool
+		onDisk    bool
+		wantClean bool
+	}{
+		{"none recorded, none on disk", false, false, false},
+		{"none recorded, the pod's sub-path directory on disk", false, true, true},
+		{"recorded", true, false, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newOpWorld(t, opPodScoped)
+			f := withFakeSubPaths(w)
+			w.mountPod(t)
+			if tc.recorded {
+				w.asw.SetSubPaths(w.vol, opPod, opSubPaths)
+			}
+			if tc.onDisk {
+				if err := os.MkdirAll(w.paths.PodSubPathsDir(opPod), 0o750); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := w.op.UnmountVolume(t.Context(), w.podTarget(), w.podDir()); err != nil {
+				t.Fatal(err)
+			}
+			if cleaned := slices.Contains(f.calls, "Clean"); cleaned != tc.wantClean {
+				t.Errorf("sub-paths cleaned: %v, want %v (calls %v)", cleaned, tc.wantClean, f.calls)
+			}
+		})
 	}
 }
