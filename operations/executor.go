@@ -94,6 +94,8 @@ type Executor struct {
 	byVolume map[volume.UniqueName][]*entry
 	running  int
 	idle     *sync.Cond
+	// idleCh is closed while no operation runs (see Idle).
+	idleCh chan struct{}
 	// queue holds admitted operations waiting for a worker; workers is the
 	// number of workers serving it. Workers are started on demand up to
 	// MaxConcurrent and exit when the queue is empty, so thousands of
@@ -161,7 +163,9 @@ func NewExecutor(opts ExecutorOptions) *Executor {
 		opts:     opts,
 		byVolume: map[volume.UniqueName][]*entry{},
 		recent:   map[volume.UniqueName][]finishedKey{},
+		idleCh:   make(chan struct{}),
 	}
+	close(e.idleCh)
 	e.idle = sync.NewCond(&e.mu)
 	return e
 }
@@ -220,6 +224,9 @@ func (e *Executor) Run(key Key, op *Operation) error {
 		e.byVolume[key.Volume] = append(e.byVolume[key.Volume], en)
 	}
 	en.op, en.pending, en.queued, en.timedOut, en.started = op, true, true, false, now
+	if e.running == 0 {
+		e.idleCh = make(chan struct{})
+	}
 	e.running++
 	e.queue = append(e.queue, en)
 	startWorker := e.workers < e.opts.MaxConcurrent
@@ -330,6 +337,7 @@ func (e *Executor) finish(en *entry, start time.Time, err error) {
 	e.running--
 	if e.running == 0 {
 		e.idle.Broadcast()
+		close(e.idleCh)
 	}
 	op, key := en.op, en.key
 	e.mu.Unlock()
@@ -491,6 +499,14 @@ func (e *Executor) Forget(relevant func(Key) bool) int {
 		}
 	}
 	return dropped
+}
+
+// Idle returns a channel that is closed once no operation runs: at once if
+// none runs now.
+func (e *Executor) Idle() <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.idleCh
 }
 
 // Wait blocks until no operation runs or ctx ends.

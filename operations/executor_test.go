@@ -521,3 +521,44 @@ func TestExecutorForget(t *testing.T) {
 	close(release)
 	obs.wait(t)
 }
+
+func TestExecutorIdle(t *testing.T) {
+	e, _, obs := newTestExecutor(t, ExecutorOptions{})
+	isClosed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	if !isClosed(e.Idle()) {
+		t.Fatal("Idle not closed before any operation")
+	}
+	release := make(chan struct{})
+	if err := e.Run(Key{"plugin/a", ""}, op("mount_device", blocking(release))); err != nil {
+		t.Fatal(err)
+	}
+	idle := e.Idle()
+	if isClosed(idle) {
+		t.Fatal("Idle closed while an operation runs")
+	}
+	// A second operation finishing first does not make the executor idle.
+	if err := e.Run(Key{"plugin/b", ""}, op("mount_device", noop)); err != nil {
+		t.Fatal(err)
+	}
+	obs.wait(t)
+	if isClosed(idle) || isClosed(e.Idle()) {
+		t.Fatal("Idle closed while an operation still runs")
+	}
+	close(release)
+	obs.wait(t)
+	select {
+	case <-idle:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Idle not closed once the last operation finished")
+	}
+	if !isClosed(e.Idle()) {
+		t.Fatal("Idle not closed after all finished")
+	}
+}

@@ -51,6 +51,8 @@ type Operator struct {
 	// SubPaths prepares and removes containers' sub-paths of volumes
 	// (default: subpath.Host, on this node).
 	SubPaths SubPaths
+
+	dirs podDirs
 }
 
 // Refresh tracks content that follows its sources (API volumes, CSI
@@ -208,6 +210,7 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 	if o.Refresh != nil {
 		gen = o.Refresh.Generation(t.Volume, t.Pod.UID)
 	}
+	o.dirs.ensure(o.Paths.PodsDir(), filepath.Dir(req.Dir))
 	err = p.SetUp(ctx, req)
 	mount := cache.ActualPodMount{Pod: t.Pod.PodRef, SpecName: t.SpecName, MountPath: req.Dir, Spec: t.Spec}
 	switch {
@@ -341,6 +344,7 @@ func (o *Operator) removePodDirs(t *Target, podPath string) {
 		_ = unix.Unlink(state)
 		mountutil.RemoveEmptyDirs(filepath.Dir(state), o.Paths.PodsDir())
 	}
+	o.dirs.forget(filepath.Dir(podPath))
 	mountutil.RemoveEmptyDirs(filepath.Dir(podPath), o.Paths.PodsDir())
 }
 

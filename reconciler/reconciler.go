@@ -38,6 +38,8 @@ type Executor interface {
 	Run(key operations.Key, op *operations.Operation) error
 	// Forget drops the failed entries of keys relevant says are gone.
 	Forget(relevant func(operations.Key) bool) int
+	// Idle returns a channel closed once no operation runs.
+	Idle() <-chan struct{}
 }
 
 // Observer is told about every reconcile pass (metrics, pod readiness).
@@ -132,11 +134,27 @@ func (r *Reconciler) Run(ctx context.Context) {
 		// volume, and in a storm every finishing operation asks for one:
 		// spacing passes by twice what the last one took keeps planning
 		// under a third of a CPU (4,000 volumes made it quadratic), at the
-		// cost of that much delay for follow-up operations.
-		select {
-		case <-ctx.Done():
-			return
-		case <-r.opts.Clock.After(max(r.opts.MinInterval, passSpacing*took)):
+		// cost of that much delay for follow-up operations. The spacing
+		// leaves the CPU to running operations; once none runs there is
+		// nothing to leave it to (a pass slowed down by a busy CPU made
+		// the next wait 100 ms with nothing running in between).
+		wait := r.opts.MinInterval
+		if spacing := passSpacing * took; spacing > wait {
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.opts.Clock.After(spacing):
+				wait = 0
+			case <-r.opts.Executor.Idle():
+				// Still MinInterval: a burst of triggers is one pass.
+			}
+		}
+		if wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.opts.Clock.After(wait):
+			}
 		}
 	}
 }

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/operations"
@@ -35,6 +38,8 @@ func (e *fakeExecutor) Startable(cands []operations.Candidate, _ uint64) []bool 
 }
 
 func (e *fakeExecutor) Forget(func(operations.Key) bool) int { return 0 }
+
+func (e *fakeExecutor) Idle() <-chan struct{} { return nil }
 
 func (e *fakeExecutor) Run(key operations.Key, op *operations.Operation) error {
 	e.ran = append(e.ran, string(op.Name)+" "+string(key.Volume)+" "+string(key.Pod))
@@ -147,5 +152,58 @@ func TestRelevant(t *testing.T) {
 		if got := Relevant(dsw, asw, tc.key); got != tc.want {
 			t.Errorf("Relevant(%+v) = %v, want %v", tc.key, got, tc.want)
 		}
+	}
+}
+
+// slowPassExecutor makes every pass look slow (it steps the fake clock
+// while the pass asks it what may start) and counts the passes.
+type slowPassExecutor struct {
+	fakeExecutor
+	clk    *clocktesting.FakeClock
+	passes atomic.Int32
+	idle   chan struct{}
+}
+
+func (e *slowPassExecutor) Startable(cands []operations.Candidate, mark uint64) []bool {
+	e.clk.Step(time.Second)
+	e.passes.Add(1)
+	return make([]bool, len(cands))
+}
+
+func (e *slowPassExecutor) Idle() <-chan struct{} { return e.idle }
+
+// A pass that took long spaces the next one by twice as much, to leave the
+// CPU to running operations; with none running there is nothing to wait
+// for, and the next pass comes after MinInterval.
+func TestReconcilerPassNotSpacedWhenExecutorIdle(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	dsw, asw := cache.NewDesiredStateOfWorld(clk), cache.NewActualStateOfWorld(clk)
+	idle := make(chan struct{})
+	close(idle)
+	exec := &slowPassExecutor{clk: clk, idle: idle}
+	r := New(Options{DSW: dsw, ASW: asw, Executor: exec, Handler: &opHandler{}, Clock: clk, MinInterval: 5 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for exec.passes.Load() < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("no first pass")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	r.Trigger()
+	// The last pass took 1 s, so without the executor's idleness the next
+	// one would wait 2 s of clock time.
+	stepped := time.Duration(0)
+	for exec.passes.Load() < 2 {
+		if stepped >= time.Second || time.Now().After(deadline) {
+			t.Fatalf("no second pass after %v of clock time with the executor idle", stepped)
+		}
+		time.Sleep(100 * time.Microsecond)
+		clk.Step(time.Millisecond)
+		stepped += time.Millisecond
 	}
 }

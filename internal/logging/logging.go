@@ -65,6 +65,11 @@ func (b *bufferedWriter) Write(p []byte) (int, error) {
 			return 0, err
 		}
 	}
+	if b.buf == nil {
+		// At its full size once: grown by append it went past bufferSize
+		// and was dropped and grown again after every flush.
+		b.buf = make([]byte, 0, bufferSize)
+	}
 	b.buf = append(b.buf, p...)
 	if !b.armed {
 		b.armed = true
@@ -97,9 +102,6 @@ func (b *bufferedWriter) flushLocked() error {
 	}
 	_, err := b.w.Write(b.buf)
 	b.buf = b.buf[:0]
-	if cap(b.buf) > bufferSize {
-		b.buf = nil // a huge line grew it: do not keep that
-	}
 	return err
 }
 

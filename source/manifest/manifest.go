@@ -59,6 +59,10 @@ const (
 	// the last manifests arrive.
 	readyQuiet = time.Millisecond
 	readyMax   = 5 * time.Millisecond
+	// publishFirst is how many files of a scan are parsed before the store
+	// is first published; later publications wait for half as many again
+	// as were published before.
+	publishFirst = 16
 	// rewatchInterval is how often a lost directory watch is retried.
 	rewatchInterval = time.Second
 	// maxFileSize keeps a stray large file from costing the agent's memory.

@@ -817,3 +817,69 @@ func TestInvalidConfigMapKey(t *testing.T) {
 		t.Errorf("a ConfigMap with an invalid key was served: %v", err)
 	}
 }
+
+// A scan of many files publishes as it goes, so that the first pods are
+// being set up while the rest are read; the number of publications grows
+// with the logarithm of the files (each rebuild is over all of them).
+func TestScanPublishesBeforeTheLastFile(t *testing.T) {
+	dir := t.TempDir()
+	const files = 200
+	for i := range files {
+		cm := fmt.Sprintf("{\"apiVersion\":\"v1\",\"kind\":\"ConfigMap\",\"metadata\":{\"name\":\"cm-%03d\",\"namespace\":\"ns\"}}", i)
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("cm-%03d.json", i)), []byte(cm), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := newSource(t, dir, "node-1", nil)
+	var seen []int // ConfigMaps published, at each publication
+	s.OnObjectChange(func(kind, ns, name string) {
+		n := len(s.snap.Load().configMaps)
+		if len(seen) == 0 || seen[len(seen)-1] != n {
+			seen = append(seen, n)
+		}
+	})
+	rescan(s)
+	if len(seen) < 2 || seen[0] >= files || seen[len(seen)-1] != files {
+		t.Fatalf("ConfigMaps visible at each publication: %v; want a first one before all %d and the last with all", seen, files)
+	}
+	if len(seen) > 10 {
+		t.Errorf("%d publications for %d files: %v", len(seen), files, seen)
+	}
+	for i := 1; i < len(seen); i++ {
+		if seen[i] <= seen[i-1] {
+			t.Errorf("publications not growing: %v", seen)
+		}
+	}
+}
+
+// When files went in the same scan, the new state is published at once: a
+// pod moved from a removed file to a new one must not be seen twice.
+func TestScanWithRemovalsPublishesOnce(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, cm string) {
+		t.Helper()
+		data := fmt.Sprintf("{\"apiVersion\":\"v1\",\"kind\":\"ConfigMap\",\"metadata\":{\"name\":%q,\"namespace\":\"ns\"}}", cm)
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("zz-old.json", "moved")
+	s := newSource(t, dir, "node-1", nil)
+	rescan(s)
+	if err := os.Remove(filepath.Join(dir, "zz-old.json")); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		write(fmt.Sprintf("cm-%03d.json", i), fmt.Sprintf("cm-%03d", i))
+	}
+	write("aa-new.json", "moved")
+	publications := map[int]bool{}
+	s.OnObjectChange(func(kind, ns, name string) { publications[len(s.snap.Load().configMaps)] = true })
+	rescan(s)
+	if len(publications) != 1 || !publications[101] {
+		t.Errorf("ConfigMaps at each publication: %v, want one publication of 101", publications)
+	}
+	if errs := s.InputErrors(); len(errs) != 0 {
+		t.Errorf("input errors: %v", errs)
+	}
+}

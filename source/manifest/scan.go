@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"syscall"
 
@@ -105,12 +104,30 @@ func (s *Source) scan(force, hold map[string]bool, forceAll bool) {
 		jobs = append(jobs, j)
 	}
 
-	s.runJobs(jobs)
-	for i := range jobs {
-		if s.apply(&jobs[i]) {
-			changed = true
+	// Publish as files are parsed, not once all are: in a burst of pods
+	// the first ones are mounted while the rest are still being read.
+	// Publishing after a geometrically growing number of files keeps the
+	// rebuilds (each over every file) linear in the burst. Not when files
+	// went: a pod moved from a removed file to a new one would be seen
+	// twice in between.
+	stream := true
+	for name := range s.files {
+		if !seen[name] {
+			stream = false
+			break
 		}
 	}
+	applied, published := 0, 0
+	s.runJobs(jobs, func(j *job) {
+		if s.apply(j) {
+			changed = true
+		}
+		applied++
+		if stream && changed && applied < len(jobs) && applied-published >= max(publishFirst, published/2) {
+			s.publish()
+			changed, published = false, applied
+		}
+	})
 	for name, st := range s.files {
 		if !seen[name] {
 			delete(s.files, name)
@@ -130,30 +147,35 @@ func (s *Source) publish() {
 	}
 }
 
-// runJobs reads and parses files on all CPUs: parsing YAML dominates the
-// cost of a large directory.
-func (s *Source) runJobs(jobs []job) {
+// runJobs reads and parses files on all CPUs (parsing YAML dominates the
+// cost of a large directory) and hands each finished job to done, in the
+// calling goroutine, as soon as it is finished.
+func (s *Source) runJobs(jobs []job, done func(*job)) {
 	workers := min(runtime.GOMAXPROCS(0), len(jobs))
 	if workers <= 1 {
 		for i := range jobs {
 			s.read(&jobs[i])
+			done(&jobs[i])
 		}
 		return
 	}
+	finished := make(chan int, len(jobs))
 	var next atomic.Int64
-	var wg sync.WaitGroup
 	for range workers {
-		wg.Go(func() {
+		go func() {
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= len(jobs) {
 					return
 				}
 				s.read(&jobs[i])
+				finished <- i
 			}
-		})
+		}()
 	}
-	wg.Wait()
+	for range jobs {
+		done(&jobs[<-finished])
+	}
 }
 
 func (s *Source) read(j *job) {
