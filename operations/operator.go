@@ -210,8 +210,12 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 	if o.Refresh != nil {
 		gen = o.Refresh.Generation(t.Volume, t.Pod.UID)
 	}
-	o.dirs.ensure(o.Paths.PodsDir(), filepath.Dir(req.Dir))
+	parent := filepath.Dir(req.Dir)
+	made := o.dirs.ensure(o.Paths.PodsDir(), parent)
 	err = p.SetUp(ctx, req)
+	if err != nil && !volume.IsUncertain(err) {
+		o.dirs.undo(parent, made)
+	}
 	mount := cache.ActualPodMount{Pod: t.Pod.PodRef, SpecName: t.SpecName, MountPath: req.Dir, Spec: t.Spec}
 	switch {
 	case err == nil:

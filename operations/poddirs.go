@@ -3,10 +3,13 @@ package operations
 import (
 	"errors"
 	"hash/maphash"
+	"path/filepath"
 	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/volume-agent/volume-agent/internal/mountutil"
 )
 
 // podDirs makes the directories above pods' volume directories
@@ -35,28 +38,34 @@ type podDirs struct {
 const maxKnownDirs = 8192
 
 // ensure makes dir, a directory below root, and those between them, with
-// mode 0750. It does nothing it cannot do: the caller's own mkdir reports
-// the problem.
-func (d *podDirs) ensure(root, dir string) {
+// mode 0750, and returns the topmost directory it made ("" if none). It
+// does nothing it cannot do: the caller's own mkdir reports the problem.
+func (d *podDirs) ensure(root, dir string) (top string) {
 	rel, ok := strings.CutPrefix(dir, root+"/")
 	if !ok || rel == "" || d.known(dir) {
-		return
+		return ""
 	}
 	d.once.Do(func() { d.seed = maphash.MakeSeed() })
 	s := &d.stripes[maphash.String(d.seed, dir)%uint64(len(d.stripes))]
 	s.Lock()
 	defer s.Unlock()
 	if d.known(dir) {
-		return
+		return ""
 	}
 	p := root
 	for c := range strings.SplitSeq(rel, "/") {
 		if c == "" || c == "." || c == ".." {
-			return // not a plain path below root
+			return top // not a plain path below root
 		}
 		p += "/" + c
-		if err := unix.Mkdir(p, 0o750); err != nil && !errors.Is(err, unix.EEXIST) {
-			return
+		err := unix.Mkdir(p, 0o750)
+		switch {
+		case err == nil:
+			if top == "" {
+				top = p
+			}
+		case !errors.Is(err, unix.EEXIST):
+			return top
 		}
 	}
 	d.mu.Lock()
@@ -65,6 +74,18 @@ func (d *podDirs) ensure(root, dir string) {
 		d.made = map[string]struct{}{}
 	}
 	d.made[dir] = struct{}{}
+	return top
+}
+
+// undo removes what ensure made for dir, as far as it is still empty: a
+// set up that failed leaves no directories behind (a pod whose volume
+// never mounts has nothing to tear down that would remove them).
+func (d *podDirs) undo(dir, top string) {
+	if top == "" {
+		return
+	}
+	d.forget(dir)
+	mountutil.RemoveEmptyDirs(dir, filepath.Dir(top))
 }
 
 func (d *podDirs) known(dir string) bool {

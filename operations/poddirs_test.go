@@ -115,3 +115,51 @@ func mkdirAll(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 }
+
+// undo removes what ensure made and nothing that was there before it, nor
+// anything that is no longer empty.
+func TestPodDirsUndo(t *testing.T) {
+	tests := []struct {
+		name     string
+		existing string // made before ensure, relative to root
+		other    string // made after ensure, relative to root
+		want     []string
+		gone     []string
+	}{
+		{name: "all made: all removed", gone: []string{"u1"}},
+		{name: "pod directory existed", existing: "u1", want: []string{"u1"}, gone: []string{"u1/volumes"}},
+		{name: "another plugin's directory appeared", other: "u1/volumes/q", want: []string{"u1/volumes/q"}, gone: []string{"u1/volumes/p"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "pods")
+			mkdirAll(t, root)
+			if tt.existing != "" {
+				mkdirAll(t, filepath.Join(root, tt.existing))
+			}
+			dir := filepath.Join(root, "u1/volumes/p")
+			var d podDirs
+			top := d.ensure(root, dir)
+			if tt.other != "" {
+				mkdirAll(t, filepath.Join(root, tt.other))
+			}
+			d.undo(dir, top)
+			for _, w := range tt.want {
+				if _, err := os.Stat(filepath.Join(root, w)); err != nil {
+					t.Errorf("%s: %v, want it kept", w, err)
+				}
+			}
+			for _, g := range tt.gone {
+				if _, err := os.Stat(filepath.Join(root, g)); !os.IsNotExist(err) {
+					t.Errorf("%s: %v, want it removed", g, err)
+				}
+			}
+			if d.known(dir) {
+				t.Error("still known after undo")
+			}
+			if _, err := os.Stat(root); err != nil {
+				t.Errorf("root: %v", err)
+			}
+		})
+	}
+}
