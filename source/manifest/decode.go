@@ -126,6 +126,8 @@ type parsed struct {
 
 type parser struct {
 	nodeName string
+	// decoderOnly turns fastDecode off, for tests comparing the two.
+	decoderOnly bool
 }
 
 // parse decodes a file holding YAML documents or a JSON stream.
@@ -165,6 +167,10 @@ func isJSON(data []byte) bool {
 // parseJSON reads a stream of JSON objects. fallback reports that the first
 // value is not JSON, so the file must be YAML starting with a flow mapping.
 func (p *parser) parseJSON(data []byte, res *parsed) (fallback bool, err error) {
+	// Most files are one object: decoded whole, without splitting first.
+	if obj, gvk, ok := p.fastDecode(data); ok {
+		return false, p.add(obj, gvk, location{doc: 1, line: lineAt(data, 0)}, res, true)
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	for doc := 1; ; doc++ {
 		start := dec.InputOffset()
@@ -270,6 +276,9 @@ func splitYAML(data []byte, fn func(doc []byte, line int) error) error {
 func (p *parser) decodeDocument(js []byte, loc location, res *parsed, top bool) error {
 	if t := bytes.TrimLeft(js, " \t\r\n"); len(t) == 0 || t[0] != '{' {
 		return fmt.Errorf("%s: not an object", loc)
+	}
+	if obj, gvk, ok := p.fastDecode(js); ok {
+		return p.add(obj, gvk, loc, res, top)
 	}
 	obj, gvk, err := decoder.Decode(js, nil, nil)
 	if gvk == nil { // apiVersion or kind of the wrong type

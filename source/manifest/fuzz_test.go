@@ -33,6 +33,20 @@ func FuzzParse(f *testing.F) {
 		"{\"apiVersion\":\"v1\"",
 		"\xef\xbb\xbf{}",
 		"a: &a [*a, *a]\nb: *a\n",
+		// The fast path's edges: key order, escapes, duplicates, trailing
+		// documents, unknown fields, unsupported kinds.
+		`{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p"}}`,
+		`{"apiVersion":"v\u0031","kind":"Pod","metadata":{"name":"p"}}`,
+		`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"kind":"Secret"}`,
+		`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"Kind":"Secret"}`,
+		`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"}}{"apiVersion":"v1","kind":"Pod","metadata":{"name":"q"}}`,
+		`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{"volumez":[]}}`,
+		`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","name":"q"}}`,
+		`{"apiVersion":"v1","kind":"Node","metadata":{"name":"n"}}`,
+		`{"apiVersion":"apps/v1/x","kind":"Pod","metadata":{"name":"p"}}`,
+		`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{"containers":7}}`,
+		` {"apiVersion" : "v1" , "kind" : "ConfigMap", "metadata":{"name":"c"},"data":{"a":"b"}}`,
+		"apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringData: {a: b}\n",
 	} {
 		f.Add([]byte(seed))
 	}
@@ -41,6 +55,10 @@ func FuzzParse(f *testing.F) {
 		res := p.parse(data)
 		if again := p.parse(data); !reflect.DeepEqual(summary(res), summary(again)) {
 			t.Fatalf("two parses differ:\n%v\n%v", summary(res), summary(again))
+		}
+		slow := &parser{nodeName: "node-1", decoderOnly: true}
+		if want := slow.parse(data); !reflect.DeepEqual(summary(res), summary(want)) {
+			t.Fatalf("the fast path and the decoder differ:\n%v\n%v", summary(res), summary(want))
 		}
 		if res.fatal != "" {
 			if len(res.objects) != 0 {
