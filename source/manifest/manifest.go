@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -87,6 +88,8 @@ type Source struct {
 	// objectChanged is told about ConfigMap and Secret changes (set
 	// before Run, called from it).
 	objectChanged ObjectChanged
+	// wholeScans counts reads of the whole directory (for tests).
+	wholeScans atomic.Int64
 }
 
 var (
@@ -196,10 +199,15 @@ func (s *Source) Run(ctx context.Context) error {
 		burst    time.Time // first event not yet handled
 		waiting  bool      // some pending file is not complete
 		overflow bool
-		lost     bool
-		retry    <-chan time.Time
-		timer    = time.NewTimer(time.Hour)
-		ticker   = time.NewTicker(s.resync)
+		// whole: an event may have changed files it does not name (the
+		// directory itself, or an entry other than a manifest, such as
+		// the "..data" symlink a mounted ConfigMap swaps): the next scan
+		// reads the whole directory.
+		whole  bool
+		lost   bool
+		retry  <-chan time.Time
+		timer  = time.NewTimer(time.Hour)
+		ticker = time.NewTicker(s.resync)
 	)
 	timer.Stop()
 	defer timer.Stop()
@@ -238,10 +246,21 @@ func (s *Source) Run(ctx context.Context) error {
 				overflow = true
 				s.log.Warn("Manifest directory events overflowed; re-reading all files", zap.String("dir", s.dir))
 			case ev.dir:
+				whole = true
 				if ev.lost() {
 					loseWatch()
 				}
 			default:
+				if !candidate(ev.name) {
+					// A temporary file of a writer renaming into place
+					// changes no manifest; a symlink manifests resolve
+					// through might (a mounted ConfigMap's "..data").
+					if fi, err := os.Lstat(filepath.Join(s.dir, ev.name)); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+						whole = true
+						arm(now)
+					}
+					continue
+				}
 				p, ok := pending[ev.name]
 				if !ok {
 					p.first = now
@@ -274,8 +293,12 @@ func (s *Source) Run(ctx context.Context) error {
 				force[name] = true
 				delete(pending, name)
 			}
-			s.scan(force, hold, overflow)
-			overflow = false
+			if overflow || whole {
+				s.scan(force, hold, overflow)
+			} else if len(force) > 0 {
+				s.scanFiles(force)
+			}
+			overflow, whole = false, false
 			burst = time.Time{}
 			if len(pending) > 0 {
 				arm(now)

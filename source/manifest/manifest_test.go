@@ -883,3 +883,50 @@ func TestScanWithRemovalsPublishesOnce(t *testing.T) {
 		t.Errorf("input errors: %v", errs)
 	}
 }
+
+// Files written to a temporary name and renamed into place, a few at a
+// time, are read by name: the directory is not read again for each batch
+// (with 2,000 files that cost seconds of stats after the last one).
+func TestWatchBurstReadsOnlyChangedFiles(t *testing.T) {
+	dir := t.TempDir()
+	s := newSource(t, dir, "", nil)
+	run(t, s)
+	before := s.wholeScans.Load()
+	var want []string
+	for i := range 60 {
+		name := fmt.Sprintf("p%02d", i)
+		replace(t, dir, name+".yaml", pod(name))
+		want = append(want, "default/"+name)
+	}
+	waitFor(t, s, "all pods", hasPods(s, want...))
+	if n := s.wholeScans.Load() - before; n != 0 {
+		t.Errorf("%d reads of the whole directory for files renamed into place", n)
+	}
+	// Removing one file removes its pod and only it.
+	if err := os.Remove(filepath.Join(dir, "p07.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, s, "pod of the removed file gone", hasPods(s, slices.Delete(slices.Clone(want), 7, 8)...))
+}
+
+// scanFiles looks at the files it is given and no other: a change without
+// an event waits for a whole scan.
+func TestScanFilesIsPartial(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "a.yaml", pod("a"))
+	write(t, dir, "b.yaml", pod("b"))
+	s := newSource(t, dir, "", nil)
+	rescan(s)
+	replace(t, dir, "a.yaml", pod("a2"))
+	if err := os.Remove(filepath.Join(dir, "b.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	s.scanFiles(map[string]bool{"a.yaml": true})
+	if got, want := podNames(s), []string{"default/a2", "default/b"}; !slices.Equal(got, want) {
+		t.Errorf("after reading a.yaml alone: %q, want %q", got, want)
+	}
+	rescan(s)
+	if got, want := podNames(s), []string{"default/a2"}; !slices.Equal(got, want) {
+		t.Errorf("after a whole scan: %q, want %q", got, want)
+	}
+}

@@ -6,9 +6,11 @@ import (
 	"hash/maphash"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"syscall"
 
@@ -48,7 +50,7 @@ type job struct {
 // changed and those in force (all of them with forceAll), leaves those in
 // hold alone, and publishes the result.
 func (s *Source) scan(force, hold map[string]bool, forceAll bool) {
-	changed := false
+	s.wholeScans.Add(1)
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
 		// Keep every object: an unmounted or replaced directory is not a
@@ -61,15 +63,37 @@ func (s *Source) scan(force, hold map[string]bool, forceAll bool) {
 		}
 		return
 	}
+	changed := false
 	if s.dirErr != "" {
 		s.dirErr = ""
 		changed = true
 	}
+	names := make([]string, len(entries))
+	for i, e := range entries {
+		names[i] = e.Name()
+	}
+	s.update(names, nil, force, hold, forceAll, changed)
+}
 
+// scanFiles reads the named files again, and only them: those that had
+// events. Looking at the whole directory for every batch of events made a
+// burst of N files cost N stats per batch, and the batches of a burst
+// delivered a few events at a time: with 2,000 files, seconds of stats
+// after the last one was read. Files without events are left to the
+// periodic full scan (a symlink's target can change without one).
+func (s *Source) scanFiles(names map[string]bool) {
+	list := slices.Sorted(maps.Keys(names))
+	s.update(list, names, names, nil, false, false)
+}
+
+// update reads the candidates among names as scan describes. With only
+// nil, names is the whole directory and a known file not in it is gone;
+// otherwise only the files in only are looked at.
+func (s *Source) update(names []string, only, force, hold map[string]bool, forceAll, changed bool) {
+	entries := names
 	seen := make(map[string]bool, len(entries))
 	var jobs []job
-	for _, e := range entries {
-		name := e.Name()
+	for _, name := range entries {
 		if !candidate(name) {
 			continue
 		}
@@ -110,9 +134,10 @@ func (s *Source) scan(force, hold map[string]bool, forceAll bool) {
 	// rebuilds (each over every file) linear in the burst. Not when files
 	// went: a pod moved from a removed file to a new one would be seen
 	// twice in between.
+	gone := func(name string) bool { return !seen[name] && (only == nil || only[name]) }
 	stream := true
 	for name := range s.files {
-		if !seen[name] {
+		if gone(name) {
 			stream = false
 			break
 		}
@@ -129,7 +154,7 @@ func (s *Source) scan(force, hold map[string]bool, forceAll bool) {
 		}
 	})
 	for name, st := range s.files {
-		if !seen[name] {
+		if gone(name) {
 			delete(s.files, name)
 			c := countKinds(st.objects)
 			s.log.Info("Removed manifest file", append([]zap.Field{zap.String("file", filepath.Join(s.dir, name))}, c.fields()...)...)
