@@ -88,6 +88,9 @@ type Source struct {
 	// objectChanged is told about ConfigMap and Secret changes (set
 	// before Run, called from it).
 	objectChanged ObjectChanged
+	// symlinks are the entries that are not manifests but symlinks, as
+	// of the last whole scan and the events since (owned by Run).
+	symlinks map[string]bool
 	// wholeScans counts reads of the whole directory (for tests).
 	wholeScans atomic.Int64
 }
@@ -111,13 +114,14 @@ func New(opts Options) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{
-		dir:     dir,
-		log:     opts.Logger,
-		resync:  opts.ResyncPeriod,
-		parser:  parser{nodeName: opts.NodeName},
-		seed:    maphash.MakeSeed(),
-		changed: make(chan struct{}, 1),
-		files:   map[string]*fileState{},
+		dir:      dir,
+		log:      opts.Logger,
+		resync:   opts.ResyncPeriod,
+		parser:   parser{nodeName: opts.NodeName},
+		seed:     maphash.MakeSeed(),
+		changed:  make(chan struct{}, 1),
+		files:    map[string]*fileState{},
+		symlinks: map[string]bool{},
 	}
 	if s.log == nil {
 		s.log = zap.NewNop()
@@ -254,10 +258,16 @@ func (s *Source) Run(ctx context.Context) error {
 				if !candidate(ev.name) {
 					// A temporary file of a writer renaming into place
 					// changes no manifest; a symlink manifests resolve
-					// through might (a mounted ConfigMap's "..data").
-					if fi, err := os.Lstat(filepath.Join(s.dir, ev.name)); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+					// through might (a mounted ConfigMap's "..data"),
+					// and so might its removal.
+					fi, err := os.Lstat(filepath.Join(s.dir, ev.name))
+					symlink := err == nil && fi.Mode()&fs.ModeSymlink != 0
+					if symlink || (err != nil && s.symlinks[ev.name]) {
 						whole = true
 						arm(now)
+					}
+					if symlink {
+						s.symlinks[ev.name] = true
 					}
 					continue
 				}

@@ -930,3 +930,22 @@ func TestScanFilesIsPartial(t *testing.T) {
 		t.Errorf("after a whole scan: %q, want %q", got, want)
 	}
 }
+
+// A manifest that resolves through a symlink goes when the symlink does,
+// although no event names the manifest.
+func TestWatchSymlinkRemoved(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "..v1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(dir, "..v1"), "pods.yaml", pod("one"))
+	mustSymlink(t, "..v1", filepath.Join(dir, "..data"))
+	mustSymlink(t, "..data/pods.yaml", filepath.Join(dir, "pods.yaml"))
+	s := newSource(t, dir, "", nil)
+	run(t, s)
+	waitFor(t, s, "pod", hasPods(s, "default/one"))
+	if err := os.Remove(filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, s, "pod gone with the symlink", hasPods(s))
+}

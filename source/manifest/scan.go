@@ -69,8 +69,12 @@ func (s *Source) scan(force, hold map[string]bool, forceAll bool) {
 		changed = true
 	}
 	names := make([]string, len(entries))
+	s.symlinks = map[string]bool{}
 	for i, e := range entries {
 		names[i] = e.Name()
+		if e.Type()&fs.ModeSymlink != 0 && !candidate(e.Name()) {
+			s.symlinks[e.Name()] = true
+		}
 	}
 	s.update(names, nil, force, hold, forceAll, changed)
 }
