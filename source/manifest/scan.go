@@ -94,10 +94,9 @@ func (s *Source) scanFiles(names map[string]bool) {
 // nil, names is the whole directory and a known file not in it is gone;
 // otherwise only the files in only are looked at.
 func (s *Source) update(names []string, only, force, hold map[string]bool, forceAll, changed bool) {
-	entries := names
-	seen := make(map[string]bool, len(entries))
+	seen := make(map[string]bool, len(names))
 	var jobs []job
-	for _, name := range entries {
+	for _, name := range names {
 		if !candidate(name) {
 			continue
 		}
@@ -138,14 +137,21 @@ func (s *Source) update(names []string, only, force, hold map[string]bool, force
 	// rebuilds (each over every file) linear in the burst. Not when files
 	// went: a pod moved from a removed file to a new one would be seen
 	// twice in between.
-	gone := func(name string) bool { return !seen[name] && (only == nil || only[name]) }
-	stream := true
-	for name := range s.files {
-		if gone(name) {
-			stream = false
-			break
+	var gone []string
+	if only == nil {
+		for name := range s.files {
+			if !seen[name] {
+				gone = append(gone, name)
+			}
+		}
+	} else {
+		for name := range only {
+			if s.files[name] != nil && !seen[name] {
+				gone = append(gone, name)
+			}
 		}
 	}
+	stream := len(gone) == 0
 	applied, published := 0, 0
 	s.runJobs(jobs, func(j *job) {
 		if s.apply(j) {
@@ -157,13 +163,11 @@ func (s *Source) update(names []string, only, force, hold map[string]bool, force
 			changed, published = false, applied
 		}
 	})
-	for name, st := range s.files {
-		if gone(name) {
-			delete(s.files, name)
-			c := countKinds(st.objects)
-			s.log.Info("Removed manifest file", append([]zap.Field{zap.String("file", filepath.Join(s.dir, name))}, c.fields()...)...)
-			changed = true
-		}
+	for _, name := range gone {
+		c := countKinds(s.files[name].objects)
+		delete(s.files, name)
+		s.log.Info("Removed manifest file", append([]zap.Field{zap.String("file", filepath.Join(s.dir, name))}, c.fields()...)...)
+		changed = true
 	}
 	if changed {
 		s.publish()
