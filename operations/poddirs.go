@@ -26,12 +26,13 @@ type podDirs struct {
 	// stripes serialise the making of one directory chain, so that a
 	// pod's volumes wait for the first instead of racing it.
 	stripes [16]sync.Mutex
-	seed    maphash.Seed
-	once    sync.Once
 
 	mu   sync.Mutex
 	made map[string]struct{}
 }
+
+// stripeSeed spreads directories over the stripes.
+var stripeSeed = maphash.MakeSeed()
 
 // maxKnownDirs bounds the hints: pods whose directories went without a
 // teardown through this process (orphan clean-up) leave theirs behind.
@@ -45,8 +46,7 @@ func (d *podDirs) ensure(root, dir string) (top string) {
 	if !ok || rel == "" || d.known(dir) {
 		return ""
 	}
-	d.once.Do(func() { d.seed = maphash.MakeSeed() })
-	s := &d.stripes[maphash.String(d.seed, dir)%uint64(len(d.stripes))]
+	s := &d.stripes[maphash.String(stripeSeed, dir)%uint64(len(d.stripes))]
 	s.Lock()
 	defer s.Unlock()
 	if d.known(dir) {
