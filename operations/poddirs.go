@@ -2,7 +2,6 @@ package operations
 
 import (
 	"errors"
-	"hash/maphash"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -23,16 +22,14 @@ import (
 // removed behind its back makes the plugin's own mkdir fail with ENOENT,
 // and the plugin then creates the parents itself.
 type podDirs struct {
-	// stripes serialise the making of one directory chain, so that a
-	// pod's volumes wait for the first instead of racing it.
-	stripes [16]sync.Mutex
-
 	mu   sync.Mutex
 	made map[string]struct{}
+	// making holds, for each chain being made, a channel closed when it
+	// is done: a pod's other volumes wait for the first instead of racing
+	// it, and nothing else waits (a lock shared between pods, held over
+	// the mkdirs, made unrelated pods queue behind each other's syscalls).
+	making map[string]chan struct{}
 }
-
-// stripeSeed spreads directories over the stripes.
-var stripeSeed = maphash.MakeSeed()
 
 // maxKnownDirs bounds the hints: pods whose directories went without a
 // teardown through this process (orphan clean-up) leave theirs behind.
@@ -43,15 +40,38 @@ const maxKnownDirs = 8192
 // does nothing it cannot do: the caller's own mkdir reports the problem.
 func (d *podDirs) ensure(root, dir string) (top string) {
 	rel, ok := strings.CutPrefix(dir, root+"/")
-	if !ok || rel == "" || d.known(dir) {
+	if !ok || rel == "" {
 		return ""
 	}
-	s := &d.stripes[maphash.String(stripeSeed, dir)%uint64(len(d.stripes))]
-	s.Lock()
-	defer s.Unlock()
-	if d.known(dir) {
+	d.mu.Lock()
+	if _, ok := d.made[dir]; ok {
+		d.mu.Unlock()
 		return ""
 	}
+	if done, ok := d.making[dir]; ok {
+		d.mu.Unlock()
+		<-done
+		return ""
+	}
+	if d.making == nil {
+		d.making = map[string]chan struct{}{}
+	}
+	done := make(chan struct{})
+	d.making[dir] = done
+	d.mu.Unlock()
+	made := false
+	defer func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		delete(d.making, dir)
+		close(done)
+		if made {
+			if d.made == nil || len(d.made) >= maxKnownDirs {
+				d.made = map[string]struct{}{}
+			}
+			d.made[dir] = struct{}{}
+		}
+	}()
 	p := root
 	for c := range strings.SplitSeq(rel, "/") {
 		if c == "" || c == "." || c == ".." {
@@ -68,12 +88,7 @@ func (d *podDirs) ensure(root, dir string) (top string) {
 			return top
 		}
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.made == nil || len(d.made) >= maxKnownDirs {
-		d.made = map[string]struct{}{}
-	}
-	d.made[dir] = struct{}{}
+	made = true
 	return top
 }
 

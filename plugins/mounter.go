@@ -16,6 +16,9 @@ type Mounter interface {
 	// FormatAndMount mounts a block device, formatting it only when it has
 	// no filesystem at all.
 	FormatAndMount(device, target, fsType string, options []string) error
+	// Unmount unmounts the top mount on target; a target that is not
+	// mounted, or missing, is already done.
+	Unmount(target string) error
 	// UnmountAll unmounts every mount stacked on target; a target that is
 	// not mounted, or missing, is already done.
 	UnmountAll(target string) error

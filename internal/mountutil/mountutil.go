@@ -327,12 +327,27 @@ func mkdirParents(dir string) error {
 	return &os.PathError{Op: "mkdir", Path: dir, Err: unix.ENOENT}
 }
 
+// hasSubdirs reports whether dir is a directory with directories in it, by
+// its link count (2 and one per subdirectory on ext4, xfs and tmpfs): an
+// lstat, where a failing rmdir on ext4 starts a journal transaction and
+// locks the parent before it finds the directory not empty. In a teardown
+// storm, most of a pod's volumes find their siblings still there. On
+// filesystems that count otherwise (btrfs: 1) it says no, and rmdir
+// decides as before.
+func hasSubdirs(dir string) bool {
+	var st unix.Stat_t
+	return unix.Lstat(dir, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Nlink > 2
+}
+
 // RemoveEmptyDirs removes dir and then its parents while they are empty,
 // stopping at (and never removing) stop. Errors are ignored: a directory that
 // is not empty is simply still in use.
 func RemoveEmptyDirs(dir, stop string) {
 	stop = filepath.Clean(stop)
 	for d := filepath.Clean(dir); d != stop && strings.HasPrefix(d, stop+"/"); d = filepath.Dir(d) {
+		if hasSubdirs(d) {
+			return
+		}
 		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
 			return
 		}

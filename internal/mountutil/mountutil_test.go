@@ -460,6 +460,20 @@ func TestRemoveEmptyDirs(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(stop, "a", "keep")); err != nil {
 		t.Errorf("non-empty parent touched: %v", err)
 	}
+	// A sibling directory (what keeps most volume directories' parents
+	// in a teardown storm) keeps the parent too.
+	sibling := mkdir(t, filepath.Join(stop, "s", "sibling"))
+	mountutil.RemoveEmptyDirs(mkdir(t, filepath.Join(stop, "s", "gone")), stop)
+	if _, err := os.Stat(sibling); err != nil {
+		t.Errorf("sibling directory touched: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(stop, "s", "gone")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("empty directory next to a sibling not removed: %v", err)
+	}
+	mountutil.RemoveEmptyDirs(sibling, stop)
+	if _, err := os.Stat(filepath.Join(stop, "s")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("parent left once its last directory went: %v", err)
+	}
 	mountutil.RemoveEmptyDirs(mkdir(t, filepath.Join(stop, "x", "y")), stop)
 	if _, err := os.Stat(stop); err != nil {
 		t.Errorf("stop directory removed: %v", err)

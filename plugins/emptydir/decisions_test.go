@@ -143,8 +143,8 @@ func TestTearDownDecisions(t *testing.T) {
 		wantGone bool
 	}{
 		{name: "unmounted and removed", wantGone: true},
-		{name: "unmount fails", fault: &pluginstest.Fault{Op: "UnmountAll", Err: errBusy}, wantErr: errBusy},
-		{name: "unmount reports an error after unmounting", fault: &pluginstest.Fault{Op: "UnmountAll", Err: errBusy, Applied: true}, wantErr: errBusy},
+		{name: "unmount fails", fault: &pluginstest.Fault{Op: "Unmount", Err: errBusy}, wantErr: errBusy},
+		{name: "unmount reports an error after unmounting", fault: &pluginstest.Fault{Op: "Unmount", Err: errBusy, Applied: true}, wantErr: errBusy},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -168,8 +168,11 @@ func TestTearDownDecisions(t *testing.T) {
 			if !errors.Is(err, c.wantErr) {
 				t.Fatalf("TearDown: %v, want %v", err, c.wantErr)
 			}
-			if got := m.CallStrings(); !slices.Equal(got, []string{"UnmountAll " + dir}) {
-				t.Errorf("mounter calls %q, want one UnmountAll", got)
+			// One unmount: a second mount stacked on the directory
+			// shows as EBUSY from rmdir (TestTearDownStackedTmpfs, on
+			// real mounts), not by a failing umount2 for every volume.
+			if got := m.CallStrings(); !slices.Equal(got, []string{"Unmount " + dir}) {
+				t.Errorf("mounter calls %q, want one Unmount", got)
 			}
 			_, statErr := os.Stat(data)
 			if gone := errors.Is(statErr, os.ErrNotExist); gone != c.wantGone {

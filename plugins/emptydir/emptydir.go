@@ -5,10 +5,12 @@ package emptydir
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -134,11 +136,25 @@ func (p *Plugin) tmpfsSize(src *v1.EmptyDirVolumeSource, pod volume.PodInfo) int
 // contents is moved into the trash first, so an agent stopped half way
 // never finds a half-deleted volume at the volume's path (where a pod with
 // the same UID would adopt it); it finishes the removal from the trash.
+//
+// One unmount is the rule. A second mount stacked on the directory (mounted
+// twice, by a crash between mount and record or by someone else) makes the
+// removal fail with EBUSY before anything is deleted: then every mount is
+// peeled off and the removal tried again. Peeling up front cost every
+// volume a failing umount2.
 func (p *Plugin) TearDown(ctx context.Context, req *plugins.TearDownRequest) error {
+	if err := p.host.Mounter.Unmount(req.Dir); err != nil {
+		return err
+	}
+	label := string(req.Pod.UID) + "-" + filepath.Base(req.Dir)
+	err := trash.RemoveAll(ctx, p.host.Paths.TrashDir(), req.Dir, label)
+	if !errors.Is(err, unix.EBUSY) {
+		return err
+	}
 	if err := p.host.Mounter.UnmountAll(req.Dir); err != nil {
 		return err
 	}
-	return trash.RemoveAll(ctx, p.host.Paths.TrashDir(), req.Dir, string(req.Pod.UID)+"-"+filepath.Base(req.Dir))
+	return trash.RemoveAll(ctx, p.host.Paths.TrashDir(), req.Dir, label)
 }
 
 // ReconstructPodVolume implements plugins.Reconstructor.

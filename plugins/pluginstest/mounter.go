@@ -277,6 +277,26 @@ func (m *Mounter) unmount(c Call) error {
 	return nil
 }
 
+// Unmount implements plugins.Mounter: it pops the top mount on target.
+func (m *Mounter) Unmount(target string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f := m.begin(Call{Op: "Unmount", Target: target})
+	if f != nil && !f.Applied {
+		return f.Err
+	}
+	t := filepath.Clean(target)
+	if n := len(m.table[t]); n > 1 {
+		m.table[t] = m.table[t][:n-1]
+	} else {
+		delete(m.table, t)
+	}
+	if f != nil {
+		return f.Err
+	}
+	return nil
+}
+
 // UnmountAll implements plugins.Mounter.
 func (m *Mounter) UnmountAll(target string) error {
 	m.mu.Lock()

@@ -21,17 +21,17 @@ const floorWorkers = 8
 // the reference the "within 1.5× of the floor" is measured against;
 // the root disk's cost for it swings within minutes, so it runs just before
 // and just after the agent.
-func floor(base string, pods, vols int) (setup, teardown time.Duration, err error) {
+func floor(base string, pods, vols int) (setup, teardown time.Duration, cpu [2]string, err error) {
 	dir, err := os.MkdirTemp(base, "floor-")
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, cpu, err
 	}
 	defer os.RemoveAll(dir)
 	podDir := func(i int) string {
 		return filepath.Join(dir, "pods", fmt.Sprintf("pod-%04d", i), "volumes", "kubernetes.io~empty-dir")
 	}
 	if err := os.Mkdir(filepath.Join(dir, "pods"), 0o750); err != nil {
-		return 0, 0, err
+		return 0, 0, cpu, err
 	}
 	var mounted sync.Map // vol dir -> struct{}; whatever is left is unmounted at the end
 	defer mounted.Range(func(k, _ any) bool {
@@ -68,6 +68,7 @@ func floor(base string, pods, vols int) (setup, teardown time.Duration, err erro
 		}
 	}
 
+	u0, s0 := selfCPU()
 	start := time.Now()
 	err = each(func(i int) error {
 		if err := os.MkdirAll(podDir(i), 0o750); err != nil {
@@ -86,10 +87,12 @@ func floor(base string, pods, vols int) (setup, teardown time.Duration, err erro
 		return nil
 	})
 	setup = time.Since(start)
+	cpu[0] = cpuUsed(u0, s0)
 	if err != nil {
-		return 0, 0, fmt.Errorf("floor setup: %w", err)
+		return 0, 0, cpu, fmt.Errorf("floor setup: %w", err)
 	}
 
+	u0, s0 = selfCPU()
 	start = time.Now()
 	err = each(func(i int) error {
 		for v := range vols {
@@ -110,8 +113,24 @@ func floor(base string, pods, vols int) (setup, teardown time.Duration, err erro
 		return nil
 	})
 	teardown = time.Since(start)
+	cpu[1] = cpuUsed(u0, s0)
 	if err != nil {
-		return 0, 0, fmt.Errorf("floor teardown: %w", err)
+		return 0, 0, cpu, fmt.Errorf("floor teardown: %w", err)
 	}
-	return setup, teardown, nil
+	return setup, teardown, cpu, nil
+}
+
+// selfCPU is this process's CPU time so far, in user space and in the
+// kernel: while the floor runs, nothing else in it does any work.
+func selfCPU() (user, system time.Duration) {
+	var ru unix.Rusage
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano()), time.Duration(ru.Stime.Nano())
+}
+
+// cpuUsed formats the CPU used since (user0, system0), as cpuSince does
+// for the agent.
+func cpuUsed(user0, system0 time.Duration) string {
+	user, system := selfCPU()
+	return fmt.Sprintf("CPU %.2f s user + %.2f s kernel", (user - user0).Seconds(), (system - system0).Seconds())
 }

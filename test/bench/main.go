@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -52,6 +53,10 @@ type options struct {
 	// the mount and the unmount phase (profileFor long each).
 	profile    string
 	profileFor time.Duration
+	// trace, if set, is a directory for execution traces of the agent
+	// (mount.trace, unmount.trace: profileFor long each), which show what
+	// its goroutines wait on.
+	trace string
 	// floor runs the kernel floor (floor.go) before and after the agent.
 	floor bool
 	// api-volumes scenario
@@ -88,6 +93,7 @@ func run() error {
 	flag.StringVar(&o.rootFS, "root-fs", "loop", "where the agent's root dir lives: loop (own ext4 on a loop device) or host")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up after this long in any phase")
 	flag.StringVar(&o.profile, "profile", "", "emptydir: write CPU profiles of the agent (mount.pprof, unmount.pprof, idle.pprof) to this directory")
+	flag.StringVar(&o.trace, "trace", "", "emptydir: write execution traces of the agent (mount.trace, unmount.trace; go tool trace) to this directory")
 	flag.DurationVar(&o.profileFor, "profile-for", 10*time.Second, "emptydir: length of each CPU profile")
 	flag.BoolVar(&o.floor, "floor", true, "emptydir: also time the kernel floor (the same directories and mounts with bare syscalls) on the same filesystem, just before and just after the agent, and report the agent's ratio to it")
 	flag.Parse()
@@ -124,15 +130,17 @@ func run() error {
 	}
 
 	var floors [][2]time.Duration
+	var floorCPU [][2]string
 	runFloor := func() error {
 		if !o.floor {
 			return nil
 		}
-		setup, teardown, err := floor(root, o.pods, o.volumes)
+		setup, teardown, cpu, err := floor(root, o.pods, o.volumes)
 		if err != nil {
 			return err
 		}
 		floors = append(floors, [2]time.Duration{setup, teardown})
+		floorCPU = append(floorCPU, cpu)
 		return nil
 	}
 	if err := runFloor(); err != nil {
@@ -177,19 +185,29 @@ func run() error {
 
 	fmt.Printf("volume-agent standalone: %d pods x %d emptyDir{medium: Memory} = %d mounts, root dir on %s\n", o.pods, o.volumes, want, o.rootFS)
 	profile := func(name string, d time.Duration) func() {
-		if o.profile == "" {
-			return func() {}
+		var paths, kinds []string
+		if o.profile != "" {
+			paths, kinds = append(paths, filepath.Join(o.profile, name+".pprof")), append(kinds, "profile")
 		}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			if err := saveProfile(debugAddr, d, filepath.Join(o.profile, name)); err != nil {
-				fmt.Fprintln(os.Stderr, "bench: profile:", err)
+		if o.trace != "" && name != "idle" {
+			paths, kinds = append(paths, filepath.Join(o.trace, name+".trace")), append(kinds, "trace")
+		}
+		done := make(chan struct{}, len(paths))
+		for i := range paths {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				if err := saveProfile(debugAddr, kinds[i], d, paths[i]); err != nil {
+					fmt.Fprintln(os.Stderr, "bench:", kinds[i]+":", err)
+				}
+			}()
+		}
+		return func() {
+			for range paths {
+				<-done
 			}
-		}()
-		return func() { <-done }
+		}
 	}
-	waitProfile := profile("mount.pprof", o.profileFor)
+	waitProfile := profile("mount", o.profileFor)
 	// Written beforehand (hidden names, which the agent ignores) and
 	// renamed into place in one go, as a deployment tool would: the time
 	// is the agent's, not that of writing 500 files to disk.
@@ -216,10 +234,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("  mounted:   %.3f s from the first write by the agent's log (its last mount_volume)\n", lastMount.Sub(start).Seconds())
+	fmt.Printf("  mounted:   %.3f s from the first write by the agent's log (its last mount_volume; %s)\n", lastMount.last().Sub(start).Seconds(), lastMount.spread(start))
 
 	waitProfile()
-	waitProfile = profile("idle.pprof", o.idle)
+	waitProfile = profile("idle", o.idle)
 	cpu0, err := cpuSeconds(cmd.Process.Pid)
 	if err != nil {
 		return err
@@ -244,7 +262,7 @@ func run() error {
 	fmt.Printf("  idle CPU:  %.3f s over %s with everything mounted\n", cpu1-cpu0, o.idle)
 	fmt.Printf("  RSS:       %.1f MiB\n", float64(rss)/1024)
 
-	waitProfile = profile("unmount.pprof", o.profileFor)
+	waitProfile = profile("unmount", o.profileFor)
 	defer waitProfile()
 	user0, system0, _ = cpuSplit(cmd.Process.Pid)
 	deleteStart := time.Now()
@@ -263,7 +281,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("  unmounted: %.3f s from the first removal by the agent's log (its last unmount_volume)\n", lastUnmount.Sub(deleteStart).Seconds())
+	fmt.Printf("  unmounted: %.3f s from the first removal by the agent's log (its last unmount_volume; %s)\n", lastUnmount.last().Sub(deleteStart).Seconds(), lastUnmount.spread(deleteStart))
 	if err := waitFor(o.timeout, func() bool {
 		entries, _ := os.ReadDir(filepath.Join(root, "pods"))
 		return len(entries) == 0
@@ -277,10 +295,11 @@ func run() error {
 		agentSetup, agentTeardown := mounted.Sub(start), unmountedAt.Sub(deleteStart)
 		fmt.Printf("  floor:     setup %s, teardown %s (before) and %s, %s (after): bare mkdir/mount/umount2/rmdir from %d goroutines on the same filesystem\n",
 			ms(floors[0][0])+" ms", ms(floors[0][1])+" ms", ms(floors[1][0])+" ms", ms(floors[1][1])+" ms", floorWorkers)
+		fmt.Printf("  floor CPU: setup %s, teardown %s (before); %s, %s (after)\n", floorCPU[0][0], floorCPU[0][1], floorCPU[1][0], floorCPU[1][1])
 		fmt.Printf("  agent ÷ floor: setup %s, teardown %s (from the first manifest written / removed, seen in mountinfo; the goal is ≤ 1.5×)\n",
 			ratios(agentSetup, floors[0][0], floors[1][0]), ratios(agentTeardown, floors[0][1], floors[1][1]))
 		fmt.Printf("  agent ÷ floor: setup %s, teardown %s (by the agent's log: timed from inside, as the floor times itself)\n",
-			ratios(lastMount.Sub(start), floors[0][0], floors[1][0]), ratios(lastUnmount.Sub(deleteStart), floors[0][1], floors[1][1]))
+			ratios(lastMount.last().Sub(start), floors[0][0], floors[1][0]), ratios(lastUnmount.last().Sub(deleteStart), floors[0][1], floors[1][1]))
 	}
 	return nil
 }
@@ -344,11 +363,13 @@ func waitFor(timeout time.Duration, cond func() bool) error {
 // agentTimes waits for n "operation succeeded" lines of op at or after
 // since in the agent's JSON log (lines are buffered for up to 100 ms) and
 // returns the time of the last one.
-func agentTimes(path, op string, since time.Time, n int, timeout time.Duration) (time.Time, error) {
+func agentTimes(path, op string, since time.Time, n int, timeout time.Duration) (opTimes, error) {
+	var times opTimes
 	var last time.Time
 	count := 0
 	err := waitFor(timeout, func() bool {
 		last, count = time.Time{}, 0
+		times = opTimes{}
 		data, err := os.ReadFile(path)
 		if err != nil {
 			return false
@@ -373,13 +394,29 @@ func agentTimes(path, op string, since time.Time, n int, timeout time.Duration) 
 			if t.After(last) {
 				last = t
 			}
+			times.all = append(times.all, t)
 		}
 		return count >= n
 	})
 	if err != nil {
-		return last, fmt.Errorf("agent log: %d of %d %s lines: %w", count, n, op, err)
+		return times, fmt.Errorf("agent log: %d of %d %s lines: %w", count, n, op, err)
 	}
-	return last, nil
+	slices.SortFunc(times.all, time.Time.Compare)
+	return times, nil
+}
+
+// opTimes are the times of one operation's successes in the agent's log,
+// earliest first.
+type opTimes struct{ all []time.Time }
+
+func (t opTimes) last() time.Time { return t.all[len(t.all)-1] }
+
+// spread says when the first, the middle and the last operation finished,
+// after start: a late first one is latency (reading and planning), a long
+// way from first to last is throughput.
+func (t opTimes) spread(start time.Time) string {
+	at := func(i int) string { return ms(t.all[i].Sub(start)) }
+	return fmt.Sprintf("first %s ms, half %s ms, last %s ms", at(0), at(len(t.all)/2), at(len(t.all)-1))
 }
 
 func cpuSeconds(pid int) (float64, error) {
@@ -419,9 +456,10 @@ func rssKiB(pid int) (int, error) {
 	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
 }
 
-// saveProfile writes a CPU profile of the agent over d to path.
-func saveProfile(debugAddr string, d time.Duration, path string) error {
-	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", debugAddr, int(d.Seconds())))
+// saveProfile writes a CPU profile or an execution trace (kind: profile or
+// trace) of the agent over d to path.
+func saveProfile(debugAddr, kind string, d time.Duration, path string) error {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%g", debugAddr, kind, d.Seconds()))
 	if err != nil {
 		return err
 	}
