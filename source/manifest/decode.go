@@ -126,7 +126,8 @@ type parsed struct {
 
 type parser struct {
 	nodeName string
-	// decoderOnly turns fastDecode off, for tests comparing the two.
+	// decoderOnly turns fastDecode and fastYAMLToJSON off, for tests
+	// comparing the two paths.
 	decoderOnly bool
 }
 
@@ -204,7 +205,14 @@ func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\
 func (p *parser) parseYAML(data []byte, res *parsed) error {
 	doc := 0
 	return splitYAML(data, func(text []byte, line int) error {
-		js, err := yaml.YAMLToJSONStrict(text)
+		js, ok := []byte(nil), false
+		if !p.decoderOnly {
+			js, ok = fastYAMLToJSON(text)
+		}
+		var err error
+		if !ok {
+			js, err = yaml.YAMLToJSONStrict(text)
+		}
 		if err != nil {
 			// The strict conversion also fails on duplicate keys, which only
 			// deserve a warning; the lenient one tells them from real syntax

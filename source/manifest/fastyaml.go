@@ -1,0 +1,583 @@
+package manifest
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"strings"
+)
+
+// fastYAMLToJSON converts the plain YAML that tools and people write for
+// pod manifests (block and flow mappings and sequences, plain and quoted
+// one-line scalars) to the JSON sigs.k8s.io/yaml would produce, in one pass
+// and a fraction of the allocations: the YAML library tokenises, builds a
+// tree, decodes it into maps and marshals them again, a sixth of a storm's
+// CPU. Anything else (anchors, tags, block or multi-line scalars, tabs,
+// non-ASCII bytes, duplicate keys, a plain scalar that YAML 1.1 would read
+// as anything but a string, an integer or true/false/null) answers ok false,
+// and the caller converts with the YAML library, which also gives the
+// errors and warnings. Keys come out sorted, as json.Marshal sorts a map's.
+func fastYAMLToJSON(doc []byte) (js []byte, ok bool) {
+	for _, c := range doc {
+		if c >= 0x7f || (c < 0x20 && c != '\n') {
+			return nil, false
+		}
+	}
+	p := &yamlScanner{s: doc}
+	if !p.skipBlank() {
+		return nil, false
+	}
+	if p.i == len(p.s) {
+		return []byte("null"), true
+	}
+	n, ok := p.blockNode(p.col(), 0)
+	if !ok || !p.skipBlank() || p.i != len(p.s) {
+		return nil, false
+	}
+	var b bytes.Buffer
+	b.Grow(len(doc))
+	n.writeJSON(&b)
+	return b.Bytes(), true
+}
+
+// maxYAMLDepth bounds nesting; deeper documents take the library's path.
+const maxYAMLDepth = 64
+
+// maxSimpleKey is how far a key's colon may be from its start: YAML
+// allows an implicit key 1024 characters; longer ones are the library's
+// error to report.
+const maxSimpleKey = 1000
+
+type yamlKind uint8
+
+const (
+	yamlNull yamlKind = iota
+	yamlString
+	yamlNumber // an integer, as written (no sign but '-', no leading zero)
+	yamlTrue
+	yamlFalse
+	yamlMap
+	yamlSeq
+)
+
+type yamlNode struct {
+	kind  yamlKind
+	text  string     // yamlString, yamlNumber
+	keys  []string   // yamlMap
+	items []yamlNode // yamlMap (values, by key) and yamlSeq
+}
+
+func (n *yamlNode) writeJSON(b *bytes.Buffer) {
+	switch n.kind {
+	case yamlNull:
+		b.WriteString("null")
+	case yamlTrue:
+		b.WriteString("true")
+	case yamlFalse:
+		b.WriteString("false")
+	case yamlNumber:
+		b.WriteString(n.text)
+	case yamlString:
+		writeJSONString(b, n.text)
+	case yamlSeq:
+		b.WriteByte('[')
+		for i := range n.items {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			n.items[i].writeJSON(b)
+		}
+		b.WriteByte(']')
+	case yamlMap:
+		order := make([]int, len(n.keys))
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortFunc(order, func(x, y int) int { return strings.Compare(n.keys[x], n.keys[y]) })
+		b.WriteByte('{')
+		for j, i := range order {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			writeJSONString(b, n.keys[i])
+			b.WriteByte(':')
+			n.items[i].writeJSON(b)
+		}
+		b.WriteByte('}')
+	}
+}
+
+// writeJSONString writes s (printable ASCII: fastYAMLToJSON admits nothing
+// else) as a JSON string.
+func writeJSONString(b *bytes.Buffer, s string) {
+	if !strings.ContainsAny(s, "\"\\") {
+		b.WriteByte('"')
+		b.WriteString(s)
+		b.WriteByte('"')
+		return
+	}
+	q, _ := json.Marshal(s)
+	b.Write(q)
+}
+
+// yamlScanner reads one document. i is the offset, line the offset where
+// the current line starts.
+type yamlScanner struct {
+	s    []byte
+	i    int
+	line int
+}
+
+func (p *yamlScanner) col() int { return p.i - p.line }
+
+// skipBlank skips spaces, comments and line ends. It fails on what this
+// subset leaves to the library: directives and "..." at the start of a
+// line.
+func (p *yamlScanner) skipBlank() bool {
+	for p.i < len(p.s) {
+		switch c := p.s[p.i]; {
+		case c == ' ':
+			p.i++
+		case c == '\n':
+			p.i++
+			p.line = p.i
+		case c == '#' && (p.i == p.line || p.s[p.i-1] == ' '):
+			for p.i < len(p.s) && p.s[p.i] != '\n' {
+				p.i++
+			}
+		default:
+			if p.i == p.line && (c == '%' || bytes.HasPrefix(p.s[p.i:], []byte("..."))) {
+				return false
+			}
+			return true
+		}
+	}
+	return true
+}
+
+// restOfLineEmpty skips spaces and a comment up to the end of the line and
+// reports whether the line ended (or the document).
+func (p *yamlScanner) restOfLineEmpty() bool {
+	for p.i < len(p.s) && p.s[p.i] == ' ' {
+		p.i++
+	}
+	if p.i > 0 && p.i < len(p.s) && p.s[p.i] == '#' && p.s[p.i-1] == ' ' {
+		for p.i < len(p.s) && p.s[p.i] != '\n' {
+			p.i++
+		}
+	}
+	return p.i == len(p.s) || p.s[p.i] == '\n'
+}
+
+func (p *yamlScanner) at(c byte) bool { return p.i < len(p.s) && p.s[p.i] == c }
+
+// seqDash reports whether a block sequence entry starts here: "-" followed
+// by a space, a line end or the end.
+func (p *yamlScanner) seqDash() bool {
+	return p.at('-') && (p.i+1 == len(p.s) || p.s[p.i+1] == ' ' || p.s[p.i+1] == '\n')
+}
+
+// blockNode reads the node starting at the current position, which is at
+// column indent, in block context.
+func (p *yamlScanner) blockNode(indent, depth int) (yamlNode, bool) {
+	if depth > maxYAMLDepth {
+		return yamlNode{}, false
+	}
+	if p.seqDash() {
+		return p.blockSeq(indent, depth)
+	}
+	if p.at('{') || p.at('[') {
+		n, ok := p.flowNode(depth)
+		return n, ok && p.restOfLineEmpty()
+	}
+	// A scalar, or the first key of a mapping.
+	start, startLine := p.i, p.line
+	_, isKey, ok := p.key()
+	if !ok {
+		return yamlNode{}, false
+	}
+	if isKey {
+		p.i, p.line = start, startLine
+		return p.blockMap(indent, depth)
+	}
+	n, ok := p.scalar(false)
+	return n, ok && p.restOfLineEmpty()
+}
+
+// key reads a mapping key ("name:" followed by a space or line end) if one
+// starts here, leaving the position after the colon.
+func (p *yamlScanner) key() (key string, isKey, ok bool) {
+	start := p.i
+	switch {
+	case p.at('"') || p.at('\''):
+		s, ok := p.quoted()
+		if !ok {
+			return "", false, false
+		}
+		for p.at(' ') {
+			p.i++
+		}
+		if p.at(':') && (p.i+1 == len(p.s) || p.s[p.i+1] == ' ' || p.s[p.i+1] == '\n') {
+			if p.i-start > maxSimpleKey {
+				return "", false, false
+			}
+			p.i++
+			return s, true, true
+		}
+		p.i = start
+		return "", false, true
+	default:
+		end := p.i
+		for end < len(p.s) && p.s[end] != '\n' {
+			if p.s[end] == ':' && (end+1 == len(p.s) || p.s[end+1] == ' ' || p.s[end+1] == '\n') {
+				k := strings.TrimRight(string(p.s[p.i:end]), " ")
+				if end-p.i > maxSimpleKey || !yamlPlainString(k, false) {
+					return "", false, false
+				}
+				p.i = end + 1
+				return k, true, true
+			}
+			if p.s[end] == '#' && end > p.i && p.s[end-1] == ' ' {
+				break
+			}
+			end++
+		}
+		return "", false, true
+	}
+}
+
+func (p *yamlScanner) blockMap(indent, depth int) (yamlNode, bool) {
+	n := yamlNode{kind: yamlMap}
+	for {
+		k, isKey, ok := p.key()
+		if !ok || !isKey || slices.Contains(n.keys, k) {
+			return yamlNode{}, false
+		}
+		v, ok := p.mapValue(indent, depth)
+		if !ok {
+			return yamlNode{}, false
+		}
+		n.keys, n.items = append(n.keys, k), append(n.items, v)
+		if !p.skipBlank() {
+			return yamlNode{}, false
+		}
+		switch c := p.col(); {
+		case p.i == len(p.s) || c < indent:
+			return n, true
+		case c > indent || p.seqDash():
+			return yamlNode{}, false
+		}
+	}
+}
+
+// mapValue reads the value after a key's colon: on the same line, or below
+// it, indented more than the key or (a sequence) as much.
+func (p *yamlScanner) mapValue(indent, depth int) (yamlNode, bool) {
+	if !p.restOfLineEmpty() {
+		n, ok := p.inlineValue(depth)
+		if !ok || !p.restOfLineEmpty() {
+			return yamlNode{}, false
+		}
+		// A plain scalar continued on the next line is a multi-line
+		// scalar: left to the library.
+		save, saveLine := p.i, p.line
+		if !p.skipBlank() {
+			return yamlNode{}, false
+		}
+		if p.i < len(p.s) && p.col() > indent {
+			return yamlNode{}, false
+		}
+		p.i, p.line = save, saveLine
+		return n, true
+	}
+	save, saveLine := p.i, p.line
+	if !p.skipBlank() {
+		return yamlNode{}, false
+	}
+	switch c := p.col(); {
+	case p.i < len(p.s) && c > indent:
+		return p.blockNode(c, depth+1)
+	case p.i < len(p.s) && c == indent && p.seqDash():
+		return p.blockSeq(c, depth+1)
+	}
+	p.i, p.line = save, saveLine
+	return yamlNode{kind: yamlNull}, true
+}
+
+// inlineValue reads a value that starts on the current line: a flow
+// collection or a scalar. A mapping cannot start there ("a: b: c").
+func (p *yamlScanner) inlineValue(depth int) (yamlNode, bool) {
+	if p.at('{') || p.at('[') {
+		return p.flowNode(depth + 1)
+	}
+	if p.seqDash() {
+		return yamlNode{}, false
+	}
+	return p.scalar(false)
+}
+
+func (p *yamlScanner) blockSeq(indent, depth int) (yamlNode, bool) {
+	n := yamlNode{kind: yamlSeq}
+	for {
+		if !p.seqDash() {
+			return yamlNode{}, false
+		}
+		p.i++
+		var item yamlNode
+		if p.restOfLineEmpty() {
+			save, saveLine := p.i, p.line
+			if !p.skipBlank() {
+				return yamlNode{}, false
+			}
+			if c := p.col(); p.i < len(p.s) && c > indent {
+				var ok bool
+				if item, ok = p.blockNode(c, depth+1); !ok {
+					return yamlNode{}, false
+				}
+			} else {
+				p.i, p.line = save, saveLine
+				item = yamlNode{kind: yamlNull}
+			}
+		} else {
+			var ok bool
+			if item, ok = p.blockNode(p.col(), depth+1); !ok {
+				return yamlNode{}, false
+			}
+		}
+		n.items = append(n.items, item)
+		if !p.skipBlank() {
+			return yamlNode{}, false
+		}
+		// A line at the sequence's column that is no entry ends it: the
+		// sequence was a mapping's value, at its key's column.
+		switch c := p.col(); {
+		case p.i == len(p.s) || c < indent || (c == indent && !p.seqDash()):
+			return n, true
+		case c > indent:
+			return yamlNode{}, false
+		}
+	}
+}
+
+// flowNode reads a flow mapping or sequence, which may span lines.
+func (p *yamlScanner) flowNode(depth int) (yamlNode, bool) {
+	if depth > maxYAMLDepth {
+		return yamlNode{}, false
+	}
+	closer := byte(']')
+	n := yamlNode{kind: yamlSeq}
+	if p.at('{') {
+		closer, n.kind = '}', yamlMap
+	}
+	p.i++
+	for first := true; ; first = false {
+		if !p.skipBlank() || p.i == len(p.s) {
+			return yamlNode{}, false
+		}
+		if p.at(closer) {
+			if !first && n.kind == yamlSeq && len(n.items) == 0 {
+				return yamlNode{}, false
+			}
+			p.i++
+			return n, true
+		}
+		if !first {
+			// "," then an entry; a trailing comma is left to the library.
+			if !p.at(',') {
+				return yamlNode{}, false
+			}
+			p.i++
+			if !p.skipBlank() || p.i == len(p.s) || p.at(closer) || p.at(',') {
+				return yamlNode{}, false
+			}
+		}
+		if n.kind == yamlMap {
+			var k string
+			keyStart := p.i
+			switch {
+			case p.at('"') || p.at('\''):
+				s, ok := p.quoted()
+				if !ok {
+					return yamlNode{}, false
+				}
+				k = s
+			default:
+				start := p.i
+				for p.i < len(p.s) && !bytes.ContainsRune([]byte(":,[]{}#\n"), rune(p.s[p.i])) {
+					p.i++
+				}
+				k = strings.TrimRight(string(p.s[start:p.i]), " ")
+				if !yamlPlainString(k, true) {
+					return yamlNode{}, false
+				}
+			}
+			for p.at(' ') {
+				p.i++
+			}
+			if !p.at(':') || p.i+1 == len(p.s) || p.s[p.i+1] != ' ' || p.i-keyStart > maxSimpleKey || slices.Contains(n.keys, k) {
+				return yamlNode{}, false
+			}
+			p.i++
+			if !p.skipBlank() || p.i == len(p.s) || p.at(',') || p.at('}') {
+				return yamlNode{}, false // "{a: }": null values left to the library
+			}
+			v, ok := p.flowValue(depth)
+			if !ok {
+				return yamlNode{}, false
+			}
+			n.keys, n.items = append(n.keys, k), append(n.items, v)
+			continue
+		}
+		v, ok := p.flowValue(depth)
+		if !ok {
+			return yamlNode{}, false
+		}
+		n.items = append(n.items, v)
+	}
+}
+
+func (p *yamlScanner) flowValue(depth int) (yamlNode, bool) {
+	if p.at('{') || p.at('[') {
+		return p.flowNode(depth + 1)
+	}
+	return p.scalar(true)
+}
+
+// scalar reads a quoted or plain scalar on the current line. In flow
+// context a plain one ends at ",", "]" or "}" too.
+func (p *yamlScanner) scalar(flow bool) (yamlNode, bool) {
+	if p.at('"') || p.at('\'') {
+		s, ok := p.quoted()
+		return yamlNode{kind: yamlString, text: s}, ok
+	}
+	start := p.i
+	for p.i < len(p.s) {
+		c := p.s[p.i]
+		if c == '\n' || (c == '#' && p.i > start && p.s[p.i-1] == ' ') {
+			break
+		}
+		if c == ':' && (p.i+1 == len(p.s) || p.s[p.i+1] == ' ' || p.s[p.i+1] == '\n') {
+			return yamlNode{}, false // a key where a value belongs
+		}
+		if flow && (c == ',' || c == ']' || c == '}') {
+			break
+		}
+		if flow && (c == '[' || c == '{' || c == ':') {
+			return yamlNode{}, false
+		}
+		p.i++
+	}
+	s := strings.TrimRight(string(p.s[start:p.i]), " ")
+	switch {
+	case s == "":
+		return yamlNode{}, false
+	case s == "null" || s == "Null" || s == "NULL" || s == "~":
+		return yamlNode{kind: yamlNull}, true
+	case s == "true" || s == "True" || s == "TRUE":
+		return yamlNode{kind: yamlTrue}, true
+	case s == "false" || s == "False" || s == "FALSE":
+		return yamlNode{kind: yamlFalse}, true
+	case plainInteger(s):
+		return yamlNode{kind: yamlNumber, text: s}, true
+	case yamlPlainString(s, flow):
+		return yamlNode{kind: yamlString, text: s}, true
+	}
+	return yamlNode{}, false
+}
+
+// quoted reads a one-line single- or double-quoted scalar. Double-quoted
+// escapes other than \" and \\ are left to the library.
+func (p *yamlScanner) quoted() (string, bool) {
+	q := p.s[p.i]
+	p.i++
+	var b []byte
+	for p.i < len(p.s) {
+		c := p.s[p.i]
+		switch {
+		case c == '\n':
+			return "", false
+		case c == q && q == '\'' && p.i+1 < len(p.s) && p.s[p.i+1] == '\'':
+			b = append(b, '\'')
+			p.i += 2
+		case c == q:
+			p.i++
+			return string(b), true
+		case c == '\\' && q == '"':
+			if p.i+1 == len(p.s) || (p.s[p.i+1] != '"' && p.s[p.i+1] != '\\') {
+				return "", false
+			}
+			b = append(b, p.s[p.i+1])
+			p.i += 2
+		default:
+			b = append(b, c)
+			p.i++
+		}
+	}
+	return "", false
+}
+
+// plainInteger reports whether s is a decimal integer that YAML 1.1 and
+// JSON read alike: no sign but "-", no leading zero (YAML 1.1 octal), no
+// "_", and small enough for an int64.
+func plainInteger(s string) bool {
+	d := strings.TrimPrefix(s, "-")
+	if d == "" || len(d) > 18 || (d[0] == '0' && (len(d) > 1 || s != d)) {
+		return false
+	}
+	for i := 0; i < len(d); i++ {
+		if d[i] < '0' || d[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// yaml11Words are the plain scalars YAML 1.1 reads as booleans, null or
+// special floats, beside those scalar handles.
+var yaml11Words = map[string]bool{
+	"y": true, "Y": true, "yes": true, "Yes": true, "YES": true,
+	"n": true, "N": true, "no": true, "No": true, "NO": true,
+	"on": true, "On": true, "ON": true, "off": true, "Off": true, "OFF": true,
+	"true": true, "True": true, "TRUE": true, "false": true, "False": true, "FALSE": true,
+	"null": true, "Null": true, "NULL": true,
+}
+
+// yamlPlainString reports whether the plain scalar s is certainly read as the
+// string s: it does not start with an indicator or a character that could
+// begin a number, timestamp, special float, null or merge key, is not one of
+// YAML 1.1's boolean or null words, and (in flow context) holds no flow
+// indicator.
+func yamlPlainString(s string, flow bool) bool {
+	if quantityLike(s) {
+		return true
+	}
+	if s == "" || yaml11Words[s] || strings.ContainsAny(s[:1], "-?:,[]{}#&*!|>'\"%@`+.0123456789~< ") {
+		return false
+	}
+	if strings.Contains(s, " #") || strings.Contains(s, ": ") || strings.HasSuffix(s, ":") {
+		return false
+	}
+	return !flow || !strings.ContainsAny(s, ",[]{}")
+}
+
+// quantityLike reports whether s is a string that starts with a digit but
+// that YAML 1.1 cannot read as anything else ("1Mi", "500m"): a digit 1-9
+// first (base prefixes start with 0), then only letters and digits with a
+// letter other than e or E among them (no float, and no timestamp, which
+// needs a '-').
+func quantityLike(s string) bool {
+	if s == "" || s[0] < '1' || s[0] > '9' {
+		return false
+	}
+	letter := false
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= '0' && c <= '9':
+		case (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'):
+			letter = letter || (c != 'e' && c != 'E')
+		default:
+			return false
+		}
+	}
+	return letter
+}
