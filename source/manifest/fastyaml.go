@@ -403,7 +403,7 @@ func (p *yamlScanner) flowNode(depth int) (yamlNode, bool) {
 				k = s
 			default:
 				start := p.i
-				for p.i < len(p.s) && !bytes.ContainsRune([]byte(":,[]{}#\n"), rune(p.s[p.i])) {
+				for p.i < len(p.s) && strings.IndexByte(":,[]{}#\n", p.s[p.i]) < 0 {
 					p.i++
 				}
 				k = strings.TrimRight(string(p.s[start:p.i]), " ")
