@@ -132,5 +132,5 @@ func selfCPU() (user, system time.Duration) {
 // for the agent.
 func cpuUsed(user0, system0 time.Duration) string {
 	user, system := selfCPU()
-	return fmt.Sprintf("CPU %.2f s user + %.2f s kernel", (user - user0).Seconds(), (system - system0).Seconds())
+	return cpuString((user - user0).Seconds(), (system - system0).Seconds())
 }

@@ -230,11 +230,11 @@ func run() error {
 	mounted := time.Now()
 	fmt.Printf("  mounted:   %.3f s after the manifests were written (%.3f s from the first write), %s\n",
 		mounted.Sub(written).Seconds(), mounted.Sub(start).Seconds(), cpuSince(cmd.Process.Pid, user0, system0))
-	lastMount, err := agentTimes(logPath, "mount_volume", start, want, o.timeout)
+	mountTimes, err := agentTimes(logPath, "mount_volume", start, want, o.timeout)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("  mounted:   %.3f s from the first write by the agent's log (its last mount_volume; %s)\n", lastMount.last().Sub(start).Seconds(), lastMount.spread(start))
+	fmt.Printf("  mounted:   %.3f s from the first write by the agent's log (its last mount_volume; %s)\n", mountTimes.last().Sub(start).Seconds(), mountTimes.spread(start))
 
 	waitProfile()
 	waitProfile = profile("idle", o.idle)
@@ -277,11 +277,11 @@ func run() error {
 	}
 	unmountedAt := time.Now()
 	fmt.Printf("  unmounted: %.3f s after the manifests were deleted, %s\n", unmountedAt.Sub(deleted).Seconds(), cpuSince(cmd.Process.Pid, user0, system0))
-	lastUnmount, err := agentTimes(logPath, "unmount_volume", deleteStart, want, o.timeout)
+	unmountTimes, err := agentTimes(logPath, "unmount_volume", deleteStart, want, o.timeout)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("  unmounted: %.3f s from the first removal by the agent's log (its last unmount_volume; %s)\n", lastUnmount.last().Sub(deleteStart).Seconds(), lastUnmount.spread(deleteStart))
+	fmt.Printf("  unmounted: %.3f s from the first removal by the agent's log (its last unmount_volume; %s)\n", unmountTimes.last().Sub(deleteStart).Seconds(), unmountTimes.spread(deleteStart))
 	if err := waitFor(o.timeout, func() bool {
 		entries, _ := os.ReadDir(filepath.Join(root, "pods"))
 		return len(entries) == 0
@@ -299,7 +299,7 @@ func run() error {
 		fmt.Printf("  agent ÷ floor: setup %s, teardown %s (from the first manifest written / removed, seen in mountinfo; the goal is ≤ 1.5×)\n",
 			ratios(agentSetup, floors[0][0], floors[1][0]), ratios(agentTeardown, floors[0][1], floors[1][1]))
 		fmt.Printf("  agent ÷ floor: setup %s, teardown %s (by the agent's log: timed from inside, as the floor times itself)\n",
-			ratios(lastMount.last().Sub(start), floors[0][0], floors[1][0]), ratios(lastUnmount.last().Sub(deleteStart), floors[0][1], floors[1][1]))
+			ratios(mountTimes.last().Sub(start), floors[0][0], floors[1][0]), ratios(unmountTimes.last().Sub(deleteStart), floors[0][1], floors[1][1]))
 	}
 	return nil
 }
@@ -362,13 +362,10 @@ func waitFor(timeout time.Duration, cond func() bool) error {
 
 // agentTimes waits for n "operation succeeded" lines of op at or after
 // since in the agent's JSON log (lines are buffered for up to 100 ms) and
-// returns the time of the last one.
+// returns their times.
 func agentTimes(path, op string, since time.Time, n int, timeout time.Duration) (opTimes, error) {
 	var times opTimes
-	var last time.Time
-	count := 0
 	err := waitFor(timeout, func() bool {
-		last, count = time.Time{}, 0
 		times = opTimes{}
 		data, err := os.ReadFile(path)
 		if err != nil {
@@ -390,16 +387,12 @@ func agentTimes(path, op string, since time.Time, n int, timeout time.Duration) 
 			if err != nil || t.Before(since.Truncate(time.Millisecond)) {
 				continue
 			}
-			count++
-			if t.After(last) {
-				last = t
-			}
 			times.all = append(times.all, t)
 		}
-		return count >= n
+		return len(times.all) >= n
 	})
 	if err != nil {
-		return times, fmt.Errorf("agent log: %d of %d %s lines: %w", count, n, op, err)
+		return times, fmt.Errorf("agent log: %d of %d %s lines: %w", len(times.all), n, op, err)
 	}
 	slices.SortFunc(times.all, time.Time.Compare)
 	return times, nil
@@ -440,7 +433,11 @@ func cpuSplit(pid int) (user, system float64, err error) {
 // cpuSince formats the CPU a process used since (user0, system0).
 func cpuSince(pid int, user0, system0 float64) string {
 	user, system, _ := cpuSplit(pid)
-	return fmt.Sprintf("CPU %.2f s user + %.2f s kernel", user-user0, system-system0)
+	return cpuString(user-user0, system-system0)
+}
+
+func cpuString(user, system float64) string {
+	return fmt.Sprintf("CPU %.2f s user + %.2f s kernel", user, system)
 }
 
 func rssKiB(pid int) (int, error) {
