@@ -103,13 +103,6 @@ func (d *podDirs) undo(dir, top string) {
 	mountutil.RemoveEmptyDirs(dir, filepath.Dir(top))
 }
 
-func (d *podDirs) known(dir string) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	_, ok := d.made[dir]
-	return ok
-}
-
 // forget drops the hint for dir, about to be removed.
 func (d *podDirs) forget(dir string) {
 	d.mu.Lock()

@@ -160,3 +160,11 @@ func TestPodDirsUndo(t *testing.T) {
 		})
 	}
 }
+
+// known reports whether d remembers making dir.
+func (d *podDirs) known(dir string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, ok := d.made[dir]
+	return ok
+}

@@ -191,14 +191,12 @@ func (p *yamlScanner) blockNode(indent, depth int) (yamlNode, bool) {
 		return n, ok && p.restOfLineEmpty()
 	}
 	// A scalar, or the first key of a mapping.
-	start, startLine := p.i, p.line
-	_, isKey, ok := p.key()
+	k, isKey, ok := p.key()
 	if !ok {
 		return yamlNode{}, false
 	}
 	if isKey {
-		p.i, p.line = start, startLine
-		return p.blockMap(indent, depth)
+		return p.blockMap(k, indent, depth)
 	}
 	n, ok := p.scalar(false)
 	return n, ok && p.restOfLineEmpty()
@@ -246,11 +244,11 @@ func (p *yamlScanner) key() (key string, isKey, ok bool) {
 	}
 }
 
-func (p *yamlScanner) blockMap(indent, depth int) (yamlNode, bool) {
+// blockMap reads a block mapping whose first key, k, has just been read.
+func (p *yamlScanner) blockMap(k string, indent, depth int) (yamlNode, bool) {
 	n := yamlNode{kind: yamlMap}
 	for {
-		k, isKey, ok := p.key()
-		if !ok || !isKey || slices.Contains(n.keys, k) {
+		if slices.Contains(n.keys, k) {
 			return yamlNode{}, false
 		}
 		v, ok := p.mapValue(indent, depth)
@@ -265,6 +263,10 @@ func (p *yamlScanner) blockMap(indent, depth int) (yamlNode, bool) {
 		case p.i == len(p.s) || c < indent:
 			return n, true
 		case c > indent || p.seqDash():
+			return yamlNode{}, false
+		}
+		var isKey bool
+		if k, isKey, ok = p.key(); !ok || !isKey {
 			return yamlNode{}, false
 		}
 	}
