@@ -40,6 +40,10 @@ import (
 // so the device cannot be released and its number reused under the pod. The
 // actual state records it as the pod mount's MountPath of a volume whose
 // Attributes.Block is set; it is usable once that mount is Mounted.
+//
+// Each path is one filepath.Join of all its elements rather than a Join
+// onto its parent's path: the result is the same (Join cleans lexically),
+// and a storm builds these paths for every volume several times over.
 type Paths struct {
 	Root string
 }
@@ -58,38 +62,38 @@ func (p Paths) TrashDir() string { return filepath.Join(p.Root, "trash") }
 func (p Paths) PodsDir() string { return filepath.Join(p.Root, "pods") }
 
 // PodDir is the pod's own directory.
-func (p Paths) PodDir(pod types.UID) string { return filepath.Join(p.PodsDir(), string(pod)) }
+func (p Paths) PodDir(pod types.UID) string { return filepath.Join(p.Root, "pods", string(pod)) }
 
 // PodVolumesDir holds the pod's volumes, one directory per plugin.
 func (p Paths) PodVolumesDir(pod types.UID) string {
-	return filepath.Join(p.PodDir(pod), "volumes")
+	return filepath.Join(p.Root, "pods", string(pod), "volumes")
 }
 
 // PodVolumeDir is where the pod's volume is made available.
 func (p Paths) PodVolumeDir(pod types.UID, plugin, specName string) string {
-	return filepath.Join(p.PodVolumesDir(pod), EscapePlugin(plugin), specName)
+	return filepath.Join(p.Root, "pods", string(pod), "volumes", EscapePlugin(plugin), specName)
 }
 
 // PodDevicesDir holds the pod's raw block volumes' access points, one
 // directory per plugin.
 func (p Paths) PodDevicesDir(pod types.UID) string {
-	return filepath.Join(p.PodDir(pod), "volumeDevices")
+	return filepath.Join(p.Root, "pods", string(pod), "volumeDevices")
 }
 
 // PodDevicePath is the access point of the pod's raw block volume: a file
 // onto which the block device is bind-mounted (see Paths).
 func (p Paths) PodDevicePath(pod types.UID, plugin, specName string) string {
-	return filepath.Join(p.PodDevicesDir(pod), EscapePlugin(plugin), specName)
+	return filepath.Join(p.Root, "pods", string(pod), "volumeDevices", EscapePlugin(plugin), specName)
 }
 
 // PodVolumeStateDir holds the state files of the pod's volumes.
 func (p Paths) PodVolumeStateDir(pod types.UID) string {
-	return filepath.Join(p.PodDir(pod), "volume-state")
+	return filepath.Join(p.Root, "pods", string(pod), "volume-state")
 }
 
 // PodVolumeStateFile records what tearing the pod's volume down needs.
 func (p Paths) PodVolumeStateFile(pod types.UID, plugin, specName string) string {
-	return filepath.Join(p.PodVolumeStateDir(pod), EscapePlugin(plugin), specName+".json")
+	return filepath.Join(p.Root, "pods", string(pod), "volume-state", EscapePlugin(plugin), specName+".json")
 }
 
 // PluginDir is the plugin's private directory.
@@ -99,17 +103,17 @@ func (p Paths) PluginDir(plugin string) string {
 
 // VolumeDir is the per-volume directory of a shared volume.
 func (p Paths) VolumeDir(plugin, identity string) string {
-	return filepath.Join(p.PluginDir(plugin), "mounts", PathElement(identity))
+	return filepath.Join(p.Root, "plugins", EscapePlugin(plugin), "mounts", PathElement(identity))
 }
 
 // DeviceMountPath is where a shared volume's device is mounted (staged).
 func (p Paths) DeviceMountPath(plugin, identity string) string {
-	return filepath.Join(p.VolumeDir(plugin, identity), "globalmount")
+	return filepath.Join(p.Root, "plugins", EscapePlugin(plugin), "mounts", PathElement(identity), "globalmount")
 }
 
 // VolumeStateFile records what unmounting a shared volume's device needs.
 func (p Paths) VolumeStateFile(plugin, identity string) string {
-	return filepath.Join(p.VolumeDir(plugin, identity), "state.json")
+	return filepath.Join(p.Root, "plugins", EscapePlugin(plugin), "mounts", PathElement(identity), "state.json")
 }
 
 // PathElement turns an arbitrary identity into one safe path element: names
@@ -151,7 +155,7 @@ func ValidatePathElement(s string) error {
 
 // PodSubPathsDir holds the sub-paths prepared for the pod's containers.
 func (p Paths) PodSubPathsDir(pod types.UID) string {
-	return filepath.Join(p.PodDir(pod), "volume-subpaths")
+	return filepath.Join(p.Root, "pods", string(pod), "volume-subpaths")
 }
 
 // VolumeSubPathsDir holds the sub-paths of one of the pod's volumes: one
@@ -159,11 +163,11 @@ func (p Paths) PodSubPathsDir(pod types.UID) string {
 // kubelet's volume-subpaths/<specName>, the plugin is part of the path, as
 // for the volume itself: two volumes of a pod may share a spec name.
 func (p Paths) VolumeSubPathsDir(pod types.UID, plugin, specName string) string {
-	return filepath.Join(p.PodSubPathsDir(pod), EscapePlugin(plugin), specName)
+	return filepath.Join(p.Root, "pods", string(pod), "volume-subpaths", EscapePlugin(plugin), specName)
 }
 
 // SubPathTarget is the bind mount of a container's sub-path of a volume,
 // what a container runtime mounts into the container.
 func (p Paths) SubPathTarget(pod types.UID, plugin, specName, container string, index int) string {
-	return filepath.Join(p.VolumeSubPathsDir(pod, plugin, specName), container, strconv.Itoa(index))
+	return filepath.Join(p.Root, "pods", string(pod), "volume-subpaths", EscapePlugin(plugin), specName, container, strconv.Itoa(index))
 }
