@@ -46,6 +46,10 @@ func (e dirEvent) lost() bool {
 // into place or closed by a writer.
 func (e dirEvent) complete() bool { return e.mask&(unix.IN_MOVED_TO|unix.IN_CLOSE_WRITE) != 0 }
 
+// gone reports whether the entry left the directory (removed or renamed
+// away): there is nothing left to look at under its name.
+func (e dirEvent) gone() bool { return e.mask&(unix.IN_MOVED_FROM|unix.IN_DELETE) != 0 }
+
 const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_CLOSE_WRITE | unix.IN_ATTRIB |
 	unix.IN_MOVED_TO | unix.IN_MOVED_FROM | unix.IN_DELETE | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF |
 	unix.IN_ONLYDIR

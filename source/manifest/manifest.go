@@ -259,10 +259,16 @@ func (s *Source) Run(ctx context.Context) error {
 					// A temporary file of a writer renaming into place
 					// changes no manifest; a symlink manifests resolve
 					// through might (a mounted ConfigMap's "..data"),
-					// and so might its removal.
-					fi, err := os.Lstat(filepath.Join(s.dir, ev.name))
-					symlink := err == nil && fi.Mode()&fs.ModeSymlink != 0
-					if symlink || (err != nil && s.symlinks[ev.name]) {
+					// and so might its removal. An entry that left needs
+					// no lstat (a writer renaming its temporary file into
+					// place would pay a failing one per manifest): it
+					// mattered if it was a known symlink.
+					gone, symlink := ev.gone(), false
+					if !gone {
+						fi, err := os.Lstat(filepath.Join(s.dir, ev.name))
+						gone, symlink = err != nil, err == nil && fi.Mode()&fs.ModeSymlink != 0
+					}
+					if symlink || (gone && s.symlinks[ev.name]) {
 						whole = true
 						arm(now)
 					}
