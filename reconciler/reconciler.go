@@ -130,26 +130,30 @@ func (r *Reconciler) Run(ctx context.Context) {
 		case <-r.opts.DSW.Changed():
 		case <-resync.C():
 		}
-		// Let a burst of triggers settle into one pass. A pass plans every
-		// volume, and in a storm every finishing operation asks for one:
-		// spacing passes by twice what the last one took keeps planning
-		// under a third of a CPU (4,000 volumes made it quadratic), at the
-		// cost of that much delay for follow-up operations. The spacing
-		// leaves the CPU to running operations; once none runs there is
-		// nothing to leave it to (a pass slowed down by a busy CPU made
-		// the next wait 100 ms with nothing running in between).
-		wait := r.opts.MinInterval
-		if spacing := passSpacing * took; spacing > wait {
+		// Let a burst of triggers settle into one pass: passes start at
+		// least MinInterval apart. A trigger after a quiet spell starts
+		// one at once (a single new pod waits for nothing); only the
+		// ones that follow a pass closely wait out the rest.
+		//
+		// A pass plans every volume, and in a storm every finishing
+		// operation asks for one: spacing passes by twice what the last
+		// one took keeps planning under a third of a CPU (4,000 volumes
+		// made it quadratic), at the cost of that much delay for
+		// follow-up operations. The spacing leaves the CPU to running
+		// operations; once none runs there is nothing to leave it to (a
+		// pass slowed down by a busy CPU made the next wait 100 ms with
+		// nothing running in between).
+		end := start.Add(took)
+		if spacing := passSpacing*took - r.opts.Clock.Since(end); spacing > r.opts.MinInterval-r.opts.Clock.Since(start) {
 			select {
 			case <-ctx.Done():
 				return
 			case <-r.opts.Clock.After(spacing):
-				wait = 0
 			case <-r.opts.Executor.Idle():
-				// Still MinInterval: a burst of triggers is one pass.
+				// Still MinInterval from the last pass's start.
 			}
 		}
-		if wait > 0 {
+		if wait := r.opts.MinInterval - r.opts.Clock.Since(start); wait > 0 {
 			select {
 			case <-ctx.Done():
 				return

@@ -207,3 +207,80 @@ func TestReconcilerPassNotSpacedWhenExecutorIdle(t *testing.T) {
 		stepped += time.Millisecond
 	}
 }
+
+// countingExecutor counts passes (each asks Startable once) and starts
+// nothing.
+type countingExecutor struct {
+	fakeExecutor
+	passes atomic.Int32
+}
+
+func (e *countingExecutor) Startable(cands []operations.Candidate, _ uint64) []bool {
+	e.passes.Add(1)
+	return make([]bool, len(cands))
+}
+
+// afterRecordingClock is a fake clock that reports every After it is asked
+// for, so a test knows when the reconciler waits and for how long.
+type afterRecordingClock struct {
+	*clocktesting.FakeClock
+	waits chan time.Duration
+}
+
+func (c *afterRecordingClock) After(d time.Duration) <-chan time.Time {
+	ch := c.FakeClock.After(d)
+	c.waits <- d
+	return ch
+}
+
+func waitPasses(t *testing.T, e *countingExecutor, n int32, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.passes.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d passes, want %d", what, e.passes.Load(), n)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// Passes start at least MinInterval apart, but a trigger after a quiet
+// spell starts one without waiting: a pod created on an idle node is
+// planned at once.
+func TestReconcilerMinIntervalFromLastPass(t *testing.T) {
+	clk := &afterRecordingClock{FakeClock: clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), waits: make(chan time.Duration, 16)}
+	dsw, asw := cache.NewDesiredStateOfWorld(clk), cache.NewActualStateOfWorld(clk)
+	exec := &countingExecutor{}
+	r := New(Options{DSW: dsw, ASW: asw, Executor: exec, Handler: &opHandler{}, Clock: clk, MinInterval: 5 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitPasses(t, exec, 1, "first pass")
+
+	// Right after a pass: the next waits out MinInterval on the clock.
+	r.Trigger()
+	select {
+	case d := <-clk.waits:
+		if d != 5*time.Millisecond {
+			t.Fatalf("waited %v after a pass that took no time, want 5ms", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a trigger right after a pass did not wait MinInterval")
+	}
+	if n := exec.passes.Load(); n != 1 {
+		t.Fatalf("%d passes before MinInterval passed, want 1", n)
+	}
+	clk.Step(5 * time.Millisecond)
+	waitPasses(t, exec, 2, "pass after MinInterval")
+
+	// After a quiet spell longer than MinInterval: at once, no wait.
+	clk.Step(time.Second)
+	r.Trigger()
+	waitPasses(t, exec, 3, "pass after a quiet spell, with the clock standing still")
+	select {
+	case d := <-clk.waits:
+		t.Fatalf("waited %v after a quiet spell", d)
+	default:
+	}
+}
