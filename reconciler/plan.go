@@ -91,10 +91,13 @@ func PlanInto(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsho
 	return sortActions(out)
 }
 
-// sortActions orders actions by phase, volume and pod, keeping the order of
-// equal ones. It sorts indices and then moves each Action once, in place: an Action is a
-// few hundred bytes, and swapping them through sort.SliceStable's reflection
-// was most of a busy pass's cost.
+// sortActions orders actions by phase, volume, pod and operation. A plan
+// has at most one action per phase, volume and pod (one per pod mount, one
+// volume-wide per volume and phase), so the order is total and an unstable
+// sort gives the one result: in a storm a stable sort of thousands of
+// actions was a third of every pass. It sorts indices and then moves each
+// Action once, in place: an Action is a few hundred bytes, and swapping
+// them through sort.SliceStable's reflection was most of a busy pass's cost.
 func sortActions(actions []Action) []Action {
 	if len(actions) < 2 {
 		return actions
@@ -103,7 +106,7 @@ func sortActions(actions []Action) []Action {
 	for i := range idx {
 		idx[i] = int32(i)
 	}
-	slices.SortStableFunc(idx, func(i, j int32) int {
+	slices.SortFunc(idx, func(i, j int32) int {
 		a, b := &actions[i], &actions[j]
 		if c := cmp.Compare(phase(a.Op), phase(b.Op)); c != 0 {
 			return c
@@ -111,7 +114,10 @@ func sortActions(actions []Action) []Action {
 		if c := cmp.Compare(a.Volume, b.Volume); c != 0 {
 			return c
 		}
-		return cmp.Compare(a.Pod.UID, b.Pod.UID)
+		if c := cmp.Compare(a.Pod.UID, b.Pod.UID); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Op, b.Op)
 	})
 	// Apply the permutation in place, cycle by cycle: actions[i] takes
 	// actions[idx[i]]; a done slot is marked by idx[i] == i.

