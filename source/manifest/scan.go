@@ -9,13 +9,14 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sync/atomic"
 	"syscall"
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/api/equality"
+
+	"github.com/volume-agent/volume-agent/internal/procs"
 )
 
 // fileState is what is known about one manifest file.
@@ -184,7 +185,7 @@ func (s *Source) publish() {
 // cost of a large directory) and hands each finished job to done, in the
 // calling goroutine, as soon as it is finished.
 func (s *Source) runJobs(jobs []job, done func(*job)) {
-	workers := min(runtime.GOMAXPROCS(0), len(jobs))
+	workers := min(procs.CPUs(), len(jobs))
 	if workers <= 1 {
 		for i := range jobs {
 			s.read(&jobs[i])
