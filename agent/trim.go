@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/internal/procs"
 	"github.com/volume-agent/volume-agent/reconciler"
 )
 
@@ -51,3 +52,23 @@ func (m *memoryTrimmer) Reconciled(_ *cache.DesiredSnapshot, _ *cache.ActualSnap
 // wait waits for a trim in progress. Call it once nothing calls Reconciled
 // any more.
 func (m *memoryTrimmer) wait() { m.running.Wait() }
+
+// burstProcs gives the runtime spare Ps while a burst of operations runs
+// (see internal/procs): from a pass that plans burstActions or more until
+// one plans nothing. It comes before the trimmer, so the spans the spare Ps
+// cached are free by the time the trimmer returns memory to the kernel.
+type burstProcs struct{}
+
+// burstActions is how many actions in one pass make a burst: a pod or two
+// of a few volumes gain nothing from spare Ps.
+const burstActions = 16
+
+// Reconciled implements reconciler.Observer.
+func (burstProcs) Reconciled(_ *cache.DesiredSnapshot, _ *cache.ActualSnapshot, actions []reconciler.Action, _ time.Duration) {
+	switch {
+	case len(actions) >= burstActions:
+		procs.Burst()
+	case len(actions) == 0:
+		procs.Steady()
+	}
+}

@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"runtime"
 	"testing"
 	"time"
 
+	"github.com/volume-agent/volume-agent/internal/procs"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/reconciler"
 )
@@ -43,5 +45,29 @@ func TestMemoryTrimmer(t *testing.T) {
 	m.Reconciled(nil, nil, nil, 0)
 	if m.trimming.Load() {
 		t.Fatal("trimmed twice for one burst")
+	}
+}
+
+// A pass that plans a burst of actions adds the spare Ps; one that plans
+// nothing takes them back; a few actions change nothing.
+func TestBurstProcs(t *testing.T) {
+	t.Setenv("GOMAXPROCS", "")
+	t.Cleanup(procs.Steady)
+	procs.Steady()
+	base := runtime.GOMAXPROCS(0)
+	var b burstProcs
+	for _, step := range []struct {
+		actions int
+		want    int
+	}{
+		{burstActions - 1, base},
+		{burstActions, base + procs.Spare},
+		{1, base + procs.Spare},
+		{0, base},
+	} {
+		b.Reconciled(nil, nil, make([]reconciler.Action, step.actions), 0)
+		if got := runtime.GOMAXPROCS(0); got != step.want {
+			t.Fatalf("after a pass of %d actions: GOMAXPROCS %d, want %d", step.actions, got, step.want)
+		}
 	}
 }

@@ -22,7 +22,6 @@ import (
 
 	"github.com/volume-agent/volume-agent/agent"
 	"github.com/volume-agent/volume-agent/internal/logging"
-	"github.com/volume-agent/volume-agent/internal/procs"
 	"github.com/volume-agent/volume-agent/ui/statuscmd"
 )
 
@@ -50,8 +49,6 @@ func main() {
 const heapFloor = 16 << 20
 
 func run() error {
-	// Spare Ps for goroutines blocked in mount syscalls (see internal/procs).
-	procs.AddSpare()
 	if os.Getenv("GOGC") == "" {
 		// The agent's heap is mostly short-lived garbage from bursts
 		// (parsing manifests, thousands of operations); collecting at 50%

@@ -2,30 +2,41 @@ package procs
 
 import (
 	"runtime"
+	"strconv"
 	"testing"
 )
 
-func TestAddSpare(t *testing.T) {
-	before := runtime.GOMAXPROCS(0)
-	t.Cleanup(func() { runtime.GOMAXPROCS(before) })
+func TestBurstAndSteady(t *testing.T) {
+	t.Cleanup(runtime.SetDefaultGOMAXPROCS)
+	runtime.SetDefaultGOMAXPROCS()
+	base := runtime.GOMAXPROCS(0)
 	for _, tc := range []struct {
-		name, env string
-		want      int
+		name  string
+		env   string // GOMAXPROCS in the environment
+		burst int    // GOMAXPROCS during a burst
 	}{
-		{"default", "", CPUs() + Spare},
-		{"operator's choice", "3", before},
+		{"default", "", base + Spare},
+		{"operator's choice", strconv.Itoa(base), base},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			runtime.GOMAXPROCS(before)
 			t.Setenv("GOMAXPROCS", tc.env)
-			if got := AddSpare(); got != tc.want {
-				t.Errorf("AddSpare() = %d, want %d", got, tc.want)
-			}
-			if got := runtime.GOMAXPROCS(0); got != tc.want {
-				t.Errorf("GOMAXPROCS is %d, want %d", got, tc.want)
-			}
-			if CPUs() != cpus {
-				t.Errorf("CPUs() = %d changed with GOMAXPROCS", CPUs())
+			for round := range 2 {
+				Burst()
+				Burst() // once is enough
+				if got := runtime.GOMAXPROCS(0); got != tc.burst {
+					t.Errorf("round %d: GOMAXPROCS %d during a burst, want %d", round, got, tc.burst)
+				}
+				if got := CPUs(); got != base {
+					t.Errorf("round %d: CPUs() = %d during a burst, want %d", round, got, base)
+				}
+				Steady()
+				Steady()
+				if got := runtime.GOMAXPROCS(0); got != base {
+					t.Errorf("round %d: GOMAXPROCS %d once steady, want %d", round, got, base)
+				}
+				if got := CPUs(); got != base {
+					t.Errorf("round %d: CPUs() = %d once steady, want %d", round, got, base)
+				}
 			}
 		})
 	}
