@@ -48,26 +48,38 @@ func TestMemoryTrimmer(t *testing.T) {
 	}
 }
 
-// A pass that plans a burst of actions adds the spare Ps; one that plans
-// nothing takes them back; a few actions change nothing.
+// A pass that plans a burst of unmounts adds the spare Ps; one that plans
+// nothing takes them back; a few unmounts, or mounts however many, change
+// nothing.
 func TestBurstProcs(t *testing.T) {
 	t.Setenv("GOMAXPROCS", "")
 	t.Cleanup(procs.Steady)
 	procs.Steady()
 	base := runtime.GOMAXPROCS(0)
+	actions := func(n int, op operations.Op) []reconciler.Action {
+		out := make([]reconciler.Action, n)
+		for i := range out {
+			out[i].Op = op
+		}
+		return out
+	}
 	var b burstProcs
 	for _, step := range []struct {
-		actions int
+		name    string
+		actions []reconciler.Action
 		want    int
 	}{
-		{burstActions - 1, base},
-		{burstActions, base + procs.Spare},
-		{1, base + procs.Spare},
-		{0, base},
+		{"a few unmounts", actions(burstActions-1, operations.OpUnmountVolume), base},
+		{"many mounts", actions(10*burstActions, operations.OpMountVolume), base},
+		{"many unmounts", actions(burstActions, operations.OpUnmountVolume), base + procs.Spare},
+		{"one mount", actions(1, operations.OpMountVolume), base + procs.Spare},
+		{"nothing", nil, base},
+		{"many unmaps", actions(burstActions, operations.OpUnmapVolume), base + procs.Spare},
+		{"nothing again", nil, base},
 	} {
-		b.Reconciled(nil, nil, make([]reconciler.Action, step.actions), 0)
+		b.Reconciled(nil, nil, step.actions, 0)
 		if got := runtime.GOMAXPROCS(0); got != step.want {
-			t.Fatalf("after a pass of %d actions: GOMAXPROCS %d, want %d", step.actions, got, step.want)
+			t.Fatalf("after a pass of %s: GOMAXPROCS %d, want %d", step.name, got, step.want)
 		}
 	}
 }
