@@ -206,6 +206,7 @@ type aswShard struct {
 	volumes map[volume.UniqueName]*ActualVolume
 	// reconstructed counts the volumes for which hasReconstructed holds.
 	reconstructed int
+	changes       changeLog
 }
 
 // NewActualStateOfWorld returns an empty ASW.
@@ -257,6 +258,7 @@ func (a *ActualStateOfWorld) update(id VolumeIdentity, fn func(v *ActualVolume))
 			sh.reconstructed++
 		}
 	}
+	sh.changes.mark(id.Name, len(sh.volumes))
 	a.generation.Add(1)
 }
 
@@ -404,6 +406,7 @@ func (a *ActualStateOfWorld) markRemountLocked(sh *aswShard, name volume.UniqueN
 	mm.RemountRequired = true
 	nv.Pods[pod] = &mm
 	sh.volumes[name] = nv
+	sh.changes.mark(name, len(sh.volumes))
 	a.generation.Add(1)
 }
 
@@ -431,6 +434,29 @@ func (a *ActualStateOfWorld) PodMounts(pod types.UID) []*ActualPodMount {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].MountPath < out[j].MountPath })
 	return out
+}
+
+// TakeChanges returns the volumes whose entries changed since the last
+// call, for one consumer: the reconciler, which plans only those again.
+// A consumer takes them before the snapshot it plans from, so that a
+// change made in between is in both the snapshot and the next call's list
+// (a change counts in Generation before its shard's lock is released).
+func (a *ActualStateOfWorld) TakeChanges() Changes {
+	var c Changes
+	for i := range a.shards {
+		sh := &a.shards[i]
+		sh.mu.Lock()
+		all, names := sh.changes.take()
+		sh.mu.Unlock()
+		c.All = c.All || all
+		if len(names) > 0 {
+			c.sets = append(c.sets, names)
+		}
+	}
+	if c.All {
+		c.sets = nil
+	}
+	return c
 }
 
 // Snapshot returns an immutable view of the ASW.
@@ -487,9 +513,12 @@ func (a *ActualStateOfWorld) AddReconstructed(vols []*ActualVolume) {
 		if nv.hasReconstructed() {
 			sh.reconstructed++
 		}
+		sh.changes.mark(v.Name, len(sh.volumes))
+		// Counted under the shard's lock, as every change: a consumer
+		// that took the change then finds a newer snapshot.
+		a.generation.Add(1)
 		sh.mu.Unlock()
 	}
-	a.generation.Add(1)
 }
 
 // Adopt confirms reconstructed state that a pod wants: device mounts become

@@ -118,6 +118,7 @@ type DesiredStateOfWorld struct {
 	pods       map[types.UID]*DesiredPod
 	generation uint64
 	snapshot   *DesiredSnapshot // cached for generation
+	changes    changeLog
 
 	// batches counts the Batch calls running; changes made meanwhile
 	// signal once, when the last ends (held records that one is due).
@@ -202,6 +203,11 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 	if !changed {
 		return false
 	}
+	if protects(old) != (len(unresolved) > 0) {
+		// Whether the pod's mounts may be unmounted changed, for volumes
+		// the DSW may not know (mounts from before a restart).
+		d.changes.markAll()
+	}
 	since := now
 	if old != nil {
 		since = old.Since
@@ -243,6 +249,7 @@ func (d *DesiredStateOfWorld) setPodVolume(pv *PodVolume, dp *DesiredPodVolume) 
 	}
 	nv.Pods[dp.Pod.UID] = dp
 	d.volumes[pv.Name] = nv
+	d.changes.mark(pv.Name, len(d.volumes))
 	return true
 }
 
@@ -254,6 +261,7 @@ func (d *DesiredStateOfWorld) removePodFromVolume(name volume.UniqueName, pod ty
 	if _, ok := v.Pods[pod]; !ok {
 		return
 	}
+	d.changes.mark(name, len(d.volumes))
 	if len(v.Pods) == 1 {
 		delete(d.volumes, name)
 		return
@@ -282,12 +290,34 @@ func (d *DesiredStateOfWorld) DeletePod(uid types.UID) bool {
 	if !ok {
 		return false
 	}
+	if protects(p) {
+		d.changes.markAll()
+	}
 	for _, name := range p.Volumes {
 		d.removePodFromVolume(name, uid)
 	}
 	delete(d.pods, uid)
 	d.bump()
 	return true
+}
+
+// protects reports whether the pod's mounts are protected from unmounting:
+// it has volumes that could not be resolved (see DesiredPod.Unresolved).
+func protects(p *DesiredPod) bool { return p != nil && len(p.Unresolved) > 0 }
+
+// TakeChanges returns the volumes whose entries changed since the last
+// call, for one consumer: the reconciler, which plans only those again.
+// A consumer takes them before the snapshot it plans from, so that a
+// change made in between is in both the snapshot and the next call's list.
+func (d *DesiredStateOfWorld) TakeChanges() Changes {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	all, names := d.changes.take()
+	c := Changes{All: all}
+	if len(names) > 0 {
+		c.sets = []map[volume.UniqueName]struct{}{names}
+	}
+	return c
 }
 
 // PodUIDs lists the pods the DSW knows.

@@ -81,14 +81,33 @@ func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOption
 // actions does not grow a new slice every time.
 func PlanInto(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) []Action {
 	out := buf[:0]
-	if opts.SourcesReady {
-		out = planUnmounts(dsw, asw, opts.OrphanCleanupAllowed, out)
+	for name, av := range asw.Volumes {
+		out = planVolume(out, dsw, dsw.Volumes[name], av, opts)
 	}
-	out = planMounts(dsw, asw, opts.SourcesReady, out)
-	if opts.SourcesReady {
-		out = planDeviceTeardown(dsw, asw, opts.OrphanCleanupAllowed, out)
+	for name, dv := range dsw.Volumes {
+		if _, ok := asw.Volumes[name]; !ok {
+			out = planVolume(out, dsw, dv, nil, opts)
+		}
 	}
 	return sortActions(out)
+}
+
+// planVolume appends what one volume needs, given its desired entry (nil
+// if no pod wants it) and its actual one (nil if nothing is recorded). A
+// volume's actions depend on nothing else but the options and, for its
+// pods' mounts, on whether those pods are protected (protectedPod): the
+// incremental planner relies on it.
+func planVolume(out []Action, dsw *cache.DesiredSnapshot, dv *cache.DesiredVolume, av *cache.ActualVolume, opts PlanOptions) []Action {
+	if opts.SourcesReady && av != nil {
+		out = planUnmounts(dsw, dv, av, opts.OrphanCleanupAllowed, out)
+	}
+	if dv != nil {
+		out = planMounts(dv, av, opts.SourcesReady, out)
+	}
+	if opts.SourcesReady && av != nil {
+		out = planDeviceTeardown(dv != nil, av, opts.OrphanCleanupAllowed, out)
+	}
+	return out
 }
 
 // sortActions orders actions by phase, volume, pod and operation. A plan
@@ -144,22 +163,25 @@ func sortActions(actions []Action) []Action {
 // planUnmounts: phase 1. Every mounted or uncertain pod mount that no pod
 // wants is unmounted, except for pods that still exist but have volumes that
 // could not be resolved (an API outage must never unmount a running pod's
-// volume because its claim could not be read).
-func planUnmounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, orphans bool, out []Action) []Action {
-	for _, av := range asw.Volumes {
-		for uid, m := range av.Pods {
-			if !cache.PodUnmountNeeded(dsw.HasPodVolume(av.Name, uid), m) {
-				continue
-			}
-			if protectedPod(dsw, uid) || (m.Reconstructed && !orphans) {
-				continue
-			}
-			out = append(out, Action{
-				Op: operations.ForMode(operations.OpUnmountVolume, av.Attributes.Block), Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes,
-				Pod: volume.PodInfo{PodRef: m.Pod}, Spec: m.Spec, SpecName: m.SpecName, MountPath: m.MountPath,
-				Reason: unmountReason(m.State),
-			})
+// volume because its claim could not be read). dv is the volume's desired
+// entry, nil if no pod wants it.
+func planUnmounts(dsw *cache.DesiredSnapshot, dv *cache.DesiredVolume, av *cache.ActualVolume, orphans bool, out []Action) []Action {
+	for uid, m := range av.Pods {
+		wanted := false
+		if dv != nil {
+			_, wanted = dv.Pods[uid]
 		}
+		if !cache.PodUnmountNeeded(wanted, m) {
+			continue
+		}
+		if protectedPod(dsw, uid) || (m.Reconstructed && !orphans) {
+			continue
+		}
+		out = append(out, Action{
+			Op: operations.ForMode(operations.OpUnmountVolume, av.Attributes.Block), Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes,
+			Pod: volume.PodInfo{PodRef: m.Pod}, Spec: m.Spec, SpecName: m.SpecName, MountPath: m.MountPath,
+			Reason: unmountReason(m.State),
+		})
 	}
 	return out
 }
@@ -181,72 +203,66 @@ func protectedPod(dsw *cache.DesiredSnapshot, uid types.UID) bool {
 	return ok && len(p.Unresolved) > 0
 }
 
-// planMounts: phase 2. For each desired volume: attach, then mount the device
+// planMounts: phase 2. For a desired volume: attach, then mount the device
 // once, then set it up for every pod that does not have it mounted (for a raw
 // block volume: map the device, then map it for every pod). State
 // reconstructed after a restart is left alone until the sources are ready:
 // the first ready pass adopts what is in place, without any operation.
-func planMounts(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, ready bool, out []Action) []Action {
-	for _, dv := range dsw.Volumes {
-		av := asw.Volumes[dv.Name]
-		if !ready && av != nil && av.DeviceReconstructed {
-			continue
+func planMounts(dv *cache.DesiredVolume, av *cache.ActualVolume, ready bool, out []Action) []Action {
+	if !ready && av != nil && av.DeviceReconstructed {
+		return out
+	}
+	volumeAction := func(op operations.Op, reason string) Action {
+		return Action{Op: op, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes, Spec: dv.Spec, SpecName: dv.SpecName,
+			Pods: podRefs(dv), DesiredSize: dv.DesiredSize, Reason: reason}
+	}
+	if cache.AttachNeeded(dv.Attributes, av) {
+		return append(out, volumeAction(operations.OpVerifyAttached, "not attached"))
+	}
+	if cache.DeviceMountNeeded(dv.Attributes, av) {
+		reason := "device not mounted"
+		if av != nil && av.DeviceState == cache.DeviceMountUncertain {
+			reason = "device mount uncertain"
 		}
-		volumeAction := func(op operations.Op, reason string) Action {
-			return Action{Op: op, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes, Spec: dv.Spec, SpecName: dv.SpecName,
-				Pods: podRefs(dv), DesiredSize: dv.DesiredSize, Reason: reason}
+		return append(out, volumeAction(operations.ForMode(operations.OpMountDevice, dv.Attributes.Block), reason))
+	}
+	expand := cache.ExpansionNeeded(dv.DesiredSize, dv.Attributes, av)
+	if expand && dv.Attributes.DeviceMountable && !av.ExpandAfterPublish && !cache.AnyPodMounted(av) {
+		// Offline expansion: grow the staged filesystem before any pod
+		// gets it.
+		return append(out, volumeAction(operations.OpExpandVolume, expansionReason(dv, av)+" (before publishing)"))
+	}
+	for uid, dp := range dv.Pods {
+		var m *cache.ActualPodMount
+		if av != nil {
+			m = av.Pods[uid]
 		}
-		if cache.AttachNeeded(dv.Attributes, av) {
-			out = append(out, volumeAction(operations.OpVerifyAttached, "not attached"))
-			continue
-		}
-		if cache.DeviceMountNeeded(dv.Attributes, av) {
-			reason := "device not mounted"
-			if av != nil && av.DeviceState == cache.DeviceMountUncertain {
-				reason = "device mount uncertain"
+		if !cache.PodMountNeeded(m) {
+			if cache.SubPathsNeeded(dp.SubPaths, m) {
+				out = append(out, Action{
+					Op: operations.OpPrepareSubPaths, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
+					Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, SubPaths: dp.SubPaths, Reason: subPathsReason(dp, m),
+				})
 			}
-			out = append(out, volumeAction(operations.ForMode(operations.OpMountDevice, dv.Attributes.Block), reason))
 			continue
 		}
-		expand := cache.ExpansionNeeded(dv.DesiredSize, dv.Attributes, av)
-		if expand && dv.Attributes.DeviceMountable && !av.ExpandAfterPublish && !cache.AnyPodMounted(av) {
-			// Offline expansion: grow the staged filesystem before any pod
-			// gets it.
-			out = append(out, volumeAction(operations.OpExpandVolume, expansionReason(dv, av)+" (before publishing)"))
-			continue
-		}
-		for uid, dp := range dv.Pods {
-			var m *cache.ActualPodMount
-			if av != nil {
-				m = av.Pods[uid]
-			}
-			if !cache.PodMountNeeded(m) {
-				if cache.SubPathsNeeded(dp.SubPaths, m) {
-					out = append(out, Action{
-						Op: operations.OpPrepareSubPaths, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
-						Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, SubPaths: dp.SubPaths, Reason: subPathsReason(dp, m),
-					})
-				}
+		reason := "remount required"
+		switch {
+		case m == nil:
+			reason = "not mounted"
+		case m.State != cache.Mounted:
+			if m.Reconstructed && !ready {
 				continue
 			}
-			reason := "remount required"
-			switch {
-			case m == nil:
-				reason = "not mounted"
-			case m.State != cache.Mounted:
-				if m.Reconstructed && !ready {
-					continue
-				}
-				reason = "mount uncertain"
-			}
-			out = append(out, Action{
-				Op: operations.ForMode(operations.OpMountVolume, dv.Attributes.Block), Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
-				Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, Reason: reason,
-			})
+			reason = "mount uncertain"
 		}
-		if expand {
-			out = append(out, volumeAction(operations.OpExpandVolume, expansionReason(dv, av)))
-		}
+		out = append(out, Action{
+			Op: operations.ForMode(operations.OpMountVolume, dv.Attributes.Block), Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
+			Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, Reason: reason,
+		})
+	}
+	if expand {
+		out = append(out, volumeAction(operations.OpExpandVolume, expansionReason(dv, av)))
 	}
 	return out
 }
@@ -268,24 +284,20 @@ func expansionReason(dv *cache.DesiredVolume, av *cache.ActualVolume) string {
 
 // planDeviceTeardown: phase 3. A volume no pod wants and no pod has mounted
 // gets its device unmounted, then is detached.
-func planDeviceTeardown(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, orphans bool, out []Action) []Action {
-	for _, av := range asw.Volumes {
-		if av.DeviceReconstructed && !orphans {
-			continue
-		}
-		wanted := dsw.HasVolume(av.Name)
-		a := Action{Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes, Spec: av.Spec}
-		switch {
-		case cache.DeviceUnmountNeeded(wanted, av):
-			a.Op, a.Reason = operations.ForMode(operations.OpUnmountDevice, av.Attributes.Block), "no pod uses it (device "+string(av.DeviceState)+")"
-		case cache.DetachNeeded(wanted, av):
-			a.Op, a.Reason = operations.OpDetachVolume, "no pod uses it (attach "+string(av.AttachState)+")"
-		default:
-			continue
-		}
-		out = append(out, a)
+func planDeviceTeardown(wanted bool, av *cache.ActualVolume, orphans bool, out []Action) []Action {
+	if av.DeviceReconstructed && !orphans {
+		return out
 	}
-	return out
+	a := Action{Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes, Spec: av.Spec}
+	switch {
+	case cache.DeviceUnmountNeeded(wanted, av):
+		a.Op, a.Reason = operations.ForMode(operations.OpUnmountDevice, av.Attributes.Block), "no pod uses it (device "+string(av.DeviceState)+")"
+	case cache.DetachNeeded(wanted, av):
+		a.Op, a.Reason = operations.OpDetachVolume, "no pod uses it (attach "+string(av.AttachState)+")"
+	default:
+		return out
+	}
+	return append(out, a)
 }
 
 // podRefs lists the pods of a desired volume in a stable order.

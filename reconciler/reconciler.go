@@ -89,6 +89,8 @@ type Reconciler struct {
 	trigger *notify.Signal
 
 	lastHousekeeping time.Time
+	lastFullPlan     time.Time
+	planner          planner
 	planBuf          []Action
 }
 
@@ -169,9 +171,17 @@ func (r *Reconciler) ReconcileOnce() []Action {
 	start := r.opts.Clock.Now()
 	ready := r.opts.SourcesReady()
 	mark := r.opts.Executor.Mark()
+	// The changes first, then the snapshots: a change made in between is
+	// in the snapshots and planned again next pass.
+	dchg, achg := r.opts.DSW.TakeChanges(), r.opts.ASW.TakeChanges()
 	asw := r.opts.ASW.Snapshot()
 	dsw := r.opts.DSW.Snapshot()
+	// Every volume is planned again while state found after a restart is
+	// being adopted, and once per resync period: planning only what
+	// changed must never be the only way a volume gets planned.
+	full := r.opts.Clock.Since(r.lastFullPlan) >= r.opts.ResyncPeriod
 	if ready && HasReconstructed(asw) {
+		full = true
 		adoptions := Adoptions(dsw, asw, r.opts.SetUpWithoutMount)
 		for _, a := range adoptions {
 			r.opts.Handler.Adopt(a)
@@ -180,8 +190,11 @@ func (r *Reconciler) ReconcileOnce() []Action {
 			asw = r.opts.ASW.Snapshot()
 		}
 	}
+	if full {
+		r.lastFullPlan = start
+	}
 	complete := ready && (r.opts.SourcesComplete == nil || r.opts.SourcesComplete())
-	actions := PlanInto(r.planBuf, dsw, asw, PlanOptions{SourcesReady: ready, OrphanCleanupAllowed: complete})
+	actions := r.planner.plan(r.planBuf, dsw, asw, PlanOptions{SourcesReady: ready, OrphanCleanupAllowed: complete}, dchg, achg, full)
 	// Keep the slice for the next pass while there is work; drop it once a
 	// pass plans nothing, so an idle agent holds no stale actions.
 	r.planBuf = nil

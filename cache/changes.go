@@ -1,0 +1,89 @@
+package cache
+
+import "github.com/volume-agent/volume-agent/volume"
+
+// Changes names the volumes whose entries changed between two calls of a
+// cache's TakeChanges, so that the reconciler plans only those again. All
+// says that any entry may have changed: the first call, a change that
+// concerns volumes the cache cannot name, or too many to list.
+type Changes struct {
+	All  bool
+	sets []map[volume.UniqueName]struct{}
+}
+
+// Has reports whether the volume is among the changed ones (always when
+// All).
+func (c Changes) Has(name volume.UniqueName) bool {
+	if c.All {
+		return true
+	}
+	for _, s := range c.sets {
+		if _, ok := s[name]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// Len is the number of names listed (meaningless when All).
+func (c Changes) Len() int {
+	n := 0
+	for _, s := range c.sets {
+		n += len(s)
+	}
+	return n
+}
+
+// Each calls fn for every name listed, once each.
+func (c Changes) Each(fn func(volume.UniqueName)) {
+	for _, s := range c.sets {
+		for name := range s {
+			fn(name)
+		}
+	}
+}
+
+// changeLog records changed volume names for one consumer. Until that
+// consumer first takes the log nothing is recorded (a cache nobody plans
+// from keeps no list); the first take says All. The list is bounded: past
+// a limit a pass would plan as much as a full one, so it collapses into
+// All. Its owner's lock guards it.
+type changeLog struct {
+	tracking bool
+	all      bool
+	names    map[volume.UniqueName]struct{}
+}
+
+// changeLimit is how many names a log lists, at most, for a cache holding
+// live entries: beyond that, planning everything costs no more.
+func changeLimit(live int) int { return 256 + 2*live }
+
+func (c *changeLog) mark(name volume.UniqueName, live int) {
+	if !c.tracking || c.all {
+		return
+	}
+	if c.names == nil {
+		c.names = map[volume.UniqueName]struct{}{}
+	}
+	c.names[name] = struct{}{}
+	if len(c.names) > changeLimit(live) {
+		c.markAll()
+	}
+}
+
+func (c *changeLog) markAll() {
+	if c.tracking {
+		c.all, c.names = true, nil
+	}
+}
+
+// take returns what was recorded and starts a new record.
+func (c *changeLog) take() (all bool, names map[volume.UniqueName]struct{}) {
+	if !c.tracking {
+		c.tracking = true
+		return true, nil
+	}
+	all, names = c.all, c.names
+	c.all, c.names = false, nil
+	return all, names
+}

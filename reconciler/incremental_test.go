@@ -1,0 +1,231 @@
+package reconciler
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	clock "k8s.io/utils/clock/testing"
+
+	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+// churn changes a real DSW and ASW at random, as the populator and
+// operations do, over a small set of pods and volumes so that changes
+// collide.
+type churn struct {
+	r     *rand.Rand
+	dsw   *cache.DesiredStateOfWorld
+	asw   *cache.ActualStateOfWorld
+	attrs map[volume.UniqueName]volume.Attributes
+	names []volume.UniqueName
+	pods  []types.UID
+}
+
+func newChurn(seed uint64, nVols, nPods int) *churn {
+	c := &churn{
+		r:     rand.New(rand.NewPCG(seed, 7)),
+		dsw:   cache.NewDesiredStateOfWorld(clock.NewFakeClock(time.Unix(1e9, 0))),
+		asw:   cache.NewActualStateOfWorld(clock.NewFakeClock(time.Unix(1e9, 0))),
+		attrs: map[volume.UniqueName]volume.Attributes{},
+	}
+	kinds := []volume.Attributes{perPodAttrs, remountAttrs, sharedDirAttrs, deviceAttrs, attachableAttrs, localBlockAttrs, csiBlockAttrs}
+	for i := range nVols {
+		name := volume.UniqueName(fmt.Sprintf("test/plugin/v%02d", i))
+		c.names = append(c.names, name)
+		c.attrs[name] = kinds[c.r.IntN(len(kinds))]
+	}
+	for i := range nPods {
+		c.pods = append(c.pods, types.UID(fmt.Sprintf("p%02d", i)))
+	}
+	return c
+}
+
+func (c *churn) name() volume.UniqueName { return c.names[c.r.IntN(len(c.names))] }
+func (c *churn) pod() types.UID          { return c.pods[c.r.IntN(len(c.pods))] }
+
+func (c *churn) id(name volume.UniqueName) cache.VolumeIdentity {
+	return cache.VolumeIdentity{Name: name, Plugin: testPlugin, Attributes: c.attrs[name], Spec: specFor(string(name))}
+}
+
+// desiredChange changes one pod in the DSW.
+func (c *churn) desiredChange() {
+	uid := c.pod()
+	if c.r.IntN(4) == 0 {
+		c.dsw.DeletePod(uid)
+		return
+	}
+	var vols []cache.PodVolume
+	for range c.r.IntN(3) {
+		name := c.name()
+		pv := cache.PodVolume{Name: name, Plugin: testPlugin, Attributes: c.attrs[name], OuterName: "o" + string(name[len(name)-2:]),
+			Spec: specFor(string(name) + "@" + string(uid))}
+		if c.r.IntN(4) == 0 {
+			q := resource.MustParse(fmt.Sprintf("%dGi", c.r.IntN(3)+1))
+			pv.DesiredSize = &q
+		}
+		if c.r.IntN(5) == 0 {
+			pv.SubPaths = subPathsOf(fmt.Sprintf("s%d", c.r.IntN(2)))
+		}
+		vols = append(vols, pv)
+	}
+	var unresolved []string
+	if c.r.IntN(6) == 0 {
+		unresolved = []string{"data"}
+	}
+	c.dsw.SetPod(volume.PodInfo{PodRef: volume.PodRef{UID: uid, Namespace: "ns", Name: "pod-" + string(uid)}}, vols, nil, unresolved)
+}
+
+// actualChange records one operation's outcome (or a restart's findings)
+// in the ASW.
+func (c *churn) actualChange() {
+	name, uid := c.name(), c.pod()
+	switch c.r.IntN(11) {
+	case 0, 1:
+		state := cache.Mounted
+		if c.r.IntN(3) == 0 {
+			state = cache.MountUncertain
+		}
+		c.asw.SetPodMount(c.id(name), cache.ActualPodMount{Pod: volume.PodRef{UID: uid}, SpecName: "s", MountPath: "/m/" + string(uid), State: state})
+	case 2, 3:
+		c.asw.DeletePodMount(name, uid)
+	case 4:
+		states := []cache.DeviceMountState{cache.DeviceNotMounted, cache.DeviceMountUncertain, cache.DeviceGloballyMounted}
+		c.asw.SetDeviceState(c.id(name), states[c.r.IntN(len(states))], "", "")
+	case 5:
+		states := []cache.AttachState{cache.NotAttached, cache.AttachUncertain, cache.Attached}
+		c.asw.SetAttachState(c.id(name), states[c.r.IntN(len(states))], "", nil)
+	case 6:
+		c.asw.SetSubPaths(name, uid, subPathsOf(fmt.Sprintf("s%d", c.r.IntN(2))))
+	case 7:
+		if c.r.IntN(2) == 0 {
+			c.asw.MarkPodVolumeRemountRequired(name, uid)
+		} else {
+			c.asw.MarkRemountRequired(uid)
+		}
+	case 8:
+		q := resource.MustParse(fmt.Sprintf("%dGi", c.r.IntN(3)+1))
+		c.asw.SetSize(name, &q)
+	case 9:
+		reason := ""
+		if c.r.IntN(2) == 0 {
+			reason = "in use"
+		}
+		c.asw.SetResizeBlocked(name, reason)
+	case 10:
+		v := &cache.ActualVolume{Name: name, Plugin: testPlugin, Attributes: c.attrs[name], DeviceState: cache.DeviceNotMounted,
+			Pods: map[types.UID]*cache.ActualPodMount{uid: {Pod: volume.PodRef{UID: uid}, SpecName: "s", State: cache.MountUncertain, Reconstructed: true}}}
+		if c.r.IntN(2) == 0 {
+			v.DeviceState, v.DeviceReconstructed = cache.DeviceMountUncertain, true
+		}
+		c.asw.AddReconstructed([]*cache.ActualVolume{v})
+	}
+}
+
+func (c *churn) change() {
+	if c.r.IntN(3) == 0 {
+		c.desiredChange()
+	} else {
+		c.actualChange()
+	}
+}
+
+// TestIncrementalPlanMatchesPlan holds the incremental planner to Plan:
+// after any sequence of changes to the caches, planning only what they
+// report changed gives exactly what planning everything gives.
+func TestIncrementalPlanMatchesPlan(t *testing.T) {
+	optionSets := []PlanOptions{{}, {SourcesReady: true}, {SourcesReady: true, OrphanCleanupAllowed: true}}
+	incremental := 0
+	for seed := range uint64(40) {
+		c := newChurn(seed, 12, 8)
+		var p planner
+		opts := optionSets[2]
+		for step := range 300 {
+			for range c.r.IntN(4) + 1 {
+				c.change()
+			}
+			if c.r.IntN(20) == 0 {
+				opts = optionSets[c.r.IntN(len(optionSets))]
+			}
+			dchg, achg := c.dsw.TakeChanges(), c.asw.TakeChanges()
+			dsw, asw := c.dsw.Snapshot(), c.asw.Snapshot()
+			if p.valid && !dchg.All && !achg.All && opts == p.opts {
+				incremental++
+			}
+			got := p.plan(nil, dsw, asw, opts, dchg, achg, false)
+			want := Plan(dsw, asw, opts)
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("seed %d step %d (%+v): incremental plan differs from Plan:\ngot  %v\nwant %v", seed, step, opts, summarize(got), summarize(want))
+			}
+		}
+	}
+	// Most passes must have been incremental, or the test proves little.
+	if incremental < 40*300/2 {
+		t.Fatalf("only %d of %d passes planned incrementally", incremental, 40*300)
+	}
+}
+
+// TestIncrementalPlanCatchesUpWithConcurrentChanges: changes made while a
+// pass takes its changes and snapshots are planned by the next pass at
+// the latest, so once changes stop one pass gives Plan's result.
+func TestIncrementalPlanCatchesUpWithConcurrentChanges(t *testing.T) {
+	for seed := range uint64(20) {
+		c := newChurn(seed, 12, 8)
+		opts := PlanOptions{SourcesReady: true, OrphanCleanupAllowed: true}
+		var p planner
+		var wg sync.WaitGroup
+		wg.Add(1)
+		done := make(chan struct{})
+		go func() {
+			defer wg.Done()
+			defer close(done)
+			r := rand.New(rand.NewPCG(seed, 9))
+			writer := &churn{r: r, dsw: c.dsw, asw: c.asw, attrs: c.attrs, names: c.names, pods: c.pods}
+			for range 2000 {
+				writer.change()
+			}
+		}()
+		pass := func() ([]Action, *cache.DesiredSnapshot, *cache.ActualSnapshot) {
+			dchg, achg := c.dsw.TakeChanges(), c.asw.TakeChanges()
+			dsw, asw := c.dsw.Snapshot(), c.asw.Snapshot()
+			return p.plan(nil, dsw, asw, opts, dchg, achg, false), dsw, asw
+		}
+		passes := 0
+	loop:
+		for {
+			select {
+			case <-done:
+				break loop
+			default:
+				pass()
+				passes++
+			}
+		}
+		wg.Wait()
+		got, dsw, asw := pass()
+		if want := Plan(dsw, asw, opts); !reflect.DeepEqual(got, want) {
+			t.Fatalf("seed %d, after %d passes during changes: incremental plan differs from Plan:\ngot  %v\nwant %v", seed, passes, summarize(got), summarize(want))
+		}
+	}
+}
+
+// TestPlannerHoldsNothingWhenIdle: once nothing is left to do, the planner
+// keeps no memo (a storm's thousands of entries would stay otherwise).
+func TestPlannerHoldsNothingWhenIdle(t *testing.T) {
+	dsw, asw := benchWorld(100, false)
+	opts := PlanOptions{SourcesReady: true}
+	var p planner
+	if got := p.plan(nil, dsw, asw, opts, cache.Changes{All: true}, cache.Changes{}, false); len(got) != 100 || len(p.memo) != 100 {
+		t.Fatalf("%d actions, %d memo entries; want 100 each", len(got), len(p.memo))
+	}
+	dsw, asw = benchWorld(100, true)
+	if got := p.plan(nil, dsw, asw, opts, cache.Changes{All: true}, cache.Changes{}, false); len(got) != 0 || p.memo != nil {
+		t.Fatalf("%d actions, memo %v; want none and no memo", len(got), p.memo)
+	}
+}
