@@ -3,6 +3,8 @@ package manifest
 import (
 	"context"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -948,4 +950,24 @@ func TestWatchSymlinkRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, s, "pod gone with the symlink", hasPods(s))
+}
+
+// TestNamesFollowFiles: the sorted names a rebuild visits stay the keys of
+// the file states through any sequence of additions and removals.
+func TestNamesFollowFiles(t *testing.T) {
+	s := &Source{files: map[string]*fileState{}}
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range 2000 {
+		name := fmt.Sprintf("f%02d.yaml", r.IntN(40))
+		if r.IntN(2) == 0 {
+			if s.files[name] == nil {
+				s.addFile(name, &fileState{})
+			}
+		} else {
+			s.removeFile(name)
+		}
+		if want := slices.Sorted(maps.Keys(s.files)); !slices.Equal(s.names, want) {
+			t.Fatalf("step %d: names %v, files %v", i, s.names, want)
+		}
+	}
 }

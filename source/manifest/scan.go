@@ -166,7 +166,7 @@ func (s *Source) update(names []string, only, force, hold map[string]bool, force
 	})
 	for _, name := range gone {
 		c := countKinds(s.files[name].objects)
-		delete(s.files, name)
+		s.removeFile(name)
 		s.log.Info("Removed manifest file", append([]zap.Field{zap.String("file", filepath.Join(s.dir, name))}, c.fields()...)...)
 		changed = true
 	}
@@ -288,14 +288,14 @@ func (s *Source) apply(j *job) bool {
 		if st == nil {
 			return false
 		}
-		delete(s.files, j.name)
+		s.removeFile(j.name)
 		c := countKinds(st.objects)
 		s.log.Info("Removed manifest file", append([]zap.Field{zap.String("file", path)}, c.fields()...)...)
 		return true
 	}
 	if st == nil {
 		st = &fileState{}
-		s.files[j.name] = st
+		s.addFile(j.name, st)
 	}
 	st.id = j.id
 	switch {
@@ -375,5 +375,21 @@ func (c kindCounts) fields() []zap.Field {
 		zap.Int("csiDrivers", c[kindCSIDriver]),
 		zap.Int("configMaps", c[kindConfigMap]),
 		zap.Int("secrets", c[kindSecret]),
+	}
+}
+
+// addFile records a new file's state.
+func (s *Source) addFile(name string, st *fileState) {
+	s.files[name] = st
+	if i, found := slices.BinarySearch(s.names, name); !found {
+		s.names = slices.Insert(s.names, i, name)
+	}
+}
+
+// removeFile forgets a file.
+func (s *Source) removeFile(name string) {
+	delete(s.files, name)
+	if i, found := slices.BinarySearch(s.names, name); found {
+		s.names = slices.Delete(s.names, i, i+1)
 	}
 }

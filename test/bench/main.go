@@ -59,6 +59,9 @@ type options struct {
 	trace string
 	// floor runs the kernel floor (floor.go) before and after the agent.
 	floor bool
+	// rate, if set, paces the manifests' arrival (pods per second), as
+	// pods bound one after another reach a node, instead of all at once.
+	rate float64
 	// api-volumes scenario
 	kubeQPS         int
 	nodeCredentials bool
@@ -95,6 +98,7 @@ func run() error {
 	flag.StringVar(&o.profile, "profile", "", "emptydir: write CPU profiles of the agent (mount.pprof, unmount.pprof, idle.pprof) to this directory")
 	flag.StringVar(&o.trace, "trace", "", "emptydir: write execution traces of the agent (mount.trace, unmount.trace; go tool trace) to this directory")
 	flag.DurationVar(&o.profileFor, "profile-for", 10*time.Second, "emptydir: length of each CPU profile")
+	flag.Float64Var(&o.rate, "rate", 0, "emptydir: pods arriving per second (manifests renamed into place one by one at this pace); 0: all at once")
 	flag.BoolVar(&o.floor, "floor", true, "emptydir: also time the kernel floor (the same directories and mounts with bare syscalls) on the same filesystem, just before and just after the agent, and report the agent's ratio to it")
 	flag.Parse()
 	if os.Geteuid() != 0 {
@@ -218,7 +222,13 @@ func run() error {
 	}
 	user0, system0, _ := cpuSplit(cmd.Process.Pid)
 	start := time.Now()
+	arrived := 0
 	for name := range files {
+		if o.rate > 0 {
+			// Paced, not synchronised: the sleep is the arrival rate.
+			time.Sleep(time.Until(start.Add(time.Duration(float64(arrived) / o.rate * float64(time.Second)))))
+			arrived++
+		}
 		if err := os.Rename(filepath.Join(manifests, "."+name), filepath.Join(manifests, name)); err != nil {
 			return err
 		}
