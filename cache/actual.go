@@ -2,6 +2,7 @@ package cache
 
 import (
 	"hash/maphash"
+	"maps"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -197,6 +198,9 @@ type ActualStateOfWorld struct {
 
 	snapMu   sync.Mutex
 	snapshot *ActualSnapshot
+	// snapPeak is the most volumes a snapshot held since the last full
+	// copy.
+	snapPeak int
 }
 
 const aswShards = 32
@@ -207,6 +211,10 @@ type aswShard struct {
 	// reconstructed counts the volumes for which hasReconstructed holds.
 	reconstructed int
 	changes       changeLog
+	// snapChanges lists the volumes changed since the last snapshot,
+	// which patches a copy of the one before instead of copying every
+	// entry anew.
+	snapChanges changeLog
 }
 
 // NewActualStateOfWorld returns an empty ASW.
@@ -259,6 +267,7 @@ func (a *ActualStateOfWorld) update(id VolumeIdentity, fn func(v *ActualVolume))
 		}
 	}
 	sh.changes.mark(id.Name, len(sh.volumes))
+	sh.snapChanges.mark(id.Name, len(sh.volumes))
 	a.generation.Add(1)
 }
 
@@ -407,6 +416,7 @@ func (a *ActualStateOfWorld) markRemountLocked(sh *aswShard, name volume.UniqueN
 	nv.Pods[pod] = &mm
 	sh.volumes[name] = nv
 	sh.changes.mark(name, len(sh.volumes))
+	sh.snapChanges.mark(name, len(sh.volumes))
 	a.generation.Add(1)
 }
 
@@ -467,27 +477,63 @@ func (a *ActualStateOfWorld) TakeChanges() Changes {
 // not be in it, as if it had finished just before or after, and the
 // snapshot's Generation (read before the copy) is then older than its
 // content, so the next call copies again.
+//
+// A snapshot is the one before it (cloned: its table copied as it is, no
+// key hashed) with the volumes changed since written over: in a storm the
+// reconciler snapshots the ASW after every few operations, and copying
+// every entry anew was most of a pass.
 func (a *ActualStateOfWorld) Snapshot() *ActualSnapshot {
 	gen := a.generation.Load()
 	a.snapMu.Lock()
 	defer a.snapMu.Unlock()
-	if s := a.snapshot; s != nil && s.Generation == gen {
-		return s
+	prev := a.snapshot
+	if prev != nil && prev.Generation == gen {
+		return prev
 	}
-	size := 0
-	if a.snapshot != nil {
-		size = len(a.snapshot.Volumes)
+	s := &ActualSnapshot{Generation: gen, counted: true}
+	patch := prev != nil
+	if patch {
+		s.Volumes = maps.Clone(prev.Volumes)
 	}
-	s := &ActualSnapshot{Volumes: make(map[volume.UniqueName]*ActualVolume, size), Generation: gen, counted: true}
 	for i := range a.shards {
 		sh := &a.shards[i]
 		sh.mu.Lock()
-		for k, v := range sh.volumes {
-			s.Volumes[k] = v
+		all, names := sh.snapChanges.take()
+		if all {
+			patch = false
+		}
+		if patch {
+			for name := range names {
+				if v, ok := sh.volumes[name]; ok {
+					s.Volumes[name] = v
+				} else {
+					delete(s.Volumes, name)
+				}
+			}
 		}
 		s.reconstructed += sh.reconstructed
 		sh.mu.Unlock()
 	}
+	if patch && len(s.Volumes) < a.snapPeak/4 && a.snapPeak >= 64 {
+		patch = false // copy into a table sized to what is left (see shrunk)
+	}
+	if !patch {
+		// The first snapshot, or a shard's list was too long to keep:
+		// every entry is copied.
+		s.Volumes = make(map[volume.UniqueName]*ActualVolume, len(s.Volumes))
+		s.reconstructed = 0
+		for i := range a.shards {
+			sh := &a.shards[i]
+			sh.mu.Lock()
+			for k, v := range sh.volumes {
+				s.Volumes[k] = v
+			}
+			s.reconstructed += sh.reconstructed
+			sh.mu.Unlock()
+		}
+		a.snapPeak = len(s.Volumes)
+	}
+	a.snapPeak = max(a.snapPeak, len(s.Volumes))
 	a.snapshot = s
 	return s
 }
@@ -514,6 +560,7 @@ func (a *ActualStateOfWorld) AddReconstructed(vols []*ActualVolume) {
 			sh.reconstructed++
 		}
 		sh.changes.mark(v.Name, len(sh.volumes))
+		sh.snapChanges.mark(v.Name, len(sh.volumes))
 		// Counted under the shard's lock, as every change: a consumer
 		// that took the change then finds a newer snapshot.
 		a.generation.Add(1)

@@ -87,3 +87,25 @@ func (c *changeLog) take() (all bool, names map[volume.UniqueName]struct{}) {
 	c.all, c.names = false, nil
 	return all, names
 }
+
+// shrunk returns m, or a copy of it sized to its contents once it holds
+// under a quarter of the most it held since it was made (*peak, kept up to
+// date): a Go map keeps the table of its largest size, and a snapshot
+// cloned from it would copy that table too, long after a storm of pods has
+// gone.
+func shrunk[K comparable, V any](m map[K]V, peak *int) map[K]V {
+	n := len(m)
+	switch {
+	case n > *peak:
+		*peak = n
+		return m
+	case *peak < 64 || n >= *peak/4:
+		return m
+	}
+	*peak = n
+	c := make(map[K]V, n)
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}

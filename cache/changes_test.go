@@ -2,8 +2,13 @@ package cache
 
 import (
 	"fmt"
+	"maps"
+	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -76,5 +81,83 @@ func TestActualTakeChanges(t *testing.T) {
 	}
 	if c := a.TakeChanges(); !c.All {
 		t.Fatalf("%d names listed, want All", c.Len())
+	}
+}
+
+// TestActualSnapshotFollowsChanges: a snapshot patched from the one before
+// holds exactly what the shards hold, however the volumes changed, and
+// leaves the snapshots taken before as they were.
+func TestActualSnapshotFollowsChanges(t *testing.T) {
+	a, _ := newASW()
+	r := rand.New(rand.NewPCG(5, 6))
+	truth := func() map[volume.UniqueName]*ActualVolume {
+		m := map[volume.UniqueName]*ActualVolume{}
+		for i := range a.shards {
+			maps.Copy(m, a.shards[i].volumes)
+		}
+		return m
+	}
+	var old *ActualSnapshot
+	var oldCopy map[volume.UniqueName]*ActualVolume
+	for step := range 3000 {
+		for range r.IntN(5) {
+			n := r.IntN(200)
+			id := VolumeIdentity{Name: volume.UniqueName(fmt.Sprintf("p/v%d", n)), Plugin: "p", Attributes: volume.Attributes{RequiresRemount: n%2 == 0}}
+			uid := types.UID(fmt.Sprintf("u%d", r.IntN(3)))
+			switch r.IntN(5) {
+			case 4:
+				a.MarkPodVolumeRemountRequired(id.Name, uid)
+			case 0, 1:
+				a.SetPodMount(id, ActualPodMount{Pod: volume.PodRef{UID: uid}, State: Mounted})
+			case 2:
+				a.DeletePodMount(id.Name, uid)
+			case 3:
+				a.AddReconstructed([]*ActualVolume{{Name: id.Name, Plugin: "p", DeviceState: DeviceMountUncertain, DeviceReconstructed: true,
+					Pods: map[types.UID]*ActualPodMount{}}})
+			}
+		}
+		s := a.Snapshot()
+		if want := truth(); !maps.Equal(s.Volumes, want) {
+			t.Fatalf("step %d: snapshot (%d volumes) differs from the shards (%d)", step, len(s.Volumes), len(want))
+		}
+		reconstructed := 0
+		for _, v := range s.Volumes {
+			if v.hasReconstructed() {
+				reconstructed++
+			}
+		}
+		if s.reconstructed != reconstructed {
+			t.Fatalf("step %d: snapshot counts %d reconstructed volumes, holds %d", step, s.reconstructed, reconstructed)
+		}
+		if old != nil && !maps.Equal(old.Volumes, oldCopy) {
+			t.Fatalf("step %d: an earlier snapshot changed", step)
+		}
+		old, oldCopy = s, maps.Clone(s.Volumes)
+	}
+}
+
+// TestShrunk: a map is copied into a smaller table once it holds under a
+// quarter of the most it held, and not before.
+func TestShrunk(t *testing.T) {
+	m := map[int]int{}
+	peak := 0
+	for i := range 1000 {
+		m[i] = i
+	}
+	if shrunk(m, &peak); peak != 1000 {
+		t.Fatalf("peak %d, want 1000", peak)
+	}
+	for i := range 740 {
+		delete(m, i)
+	}
+	if c := shrunk(m, &peak); reflect.ValueOf(c).UnsafePointer() != reflect.ValueOf(m).UnsafePointer() {
+		t.Fatalf("copied at 260 of 1000 entries")
+	}
+	for i := range 12 {
+		delete(m, 900+i)
+	}
+	c := shrunk(m, &peak)
+	if reflect.ValueOf(c).UnsafePointer() == reflect.ValueOf(m).UnsafePointer() || !maps.Equal(c, m) || peak != 248 {
+		t.Fatalf("at 248 of 1000 entries: copied=%v equal=%v peak=%d", reflect.ValueOf(c).UnsafePointer() != reflect.ValueOf(m).UnsafePointer(), maps.Equal(c, m), peak)
 	}
 }

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -119,6 +120,9 @@ type DesiredStateOfWorld struct {
 	generation uint64
 	snapshot   *DesiredSnapshot // cached for generation
 	changes    changeLog
+	// peakVolumes and peakPods are the most entries the maps held since
+	// they were last made (see shrunk).
+	peakVolumes, peakPods int
 
 	// batches counts the Batch calls running; changes made meanwhile
 	// signal once, when the last ends (held records that one is due).
@@ -365,17 +369,11 @@ func (d *DesiredStateOfWorld) Snapshot() *DesiredSnapshot {
 	if s := d.snapshot; s != nil && s.Generation == d.generation {
 		return s
 	}
-	s := &DesiredSnapshot{
-		Volumes:    make(map[volume.UniqueName]*DesiredVolume, len(d.volumes)),
-		Pods:       make(map[types.UID]*DesiredPod, len(d.pods)),
-		Generation: d.generation,
-	}
-	for k, v := range d.volumes {
-		s.Volumes[k] = v
-	}
-	for k, v := range d.pods {
-		s.Pods[k] = v
-	}
+	// maps.Clone copies the maps' tables as they are, without hashing
+	// every key again: with pods arriving one by one a pass snapshots
+	// the DSW for each, and inserting every entry anew was most of it.
+	d.volumes, d.pods = shrunk(d.volumes, &d.peakVolumes), shrunk(d.pods, &d.peakPods)
+	s := &DesiredSnapshot{Volumes: maps.Clone(d.volumes), Pods: maps.Clone(d.pods), Generation: d.generation}
 	d.snapshot = s
 	return s
 }
