@@ -87,10 +87,17 @@ type Source struct {
 	// visits them), kept in step by addFile and removeFile: sorting them
 	// again for every rebuild was a tenth of its cost.
 	names []string
-	// seen and podUIDs are a rebuild's scratch maps, kept between
-	// rebuilds (owned by Run).
-	seen     map[kindKey]origin
-	podUIDs  map[types.UID]kindKey
+	// touched holds, for each file changed since the last rebuild, what it
+	// contributed then; claims and uidClaims count the objects of every
+	// file by kind and key, and the pods by UID, as of the last rebuild
+	// (see patched). All owned by Run.
+	touched     map[string]contribution
+	claims      map[kindKey]int
+	uidClaims   map[types.UID]int
+	builtDirErr string
+	// patches counts the rebuilds that patched the previous snapshot
+	// (tests).
+	patches  int
 	dirErr   string // owned by Run
 	dups     map[source.InputError]struct{}
 	watchDir fileID // identity of the directory the watch is on

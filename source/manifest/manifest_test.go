@@ -971,3 +971,72 @@ func TestNamesFollowFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestPatchedSnapshotMatchesFullRebuild holds the patched snapshots (only
+// the pods of changed files replaced) to what rebuilding the whole store
+// gives, over random changes to a directory: pods coming and going, pods
+// moving between files, duplicate names and UIDs, claims, ConfigMaps,
+// warnings and malformed files.
+func TestPatchedSnapshotMatchesFullRebuild(t *testing.T) {
+	dir := t.TempDir()
+	s := newSource(t, dir, "", zap.NewNop())
+	r := rand.New(rand.NewPCG(11, 12))
+	randomDoc := func() string {
+		switch r.IntN(40) {
+		case 0:
+			return "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: c" + fmt.Sprint(r.IntN(3)) + "\nspec:\n  volumeName: pv0\n"
+		case 1:
+			return "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm" + fmt.Sprint(r.IntN(3)) + "\ndata:\n  k: v" + fmt.Sprint(r.IntN(2)) + "\n"
+		case 2:
+			return "apiVersion: v1\nkind: Unsupported\nmetadata:\n  name: x\n" // a warning
+		case 3:
+			return pod(fmt.Sprintf("p%d", r.IntN(100)), fmt.Sprintf("  uid: shared-%d", r.IntN(2))) // UIDs shared now and then
+		}
+		return pod(fmt.Sprintf("p%d", r.IntN(100)), fmt.Sprintf("  namespace: ns%d", r.IntN(2)), fmt.Sprintf("  labels: {v: \"%d\"}", r.IntN(2)))
+	}
+	patched := 0
+	for step := range 600 {
+		names := map[string]bool{}
+		for range r.IntN(3) + 1 {
+			name := fmt.Sprintf("f%02d.yaml", r.IntN(24))
+			names[name] = true
+			switch k := r.IntN(30); {
+			case k < 6:
+				_ = os.Remove(filepath.Join(dir, name))
+			case k == 6:
+				replace(t, dir, name, "kind: [") // malformed: its last good objects stay
+			default:
+				var d []string
+				for range r.IntN(3) + 1 {
+					d = append(d, randomDoc())
+				}
+				replace(t, dir, name, docs(d...))
+			}
+		}
+		before := s.patches
+		if r.IntN(3) == 0 {
+			rescan(s)
+		} else {
+			s.scanFiles(names)
+		}
+		patched += s.patches - before
+		got := s.snap.Load()
+		want := s.built(got)
+		if !got.equal(want) || !slices.Equal(got.unread, want.unread) {
+			t.Fatalf("step %d: the published snapshot differs from a full rebuild:\npods %v\nwant %v\nerrors %v\nwant   %v",
+				step, podKeys(got.pods), podKeys(want.pods), got.errors, want.errors)
+		}
+	}
+	t.Logf("%d of 600 snapshots patched", patched)
+	if patched < 100 {
+		t.Fatalf("only %d snapshots were patched: the test proves little", patched)
+	}
+}
+
+func podKeys(pods []*corev1.Pod) []string {
+	var out []string
+	for _, p := range pods {
+		out = append(out, p.Namespace+"/"+p.Name+"@"+string(p.UID))
+	}
+	return out
+}

@@ -293,6 +293,11 @@ func (s *Source) apply(j *job) bool {
 		s.log.Info("Removed manifest file", append([]zap.Field{zap.String("file", path)}, c.fields()...)...)
 		return true
 	}
+	if j.unchanged && st != nil {
+		st.id = j.id
+		return false
+	}
+	s.touch(j.name)
 	if st == nil {
 		st = &fileState{}
 		s.addFile(j.name, st)
@@ -388,6 +393,7 @@ func (s *Source) addFile(name string, st *fileState) {
 
 // removeFile forgets a file.
 func (s *Source) removeFile(name string) {
+	s.touch(name)
 	delete(s.files, name)
 	if i, found := slices.BinarySearch(s.names, name); found {
 		s.names = slices.Delete(s.names, i, i+1)
