@@ -17,8 +17,11 @@ import (
 // read at once, from one being written (IN_CREATE, IN_MODIFY), which must
 // be left alone until its writer is done.
 type dirWatcher struct {
-	f      *os.File
-	events chan dirEvent
+	f *os.File
+	// events carries the events of one read together: a burst of files
+	// gives thousands, and handing them over one by one woke the reader
+	// for each.
+	events chan []dirEvent
 	errs   chan error
 	done   chan struct{}
 	once   sync.Once
@@ -46,6 +49,11 @@ func (e dirEvent) lost() bool {
 // into place or closed by a writer.
 func (e dirEvent) complete() bool { return e.mask&(unix.IN_MOVED_TO|unix.IN_CLOSE_WRITE) != 0 }
 
+// appeared reports whether an entry came into the directory under the
+// name (created, or renamed into it): the only events after which the name
+// may be a symlink it was not before.
+func (e dirEvent) appeared() bool { return e.mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 }
+
 // gone reports whether the entry left the directory (removed or renamed
 // away): there is nothing left to look at under its name.
 func (e dirEvent) gone() bool { return e.mask&(unix.IN_MOVED_FROM|unix.IN_DELETE) != 0 }
@@ -61,7 +69,7 @@ func newDirWatcher() (*dirWatcher, error) {
 	}
 	// Non-blocking, so reads go through the runtime's poller and Close
 	// ends a blocked read.
-	w := &dirWatcher{f: os.NewFile(uintptr(fd), "inotify"), events: make(chan dirEvent, 64), errs: make(chan error, 1), done: make(chan struct{}), wd: -1}
+	w := &dirWatcher{f: os.NewFile(uintptr(fd), "inotify"), events: make(chan []dirEvent, 64), errs: make(chan error, 1), done: make(chan struct{}), wd: -1}
 	go w.read()
 	return w, nil
 }
@@ -120,6 +128,7 @@ func (w *dirWatcher) read() {
 			}
 			return
 		}
+		var evs []dirEvent
 		for off := 0; off+unix.SizeofInotifyEvent <= n; {
 			raw := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
 			end := off + unix.SizeofInotifyEvent + int(raw.Len)
@@ -142,11 +151,15 @@ func (w *dirWatcher) read() {
 			default:
 				ev.name = string(name)
 			}
-			select {
-			case w.events <- ev:
-			case <-w.done:
-				return
-			}
+			evs = append(evs, ev)
+		}
+		if len(evs) == 0 {
+			continue
+		}
+		select {
+		case w.events <- evs:
+		case <-w.done:
+			return
 		}
 	}
 }

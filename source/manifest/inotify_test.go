@@ -7,20 +7,28 @@ import (
 	"time"
 )
 
+// queued holds the events of a batch that next has not returned yet.
+var queued = map[*dirWatcher][]dirEvent{}
+
 // next returns the next event about name (or the directory when name is
 // ""), skipping others, within a deadline.
 func next(t *testing.T, w *dirWatcher, name string) dirEvent {
 	t.Helper()
 	deadline := time.After(10 * time.Second)
 	for {
-		select {
-		case ev, ok := <-w.events:
-			if !ok {
-				t.Fatal("watcher closed")
-			}
+		for len(queued[w]) > 0 {
+			ev := queued[w][0]
+			queued[w] = queued[w][1:]
 			if ev.name == name && ev.dir == (name == "") {
 				return ev
 			}
+		}
+		select {
+		case evs, ok := <-w.events:
+			if !ok {
+				t.Fatal("watcher closed")
+			}
+			queued[w] = evs
 		case <-deadline:
 			t.Fatalf("no event for %q", name)
 		}

@@ -254,55 +254,69 @@ func (s *Source) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 
-		case ev, ok := <-w.events:
+		case evs, ok := <-w.events:
 			if !ok {
 				return errors.New("manifest: watcher closed")
 			}
 			now := time.Now()
-			switch {
-			case ev.overflow:
-				// Events were lost: re-read every file, not only the ones
-				// whose identity changed.
-				overflow = true
-				s.log.Warn("Manifest directory events overflowed; re-reading all files", zap.String("dir", s.dir))
-			case ev.dir:
-				whole = true
-				if ev.lost() {
-					loseWatch()
-				}
-			default:
-				if !candidate(ev.name) {
-					// A temporary file of a writer renaming into place
-					// changes no manifest; a symlink manifests resolve
-					// through might (a mounted ConfigMap's "..data"),
-					// and so might its removal. An entry that left needs
-					// no lstat (a writer renaming its temporary file into
-					// place would pay a failing one per manifest): it
-					// mattered if it was a known symlink.
-					gone, symlink := ev.gone(), false
-					if !gone {
-						fi, err := os.Lstat(filepath.Join(s.dir, ev.name))
-						gone, symlink = err != nil, err == nil && fi.Mode()&fs.ModeSymlink != 0
+			rearm := false
+			for _, ev := range evs {
+				switch {
+				case ev.overflow:
+					// Events were lost: re-read every file, not only the ones
+					// whose identity changed.
+					overflow = true
+					s.log.Warn("Manifest directory events overflowed; re-reading all files", zap.String("dir", s.dir))
+				case ev.dir:
+					whole = true
+					if ev.lost() {
+						loseWatch()
 					}
-					if symlink || (gone && s.symlinks[ev.name]) {
-						whole = true
-						arm(now)
+				default:
+					if !candidate(ev.name) {
+						// A temporary file of a writer renaming into place
+						// changes no manifest; a symlink manifests resolve
+						// through might (a mounted ConfigMap's "..data"),
+						// and so might its removal. An entry that left needs
+						// no lstat (a writer renaming its temporary file into
+						// place would pay a failing one per manifest): it
+						// mattered if it was a known symlink. Nor does one that
+						// was written to or changed attributes: only an entry
+						// that appeared under the name can be a new symlink
+						// (a temporary file written in place costs one lstat,
+						// not one per event).
+						gone, symlink := ev.gone(), false
+						switch {
+						case gone:
+						case ev.appeared():
+							fi, err := os.Lstat(filepath.Join(s.dir, ev.name))
+							gone, symlink = err != nil, err == nil && fi.Mode()&fs.ModeSymlink != 0
+						default:
+							symlink = s.symlinks[ev.name]
+						}
+						if symlink || (gone && s.symlinks[ev.name]) {
+							whole = true
+							rearm = true
+						}
+						if symlink {
+							s.symlinks[ev.name] = true
+						}
+						continue
 					}
-					if symlink {
-						s.symlinks[ev.name] = true
+					p, ok := pending[ev.name]
+					if !ok {
+						p.first = now
 					}
-					continue
+					p.last = now
+					p.complete = ev.complete()
+					waiting = waiting || !p.complete
+					pending[ev.name] = p
 				}
-				p, ok := pending[ev.name]
-				if !ok {
-					p.first = now
-				}
-				p.last = now
-				p.complete = ev.complete()
-				waiting = waiting || !p.complete
-				pending[ev.name] = p
+				rearm = true
 			}
-			arm(now)
+			if rearm {
+				arm(now)
+			}
 
 		case err := <-w.errs:
 			s.log.Warn("Watching manifest directory", zap.String("dir", s.dir), zap.Error(err))
