@@ -44,7 +44,8 @@ lint:
 	$(GO) run $(STATICCHECK) ./...
 
 # Planner and executor micro-benchmarks, then the end-to-end standalone
-# benchmark (500 pods x 4 Memory emptyDirs), the cluster-mode API volumes
+# benchmark (500 pods x 4 Memory emptyDirs at once, and arriving at 100 pods
+# per second: the agent's CPU for that), the cluster-mode API volumes
 # benchmark (500 pods x kube-api-access + configMap + secret against a real
 # API server), the cluster-mode readiness benchmark (volumes mounted ->
 # VolumesReady condition True, 100 and 500 pods x 4 PVCs); see
@@ -54,6 +55,7 @@ bench: build tools
 	$(GO) build -o bin/bench ./test/bench
 	bin/bench -agent $(BIN) -pods 500 -volumes 4
 	bin/bench -agent $(BIN) -pods 1000 -volumes 4 -idle 5s
+	bin/bench -agent $(BIN) -pods 500 -volumes 4 -idle 5s -rate 100 -floor=false
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500 -node-credentials
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario readiness -agent $(BIN) -sizes 100,500 -volumes 4
