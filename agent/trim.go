@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/internal/procs"
 	"github.com/volume-agent/volume-agent/operations"
@@ -17,26 +19,57 @@ import (
 // thousands of operations) grows the heap far beyond what an idle agent
 // keeps; the Go runtime would hand it back only slowly, and an agent runs on
 // every node.
+//
+// Work that comes a little at a time (pods arriving one by one) reaches the
+// burst's count only now and then, with steady passes in between: what
+// the operations since the last trim left is returned once no operation
+// has finished for a settling time. Without that, 500 pods arriving over
+// five seconds left 6 MiB more resident than the same pods all at once.
 type memoryTrimmer struct {
 	operations atomic.Int64
 	trimming   atomic.Bool
 	// free returns memory to the kernel (debug.FreeOSMemory; replaced in
 	// tests).
 	free func()
+	// clock runs the settling timer (the real clock if nil).
+	clock clock.WithDelayedExecution
 	// running is the trim in progress, which the agent waits for when it
 	// stops.
 	running sync.WaitGroup
+
+	mu       sync.Mutex
+	settling clock.Timer // pending settling timer, if any
+	stopped  bool
 }
 
-// burst is how many operations make trimming worth its cost (a full GC).
+// burst is how many operations make trimming worth its cost (a full GC) at
+// once.
 const burst = 256
+
+// settle is how long no operation must finish before the few left since
+// the last trim are trimmed.
+const settle = 2 * time.Second
 
 func (m *memoryTrimmer) operationFinished() { m.operations.Add(1) }
 
 // Reconciled implements reconciler.Observer: a pass that planned nothing
 // means the node is steady.
 func (m *memoryTrimmer) Reconciled(_ *cache.DesiredSnapshot, _ *cache.ActualSnapshot, actions []reconciler.Action, _ time.Duration) {
-	if len(actions) > 0 || m.operations.Load() < burst || !m.trimming.CompareAndSwap(false, true) {
+	if len(actions) > 0 {
+		return
+	}
+	switch ops := m.operations.Load(); {
+	case ops >= burst:
+		m.trim()
+	case ops > 0:
+		m.settleThenTrim(ops)
+	}
+}
+
+// trim returns memory to the kernel in the background, unless a trim is
+// running already.
+func (m *memoryTrimmer) trim() {
+	if !m.trimming.CompareAndSwap(false, true) {
 		return
 	}
 	m.operations.Store(0)
@@ -50,9 +83,53 @@ func (m *memoryTrimmer) Reconciled(_ *cache.DesiredSnapshot, _ *cache.ActualSnap
 	})
 }
 
-// wait waits for a trim in progress. Call it once nothing calls Reconciled
-// any more.
-func (m *memoryTrimmer) wait() { m.running.Wait() }
+// settleThenTrim trims after the settling time if no operation finished
+// meanwhile (ops is the count now), and waits again if some did: the last
+// steady pass of a slow burst may come before its last operations finish
+// in the background. Once a trim (either kind) has reset the count, it
+// stops.
+func (m *memoryTrimmer) settleThenTrim(ops int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.settling != nil || m.stopped {
+		return
+	}
+	c := m.clock
+	if c == nil {
+		c = clock.RealClock{}
+	}
+	m.settling = c.AfterFunc(settle, func() {
+		// Under the lock, so that wait either stops this or waits for
+		// the trim it starts.
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.settling = nil
+		if m.stopped {
+			return
+		}
+		switch now := m.operations.Load(); {
+		case now == ops:
+			m.trim()
+		case now > 0:
+			// Armed again from a goroutine of its own: a clock may run
+			// this function holding a lock that arming takes.
+			m.running.Go(func() { m.settleThenTrim(now) })
+		}
+	})
+}
+
+// wait stops the settling timer and waits for a trim in progress. Call it
+// once nothing calls Reconciled any more.
+func (m *memoryTrimmer) wait() {
+	m.mu.Lock()
+	m.stopped = true
+	if m.settling != nil {
+		m.settling.Stop()
+		m.settling = nil
+	}
+	m.mu.Unlock()
+	m.running.Wait()
+}
 
 // burstProcs gives the runtime spare Ps while a burst of teardown runs
 // (see internal/procs): from a pass that plans burstActions unmounts or

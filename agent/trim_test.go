@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/volume-agent/volume-agent/internal/procs"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/reconciler"
@@ -81,5 +83,93 @@ func TestBurstProcs(t *testing.T) {
 		if got := runtime.GOMAXPROCS(0); got != step.want {
 			t.Fatalf("after a pass of %s: GOMAXPROCS %d, want %d", step.name, got, step.want)
 		}
+	}
+}
+
+// A few operations, then a steady node: their memory is returned once no
+// operation has finished for the settling time, not before, and not if
+// more finish meanwhile (a later steady pass waits again).
+func TestMemoryTrimmerSettles(t *testing.T) {
+	freed := make(chan struct{}, 10)
+	clk := clocktesting.NewFakeClock(time.Unix(1e9, 0))
+	m := &memoryTrimmer{free: func() { freed <- struct{}{} }, clock: clk}
+	trimmed := func() bool {
+		m.running.Wait()
+		select {
+		case <-freed:
+			return true
+		default:
+			return false
+		}
+	}
+	waitForTimer := func() {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !clk.HasWaiters() {
+			if time.Now().After(deadline) {
+				t.Fatal("no settling timer armed")
+			}
+			time.Sleep(time.Millisecond) // polling the fake clock's waiters
+		}
+	}
+	// The fake clock runs a timer's function on a goroutine of its own.
+	waitForTimerDone := func() {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			m.mu.Lock()
+			done := m.settling == nil
+			m.mu.Unlock()
+			if done {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the settling timer's function did not run")
+			}
+			time.Sleep(time.Millisecond) // polling, with a deadline
+		}
+	}
+
+	for range 10 {
+		m.operationFinished()
+	}
+	m.Reconciled(nil, nil, nil, 0)
+	if trimmed() {
+		t.Fatal("trimmed at once after a few operations")
+	}
+	waitForTimer()
+	// More work finishes before the node settled, and no steady pass
+	// follows (the last pass of a slow burst came before it): the
+	// trimmer waits again by itself.
+	m.operationFinished()
+	clk.Step(settle)
+	waitForTimerDone()
+	if trimmed() {
+		t.Fatal("trimmed although an operation finished while settling")
+	}
+	waitForTimer()
+	clk.Step(settle - time.Millisecond)
+	if trimmed() {
+		t.Fatal("trimmed before the settling time")
+	}
+	clk.Step(time.Millisecond)
+	waitForTimerDone()
+	if !trimmed() {
+		t.Fatal("not trimmed once settled")
+	}
+	// Nothing since: a steady pass arms nothing.
+	m.Reconciled(nil, nil, nil, 0)
+	if clk.HasWaiters() {
+		t.Fatal("settling timer armed with no operation since the trim")
+	}
+
+	// Stopping drops a pending timer.
+	m.operationFinished()
+	m.Reconciled(nil, nil, nil, 0)
+	waitForTimer()
+	m.wait()
+	clk.Step(settle)
+	if trimmed() || clk.HasWaiters() {
+		t.Fatal("trimmed after the agent stopped")
 	}
 }
