@@ -293,20 +293,16 @@ func (s *Source) apply(j *job) bool {
 		s.log.Info("Removed manifest file", append([]zap.Field{zap.String("file", path)}, c.fields()...)...)
 		return true
 	}
-	if j.unchanged && st != nil {
-		st.id = j.id
-		return false
-	}
-	s.touch(j.name)
 	if st == nil {
 		st = &fileState{}
 		s.addFile(j.name, st)
 	}
 	st.id = j.id
-	switch {
-	case j.unchanged:
+	if j.unchanged {
 		return false
-
+	}
+	s.touch(j.name) // before its contribution changes
+	switch {
 	case j.err != nil:
 		// Read again on the next event or identity change.
 		st.hashed = false

@@ -149,6 +149,11 @@ func (s *Source) rebuild() bool {
 		s.countClaims()
 	}
 	s.touched, s.builtDirErr = nil, s.dirErr
+	if len(s.files) == 0 {
+		// A map keeps its table when emptied: an empty directory holds
+		// none of a burst's counts (the next rebuild counts afresh).
+		s.claims, s.uidClaims = nil, nil
+	}
 	if ok {
 		s.patches++
 	}
