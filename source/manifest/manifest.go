@@ -90,7 +90,8 @@ type Source struct {
 	// touched holds, for each file changed since the last rebuild, what it
 	// contributed then; claims and uidClaims count the objects of every
 	// file by kind and key, and the pods by UID, as of the last rebuild
-	// (see patched). All owned by Run.
+	// (see patched); builtDirErr is the directory's error that rebuild
+	// saw. All owned by Run.
 	touched     map[string]contribution
 	claims      map[kindKey]int
 	uidClaims   map[types.UID]int
