@@ -46,9 +46,14 @@ type memoryTrimmer struct {
 // once.
 const burst = 256
 
-// settle is how long no operation must finish before the few left since
-// the last trim are trimmed.
-const settle = 2 * time.Second
+// settle is how long no operation must finish before the operations left
+// since the last trim are trimmed, if there are settleMin or more: a few
+// operations now and then on a steady node (a token or ConfigMap refresh)
+// leave little, and a full GC for each would be idle CPU.
+const (
+	settle    = 2 * time.Second
+	settleMin = 16
+)
 
 func (m *memoryTrimmer) operationFinished() { m.operations.Add(1) }
 
@@ -61,7 +66,7 @@ func (m *memoryTrimmer) Reconciled(_ *cache.DesiredSnapshot, _ *cache.ActualSnap
 	switch ops := m.operations.Load(); {
 	case ops >= burst:
 		m.trim()
-	case ops > 0:
+	case ops >= settleMin:
 		m.settleThenTrim(ops)
 	}
 }
@@ -86,8 +91,8 @@ func (m *memoryTrimmer) trim() {
 // settleThenTrim trims after the settling time if no operation finished
 // meanwhile (ops is the count now), and waits again if some did: the last
 // steady pass of a slow burst may come before its last operations finish
-// in the background. Once a trim (either kind) has reset the count, it
-// stops.
+// in the background. Once a trim (either kind) has reset the count below
+// settleMin, it stops.
 func (m *memoryTrimmer) settleThenTrim(ops int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -110,7 +115,7 @@ func (m *memoryTrimmer) settleThenTrim(ops int64) {
 		switch now := m.operations.Load(); {
 		case now == ops:
 			m.trim()
-		case now > 0:
+		case now >= settleMin:
 			// Armed again from a goroutine of its own: a clock may run
 			// this function holding a lock that arming takes.
 			m.running.Go(func() { m.settleThenTrim(now) })

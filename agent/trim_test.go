@@ -86,9 +86,10 @@ func TestBurstProcs(t *testing.T) {
 	}
 }
 
-// A few operations, then a steady node: their memory is returned once no
+// Some operations, then a steady node: their memory is returned once no
 // operation has finished for the settling time, not before, and not if
-// more finish meanwhile (a later steady pass waits again).
+// more finish meanwhile (the trimmer then waits again by itself); a
+// handful of operations arm nothing.
 func TestMemoryTrimmerSettles(t *testing.T) {
 	freed := make(chan struct{}, 10)
 	clk := clocktesting.NewFakeClock(time.Unix(1e9, 0))
@@ -130,9 +131,15 @@ func TestMemoryTrimmerSettles(t *testing.T) {
 		}
 	}
 
-	for range 10 {
+	// Fewer than settleMin operations: nothing, not even a timer.
+	for range settleMin - 1 {
 		m.operationFinished()
 	}
+	m.Reconciled(nil, nil, nil, 0)
+	if clk.HasWaiters() {
+		t.Fatalf("settling timer armed after %d operations", settleMin-1)
+	}
+	m.operationFinished()
 	m.Reconciled(nil, nil, nil, 0)
 	if trimmed() {
 		t.Fatal("trimmed at once after a few operations")
@@ -164,7 +171,9 @@ func TestMemoryTrimmerSettles(t *testing.T) {
 	}
 
 	// Stopping drops a pending timer.
-	m.operationFinished()
+	for range settleMin {
+		m.operationFinished()
+	}
 	m.Reconciled(nil, nil, nil, 0)
 	waitForTimer()
 	m.wait()
