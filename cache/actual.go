@@ -514,7 +514,7 @@ func (a *ActualStateOfWorld) Snapshot() *ActualSnapshot {
 		s.reconstructed += sh.reconstructed
 		sh.mu.Unlock()
 	}
-	if patch && len(s.Volumes) < a.snapPeak/4 && a.snapPeak >= 64 {
+	if patch && shrinks(len(s.Volumes), &a.snapPeak) {
 		patch = false // copy into a table sized to what is left (see shrunk)
 	}
 	if !patch {
@@ -533,7 +533,6 @@ func (a *ActualStateOfWorld) Snapshot() *ActualSnapshot {
 		}
 		a.snapPeak = len(s.Volumes)
 	}
-	a.snapPeak = max(a.snapPeak, len(s.Volumes))
 	a.snapshot = s
 	return s
 }

@@ -25,15 +25,6 @@ func (c Changes) Has(name volume.UniqueName) bool {
 	return false
 }
 
-// Len is the number of names listed (meaningless when All).
-func (c Changes) Len() int {
-	n := 0
-	for _, s := range c.sets {
-		n += len(s)
-	}
-	return n
-}
-
 // Each calls fn for every name listed, once each.
 func (c Changes) Each(fn func(volume.UniqueName)) {
 	for _, s := range c.sets {
@@ -95,17 +86,27 @@ func (c *changeLog) take() (all bool, names map[volume.UniqueName]struct{}) {
 // gone.
 func shrunk[K comparable, V any](m map[K]V, peak *int) map[K]V {
 	n := len(m)
-	switch {
-	case n > *peak:
-		*peak = n
-		return m
-	case *peak < 64 || n >= *peak/4:
+	if !shrinks(n, peak) {
 		return m
 	}
-	*peak = n
 	c := make(map[K]V, n)
 	for k, v := range m {
 		c[k] = v
 	}
 	return c
+}
+
+// shrinks reports whether a map of n entries, whose most since it was
+// made is *peak, should be copied into a table sized to n: it holds under
+// a quarter of its peak. It keeps *peak up to date (n, once copied).
+func shrinks(n int, peak *int) bool {
+	switch {
+	case n > *peak:
+		*peak = n
+		return false
+	case *peak < 64 || n >= *peak/4:
+		return false
+	}
+	*peak = n
+	return true
 }

@@ -31,14 +31,9 @@ func (p *planner) plan(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.Actu
 	dchg, achg cache.Changes, full bool) []Action {
 	if full || !p.valid || opts != p.opts || dchg.All || achg.All {
 		p.memo = nil
-		for name, av := range asw.Volumes {
-			p.replan(name, dsw, dsw.Volumes[name], av, opts)
-		}
-		for name, dv := range dsw.Volumes {
-			if _, ok := asw.Volumes[name]; !ok {
-				p.replan(name, dsw, dv, nil, opts)
-			}
-		}
+		eachVolume(dsw, asw, func(name volume.UniqueName, dv *cache.DesiredVolume, av *cache.ActualVolume) {
+			p.replan(name, dsw, dv, av, opts)
+		})
 		p.opts, p.valid = opts, true
 	} else {
 		dchg.Each(func(name volume.UniqueName) {

@@ -81,15 +81,23 @@ func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOption
 // actions does not grow a new slice every time.
 func PlanInto(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) []Action {
 	out := buf[:0]
+	eachVolume(dsw, asw, func(_ volume.UniqueName, dv *cache.DesiredVolume, av *cache.ActualVolume) {
+		out = planVolume(out, dsw, dv, av, opts)
+	})
+	return sortActions(out)
+}
+
+// eachVolume calls fn once for every volume either snapshot knows, with its
+// entry in each (nil where it has none).
+func eachVolume(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, fn func(volume.UniqueName, *cache.DesiredVolume, *cache.ActualVolume)) {
 	for name, av := range asw.Volumes {
-		out = planVolume(out, dsw, dsw.Volumes[name], av, opts)
+		fn(name, dsw.Volumes[name], av)
 	}
 	for name, dv := range dsw.Volumes {
 		if _, ok := asw.Volumes[name]; !ok {
-			out = planVolume(out, dsw, dv, nil, opts)
+			fn(name, dv, nil)
 		}
 	}
-	return sortActions(out)
 }
 
 // planVolume appends what one volume needs, given its desired entry (nil
