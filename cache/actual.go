@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"github.com/volume-agent/volume-agent/internal/changelog"
 	"hash/maphash"
 	"maps"
 	"sort"
@@ -210,11 +211,11 @@ type aswShard struct {
 	volumes map[volume.UniqueName]*ActualVolume
 	// reconstructed counts the volumes for which hasReconstructed holds.
 	reconstructed int
-	changes       changeLog
+	changes       changelog.Log[volume.UniqueName]
 	// snapChanges lists the volumes changed since the last snapshot,
 	// which patches a copy of the one before instead of copying every
 	// entry anew.
-	snapChanges changeLog
+	snapChanges changelog.Log[volume.UniqueName]
 }
 
 // NewActualStateOfWorld returns an empty ASW.
@@ -266,8 +267,8 @@ func (a *ActualStateOfWorld) update(id VolumeIdentity, fn func(v *ActualVolume))
 			sh.reconstructed++
 		}
 	}
-	sh.changes.mark(id.Name, len(sh.volumes))
-	sh.snapChanges.mark(id.Name, len(sh.volumes))
+	sh.changes.Mark(id.Name, changeLimit(len(sh.volumes)))
+	sh.snapChanges.Mark(id.Name, changeLimit(len(sh.volumes)))
 	a.generation.Add(1)
 }
 
@@ -415,8 +416,8 @@ func (a *ActualStateOfWorld) markRemountLocked(sh *aswShard, name volume.UniqueN
 	mm.RemountRequired = true
 	nv.Pods[pod] = &mm
 	sh.volumes[name] = nv
-	sh.changes.mark(name, len(sh.volumes))
-	sh.snapChanges.mark(name, len(sh.volumes))
+	sh.changes.Mark(name, changeLimit(len(sh.volumes)))
+	sh.snapChanges.Mark(name, changeLimit(len(sh.volumes)))
 	a.generation.Add(1)
 }
 
@@ -456,7 +457,7 @@ func (a *ActualStateOfWorld) TakeChanges() Changes {
 	for i := range a.shards {
 		sh := &a.shards[i]
 		sh.mu.Lock()
-		all, names := sh.changes.take()
+		all, names := sh.changes.Take()
 		sh.mu.Unlock()
 		c.All = c.All || all
 		if len(names) > 0 {
@@ -498,7 +499,7 @@ func (a *ActualStateOfWorld) Snapshot() *ActualSnapshot {
 	for i := range a.shards {
 		sh := &a.shards[i]
 		sh.mu.Lock()
-		all, names := sh.snapChanges.take()
+		all, names := sh.snapChanges.Take()
 		if all {
 			patch = false
 		}
@@ -558,8 +559,8 @@ func (a *ActualStateOfWorld) AddReconstructed(vols []*ActualVolume) {
 		if nv.hasReconstructed() {
 			sh.reconstructed++
 		}
-		sh.changes.mark(v.Name, len(sh.volumes))
-		sh.snapChanges.mark(v.Name, len(sh.volumes))
+		sh.changes.Mark(v.Name, changeLimit(len(sh.volumes)))
+		sh.snapChanges.Mark(v.Name, changeLimit(len(sh.volumes)))
 		// Counted under the shard's lock, as every change: a consumer
 		// that took the change then finds a newer snapshot.
 		a.generation.Add(1)

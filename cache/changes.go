@@ -34,50 +34,9 @@ func (c Changes) Each(fn func(volume.UniqueName)) {
 	}
 }
 
-// changeLog records changed volume names for one consumer. Until that
-// consumer first takes the log nothing is recorded (a cache nobody plans
-// from keeps no list); the first take says All. The list is bounded: past
-// a limit a pass would plan as much as a full one, so it collapses into
-// All. Its owner's lock guards it.
-type changeLog struct {
-	tracking bool
-	all      bool
-	names    map[volume.UniqueName]struct{}
-}
-
-// changeLimit is how many names a log lists, at most, for a cache holding
-// live entries: beyond that, planning everything costs no more.
+// changeLimit is how many names a change log lists, at most, for a cache
+// holding live entries: beyond that, planning everything costs no more.
 func changeLimit(live int) int { return 256 + 2*live }
-
-func (c *changeLog) mark(name volume.UniqueName, live int) {
-	if !c.tracking || c.all {
-		return
-	}
-	if c.names == nil {
-		c.names = map[volume.UniqueName]struct{}{}
-	}
-	c.names[name] = struct{}{}
-	if len(c.names) > changeLimit(live) {
-		c.markAll()
-	}
-}
-
-func (c *changeLog) markAll() {
-	if c.tracking {
-		c.all, c.names = true, nil
-	}
-}
-
-// take returns what was recorded and starts a new record.
-func (c *changeLog) take() (all bool, names map[volume.UniqueName]struct{}) {
-	if !c.tracking {
-		c.tracking = true
-		return true, nil
-	}
-	all, names = c.all, c.names
-	c.all, c.names = false, nil
-	return all, names
-}
 
 // shrunk returns m, or a copy of it sized to its contents once it holds
 // under a quarter of the most it held since it was made (*peak, kept up to

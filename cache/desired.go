@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"github.com/volume-agent/volume-agent/internal/changelog"
 	"maps"
 	"slices"
 	"sort"
@@ -119,7 +120,7 @@ type DesiredStateOfWorld struct {
 	pods       map[types.UID]*DesiredPod
 	generation uint64
 	snapshot   *DesiredSnapshot // cached for generation
-	changes    changeLog
+	changes    changelog.Log[volume.UniqueName]
 	// peakVolumes and peakPods are the most entries the maps held since
 	// they were last made (see shrunk).
 	peakVolumes, peakPods int
@@ -210,7 +211,7 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 	if protects(old) != (len(unresolved) > 0) {
 		// Whether the pod's mounts may be unmounted changed, for volumes
 		// the DSW may not know (mounts from before a restart).
-		d.changes.markAll()
+		d.changes.MarkAll()
 	}
 	since := now
 	if old != nil {
@@ -253,7 +254,7 @@ func (d *DesiredStateOfWorld) setPodVolume(pv *PodVolume, dp *DesiredPodVolume) 
 	}
 	nv.Pods[dp.Pod.UID] = dp
 	d.volumes[pv.Name] = nv
-	d.changes.mark(pv.Name, len(d.volumes))
+	d.changes.Mark(pv.Name, changeLimit(len(d.volumes)))
 	return true
 }
 
@@ -265,7 +266,7 @@ func (d *DesiredStateOfWorld) removePodFromVolume(name volume.UniqueName, pod ty
 	if _, ok := v.Pods[pod]; !ok {
 		return
 	}
-	d.changes.mark(name, len(d.volumes))
+	d.changes.Mark(name, changeLimit(len(d.volumes)))
 	if len(v.Pods) == 1 {
 		delete(d.volumes, name)
 		return
@@ -295,7 +296,7 @@ func (d *DesiredStateOfWorld) DeletePod(uid types.UID) bool {
 		return false
 	}
 	if protects(p) {
-		d.changes.markAll()
+		d.changes.MarkAll()
 	}
 	for _, name := range p.Volumes {
 		d.removePodFromVolume(name, uid)
@@ -316,7 +317,7 @@ func protects(p *DesiredPod) bool { return p != nil && len(p.Unresolved) > 0 }
 func (d *DesiredStateOfWorld) TakeChanges() Changes {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	all, names := d.changes.take()
+	all, names := d.changes.Take()
 	c := Changes{All: all}
 	if len(names) > 0 {
 		c.sets = []map[volume.UniqueName]struct{}{names}

@@ -38,9 +38,19 @@ type fakeSource struct {
 	pvErr   map[string]error
 	synced  bool
 	changed chan struct{}
+	// changes records pod changes by key, and any other change as one
+	// that may concern every pod, as the real sources do.
+	changes source.PodChangeLog
 }
 
-var _ source.Source = (*fakeSource)(nil)
+var (
+	_ source.Source     = (*fakeSource)(nil)
+	_ source.PodChanges = (*fakeSource)(nil)
+)
+
+// fullSource hides a source's PodChanges: the populator looks at every pod
+// on every pass.
+type fullSource struct{ source.Source }
 
 func newFakeSource() *fakeSource {
 	return &fakeSource{
@@ -64,6 +74,19 @@ func (f *fakeSource) Pods() []*v1.Pod {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]*v1.Pod(nil), f.pods...)
+}
+
+func (f *fakeSource) TakePodChanges() (bool, map[source.PodKey]struct{}) { return f.changes.Take() }
+
+func (f *fakeSource) Pod(namespace, name string) (*v1.Pod, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, p := range f.pods {
+		if p.Namespace == namespace && p.Name == name {
+			return p, true
+		}
+	}
+	return nil, false
 }
 
 func (f *fakeSource) PVC(namespace, name string) (*v1.PersistentVolumeClaim, error) {
@@ -118,6 +141,9 @@ func (f *fakeSource) SetSynced(s bool) {
 // SetPods replaces the pod list.
 func (f *fakeSource) SetPods(pods ...*v1.Pod) {
 	f.mu.Lock()
+	for _, p := range append(f.pods, pods...) {
+		f.changes.Mark(source.KeyOf(p))
+	}
 	f.pods = pods
 	f.mu.Unlock()
 	f.notify()
@@ -132,16 +158,20 @@ func (f *fakeSource) Add(objs ...any) {
 			replaced := false
 			for i, p := range f.pods {
 				if p.UID == o.UID {
+					f.changes.Mark(source.KeyOf(p))
 					f.pods[i], replaced = o, true
 				}
 			}
+			f.changes.Mark(source.KeyOf(o))
 			if !replaced {
 				f.pods = append(f.pods, o)
 			}
 		case *v1.PersistentVolumeClaim:
 			f.pvcs[o.Namespace+"/"+o.Name] = o
+			f.changes.MarkAll()
 		case *v1.PersistentVolume:
 			f.pvs[o.Name] = o
+			f.changes.MarkAll()
 		default:
 			panic("fakeSource: unknown object")
 		}
@@ -153,6 +183,7 @@ func (f *fakeSource) Add(objs ...any) {
 func (f *fakeSource) DeletePVC(namespace, name string) {
 	f.mu.Lock()
 	delete(f.pvcs, namespace+"/"+name)
+	f.changes.MarkAll()
 	f.mu.Unlock()
 	f.notify()
 }
@@ -160,6 +191,7 @@ func (f *fakeSource) DeletePVC(namespace, name string) {
 func (f *fakeSource) DeletePV(name string) {
 	f.mu.Lock()
 	delete(f.pvs, name)
+	f.changes.MarkAll()
 	f.mu.Unlock()
 	f.notify()
 }
@@ -171,6 +203,7 @@ func (f *fakeSource) SetPVCError(namespace, name string, err error) {
 	} else {
 		f.pvcErr[namespace+"/"+name] = err
 	}
+	f.changes.MarkAll()
 	f.mu.Unlock()
 	f.notify()
 }
@@ -182,6 +215,7 @@ func (f *fakeSource) SetPVError(name string, err error) {
 	} else {
 		f.pvErr[name] = err
 	}
+	f.changes.MarkAll()
 	f.mu.Unlock()
 	f.notify()
 }

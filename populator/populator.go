@@ -87,6 +87,12 @@ type Populator struct {
 
 	mu    sync.Mutex
 	state map[types.UID]*podState
+	// byKey and waiting follow state: the UID of the pod the populator
+	// knows under each key, and the keys of the pods whose resolution
+	// waits for a plugin (podState.pending), which every pass resolves
+	// again.
+	byKey   map[source.PodKey]types.UID
+	waiting map[source.PodKey]struct{}
 	// lastNode is the node as of the last pass: a label change can change
 	// node-affinity decisions for every pod.
 	lastNode Node
@@ -117,7 +123,7 @@ func New(opts Options) *Populator {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Populator{opts: opts, state: map[types.UID]*podState{}}
+	return &Populator{opts: opts, state: map[types.UID]*podState{}, byKey: map[source.PodKey]types.UID{}, waiting: map[source.PodKey]struct{}{}}
 }
 
 // PodTerminated: a pod in phase Succeeded or Failed runs no containers and
@@ -159,7 +165,13 @@ func (p *Populator) Sync(force bool) {
 		// produce errors for objects that are merely not read yet.
 		return
 	}
-	pods := p.opts.Source.Pods()
+	// The changes first, then the pods: a change made in between is seen
+	// now and looked at again next pass.
+	all, changed := true, map[source.PodKey]struct{}(nil)
+	tracker, incremental := p.opts.Source.(source.PodChanges)
+	if incremental {
+		all, changed = tracker.TakePodChanges()
+	}
 	node := p.opts.Node()
 
 	p.mu.Lock()
@@ -168,6 +180,21 @@ func (p *Populator) Sync(force bool) {
 		force = true
 		p.lastNode = node
 	}
+	if force || all || !p.ready.Load() {
+		p.syncAll(node, force)
+	} else {
+		p.syncChanged(tracker, changed, node)
+	}
+	p.ready.Store(true)
+	if p.opts.Observer != nil {
+		p.opts.Observer.Populated(p.opts.Clock.Since(start), len(p.state))
+	}
+}
+
+// syncAll looks at every pod of the source. With force, every pod is
+// resolved again even if nothing it depends on changed.
+func (p *Populator) syncAll(node Node, force bool) {
+	pods := p.opts.Source.Pods()
 	seen := make(map[types.UID]bool, len(pods))
 	p.opts.DSW.Batch(func() {
 		for _, pod := range pods {
@@ -183,17 +210,68 @@ func (p *Populator) Sync(force bool) {
 			}
 		}
 	})
-	for uid := range p.state {
+	for uid, st := range p.state {
 		if !seen[uid] {
-			delete(p.state, uid)
-			if p.opts.Pods != nil {
-				p.opts.Pods.PodRemoved(uid)
-			}
+			p.forget(uid, st)
 		}
 	}
-	p.ready.Store(true)
-	if p.opts.Observer != nil {
-		p.opts.Observer.Populated(p.opts.Clock.Since(start), len(seen))
+}
+
+// syncChanged looks at the pods under the keys that changed, and at those
+// waiting for a plugin. A pod under a changed key that is gone, has
+// terminated or is another pod now (a new UID) leaves the DSW, unless its
+// UID is still the source's under another key (its manifest moved to
+// another file): a pod is removed before any is added back.
+func (p *Populator) syncChanged(tracker source.PodChanges, changed map[source.PodKey]struct{}, node Node) {
+	for key := range p.waiting {
+		if changed == nil {
+			changed = map[source.PodKey]struct{}{}
+		}
+		changed[key] = struct{}{}
+	}
+	if len(changed) == 0 {
+		return
+	}
+	current := make(map[source.PodKey]*v1.Pod, len(changed))
+	uids := make(map[types.UID]bool, len(changed))
+	for key := range changed {
+		if pod, ok := tracker.Pod(key.Namespace, key.Name); ok && !p.opts.IsTerminated(pod) {
+			current[key] = pod
+			uids[pod.UID] = true
+		}
+	}
+	p.opts.DSW.Batch(func() {
+		for key := range changed {
+			uid, known := p.byKey[key]
+			if !known || (current[key] != nil && current[key].UID == uid) {
+				continue
+			}
+			if uids[uid] {
+				continue // moved to another key, looked at there
+			}
+			p.opts.DSW.DeletePod(uid)
+			p.forget(uid, p.state[uid])
+			delete(p.byKey, key)
+			delete(p.waiting, key)
+		}
+		for _, pod := range current {
+			p.syncPod(pod, node, false)
+		}
+	})
+}
+
+// forget drops what the populator knew of a pod that left.
+func (p *Populator) forget(uid types.UID, st *podState) {
+	delete(p.state, uid)
+	if st != nil {
+		key := source.KeyOf(st.pod)
+		if p.byKey[key] == uid {
+			delete(p.byKey, key)
+			delete(p.waiting, key)
+		}
+	}
+	if p.opts.Pods != nil {
+		p.opts.Pods.PodRemoved(uid)
 	}
 }
 
@@ -255,6 +333,19 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 	p.reportNewErrors(st, next.errs)
 	p.reportNewNotices(st, next.notices)
 	p.state[pod.UID] = next
+	key := source.KeyOf(pod)
+	if st != nil {
+		if old := source.KeyOf(st.pod); old != key && p.byKey[old] == pod.UID {
+			delete(p.byKey, old)
+			delete(p.waiting, old)
+		}
+	}
+	p.byKey[key] = pod.UID
+	if next.pending {
+		p.waiting[key] = struct{}{}
+	} else {
+		delete(p.waiting, key)
+	}
 	p.opts.DSW.SetPodWithContainers(info, vols, next.errs, unresolved, mounts.containers)
 }
 

@@ -11,9 +11,12 @@ package source
 import (
 	"context"
 	"errors"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+
+	"github.com/volume-agent/volume-agent/internal/changelog"
 )
 
 // Store is a read-only view of the objects the agent acts on. Returned objects
@@ -83,3 +86,55 @@ type notRead struct{ error }
 
 func (notRead) Is(target error) bool { return target == ErrNotRead }
 func (e notRead) Unwrap() error      { return e.error }
+
+// PodKey names a pod by namespace and name.
+type PodKey struct{ Namespace, Name string }
+
+// KeyOf is the key of a pod.
+func KeyOf(pod *v1.Pod) PodKey { return PodKey{pod.Namespace, pod.Name} }
+
+// PodChanges is implemented by sources that can name the pods that changed,
+// so that the populator's pass after one pod arrives looks at that pod, not
+// at every pod of the node. It has one consumer.
+type PodChanges interface {
+	// TakePodChanges returns the keys of the pods added, changed or
+	// removed since the last call, or all: any object may have changed
+	// (the first call; too many changes to list; a change of an object
+	// other than a pod, which any pod's volumes may depend on).
+	TakePodChanges() (all bool, keys map[PodKey]struct{})
+	// Pod returns the current pod under a key.
+	Pod(namespace, name string) (*v1.Pod, bool)
+}
+
+// PodChangeLog is a source's record of pod changes for TakePodChanges,
+// safe for concurrent use. The zero value is ready.
+type PodChangeLog struct {
+	mu  sync.Mutex
+	log changelog.Log[PodKey]
+}
+
+// maxPodChanges bounds the keys a PodChangeLog lists: the populator
+// resolves each changed pod again, which costs more than looking at an
+// unchanged one, so past this many a full pass costs no more.
+const maxPodChanges = 1024
+
+// Mark records a change of the pod under key.
+func (l *PodChangeLog) Mark(key PodKey) {
+	l.mu.Lock()
+	l.log.Mark(key, maxPodChanges)
+	l.mu.Unlock()
+}
+
+// MarkAll records a change that may concern any pod.
+func (l *PodChangeLog) MarkAll() {
+	l.mu.Lock()
+	l.log.MarkAll()
+	l.mu.Unlock()
+}
+
+// Take implements PodChanges.TakePodChanges.
+func (l *PodChangeLog) Take() (all bool, keys map[PodKey]struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.log.Take()
+}

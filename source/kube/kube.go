@@ -76,6 +76,8 @@ type Source struct {
 	opts    Options
 	changed *notify.Signal
 	synced  atomic.Bool
+	// podChanges records, for the populator, what each change concerns.
+	podChanges source.PodChangeLog
 
 	pods, nodes, classes, drivers cache.SharedIndexInformer
 	// extra informers other parts of the agent registered before Run.
@@ -164,19 +166,41 @@ func (s *Source) informer(lw cache.ListerWatcher, obj runtime.Object) cache.Shar
 		return o, nil
 	})
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { s.changed.Notify() },
+		AddFunc: s.objectChanged,
 		UpdateFunc: func(oldObj, newObj any) {
 			o, n := oldObj.(metav1Object), newObj.(metav1Object)
 			if o.GetResourceVersion() != n.GetResourceVersion() {
-				s.changed.Notify()
+				s.objectChanged(newObj)
 			}
 		},
-		DeleteFunc: func(any) { s.changed.Notify() },
+		DeleteFunc: s.objectChanged,
 	})
 	return inf
 }
 
 type metav1Object interface{ GetResourceVersion() string }
+
+// objectChanged records what changed for the populator and wakes it: a
+// pod by its key, anything else as a change that may concern every pod.
+// The informer's store has the change by now.
+func (s *Source) objectChanged(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if pod, ok := obj.(*v1.Pod); ok {
+		s.podChanges.Mark(source.KeyOf(pod))
+	} else {
+		s.podChanges.MarkAll()
+	}
+	s.changed.Notify()
+}
+
+var _ source.PodChanges = (*Source)(nil)
+
+// TakePodChanges implements source.PodChanges.
+func (s *Source) TakePodChanges() (all bool, keys map[source.PodKey]struct{}) {
+	return s.podChanges.Take()
+}
 
 // podChanged registers the claims a pod on the node uses, and releases
 // them when it terminates or goes. The pod is in the informer's cache
@@ -237,6 +261,7 @@ func (s *Source) claimChanged(k objectwatch.Key) {
 	s.scope.Lock()
 	s.claimChangedLocked(k)
 	s.scope.Unlock()
+	s.podChanges.MarkAll()
 	s.changed.Notify()
 }
 
@@ -270,6 +295,7 @@ func (s *Source) volumeChanged(k objectwatch.Key) {
 	s.scope.Lock()
 	s.volumeChangedLocked(k.Name)
 	s.scope.Unlock()
+	s.podChanges.MarkAll()
 	s.changed.Notify()
 }
 

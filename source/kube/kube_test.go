@@ -377,3 +377,47 @@ func TestUnreadClaimsLoggedBounded(t *testing.T) {
 		t.Errorf("%d claims named before the summary, want 5", named)
 	}
 }
+
+// Pod changes name the pods that changed, and the informer's store has
+// the change by the time its key is taken; a claim's change may concern
+// any pod.
+func TestPodChanges(t *testing.T) {
+	api := newFakeAPI()
+	s, _ := startSource(t, api, nil)
+	if all, _ := s.TakePodChanges(); !all {
+		t.Fatal("the first take must say all")
+	}
+	// waitKey takes changes until the key is among them, and checks the
+	// store then: a key taken before the store has the change would be
+	// lost to the populator.
+	waitKey := func(key source.PodKey, present bool) {
+		t.Helper()
+		waitFor(t, fmt.Sprintf("a change of %v", key), func() bool {
+			all, keys := s.TakePodChanges()
+			if all {
+				t.Fatalf("all, waiting for %v", key)
+			}
+			if _, ok := keys[key]; !ok {
+				return false
+			}
+			if _, ok := s.Pod(key.Namespace, key.Name); ok != present {
+				t.Fatalf("%v taken, but the store has it: %v, want %v", key, ok, present)
+			}
+			return true
+		})
+	}
+	a := pod("a", "uid-a")
+	api.src("pods").Add(a)
+	waitKey(source.PodKey{Namespace: "ns", Name: "a"}, true)
+	api.src("pods").Add(pod("b", "uid-b"))
+	waitKey(source.PodKey{Namespace: "ns", Name: "b"}, true)
+	changed := a.DeepCopy()
+	changed.Labels = map[string]string{"v": "2"}
+	api.src("pods").Modify(changed)
+	waitKey(source.PodKey{Namespace: "ns", Name: "a"}, true)
+	api.src("pods").Delete(changed)
+	waitKey(source.PodKey{Namespace: "ns", Name: "a"}, false)
+
+	api.src("pods").Add(pod("c", "uid-c", "data")) // its claim's first list says all
+	waitFor(t, "all", func() bool { all, _ := s.TakePodChanges(); return all })
+}

@@ -110,6 +110,8 @@ type Source struct {
 	symlinks map[string]bool
 	// wholeScans counts reads of the whole directory (for tests).
 	wholeScans atomic.Int64
+	// podChanges records the pods each published snapshot changed.
+	podChanges source.PodChangeLog
 }
 
 var (

@@ -994,8 +994,10 @@ func TestPatchedSnapshotMatchesFullRebuild(t *testing.T) {
 		}
 		return pod(fmt.Sprintf("p%d", r.IntN(100)), fmt.Sprintf("  namespace: ns%d", r.IntN(2)), fmt.Sprintf("  labels: {v: \"%d\"}", r.IntN(2)))
 	}
-	patched := 0
+	patched, listed := 0, 0
+	s.TakePodChanges() // the first take says all
 	for step := range 600 {
+		prev := s.snap.Load()
 		names := map[string]bool{}
 		for range r.IntN(3) + 1 {
 			name := fmt.Sprintf("f%02d.yaml", r.IntN(24))
@@ -1026,11 +1028,45 @@ func TestPatchedSnapshotMatchesFullRebuild(t *testing.T) {
 			t.Fatalf("step %d: the published snapshot differs from a full rebuild:\npods %v\nwant %v\nerrors %v\nwant   %v",
 				step, podKeys(got.pods), podKeys(want.pods), got.errors, want.errors)
 		}
+		// Every pod that came, went or changed is among the pod changes,
+		// unless they say all; the current pods are found by key.
+		all, keys := s.TakePodChanges()
+		if !all {
+			listed++
+			for key, p := range podsByKey(prev.pods) {
+				if q, _ := s.Pod(key.Namespace, key.Name); q != p {
+					if _, ok := keys[key]; !ok {
+						t.Fatalf("step %d: pod %v changed but is not among the changes %v", step, key, keys)
+					}
+				}
+			}
+		}
+		for key, p := range podsByKey(got.pods) {
+			if q, ok := s.Pod(key.Namespace, key.Name); !ok || q != p {
+				t.Fatalf("step %d: Pod(%v) = %v, %v", step, key, q, ok)
+			}
+			if _, was := podsByKey(prev.pods)[key]; !all && !was {
+				if _, ok := keys[key]; !ok {
+					t.Fatalf("step %d: pod %v came but is not among the changes %v", step, key, keys)
+				}
+			}
+		}
 	}
-	t.Logf("%d of 600 snapshots patched", patched)
+	t.Logf("%d of 600 snapshots patched, %d steps' pod changes listed", patched, listed)
+	if listed < 100 {
+		t.Fatalf("only %d steps listed their pod changes: the test proves little", listed)
+	}
 	if patched < 100 {
 		t.Fatalf("only %d snapshots were patched: the test proves little", patched)
 	}
+}
+
+func podsByKey(pods []*corev1.Pod) map[source.PodKey]*corev1.Pod {
+	m := map[source.PodKey]*corev1.Pod{}
+	for _, p := range pods {
+		m[source.KeyOf(p)] = p
+	}
+	return m
 }
 
 func podKeys(pods []*corev1.Pod) []string {

@@ -148,6 +148,7 @@ func (s *Source) rebuild() bool {
 		n = s.built(old)
 		s.countClaims()
 	}
+	touched := s.touched
 	s.touched, s.builtDirErr = nil, s.dirErr
 	if len(s.files) == 0 {
 		// A map keeps its table when emptied: an empty directory holds
@@ -161,10 +162,43 @@ func (s *Source) rebuild() bool {
 		return false
 	}
 	s.snap.Store(n)
+	// Recorded once the snapshot is out: a consumer that takes the record
+	// and then looks the pods up must find them changed.
 	if !ok {
+		s.podChanges.MarkAll()
 		s.notifyObjectChanges(old, n) // a patched snapshot changed pods only
+		return true
+	}
+	for name, before := range touched {
+		for _, objs := range [][]object{before.objects, s.contributionOf(name).objects} {
+			for i := range objs {
+				s.podChanges.Mark(source.PodKey{Namespace: objs[i].ns, Name: objs[i].name})
+			}
+		}
 	}
 	return true
+}
+
+var _ source.PodChanges = (*Source)(nil)
+
+// TakePodChanges implements source.PodChanges.
+func (s *Source) TakePodChanges() (all bool, keys map[source.PodKey]struct{}) {
+	return s.podChanges.Take()
+}
+
+// Pod returns the pod under a namespace and name.
+func (s *Source) Pod(namespace, name string) (*corev1.Pod, bool) {
+	pods := s.snap.Load().pods
+	i, found := slices.BinarySearchFunc(pods, objKey{namespace, name}, podByKey)
+	if !found {
+		return nil, false
+	}
+	return pods[i], true
+}
+
+// podByKey orders the pods of a snapshot.
+func podByKey(p *corev1.Pod, key objKey) int {
+	return cmp.Or(cmp.Compare(p.Namespace, key.ns), cmp.Compare(p.Name, key.name))
 }
 
 // contribution is what a file gave the store at a rebuild.
@@ -270,12 +304,9 @@ func (s *Source) patched(old *snapshot) (n *snapshot, ok bool) {
 	n = new(snapshot)
 	*n = *old
 	n.pods = slices.Clone(old.pods)
-	byKey := func(p *corev1.Pod, key objKey) int {
-		return cmp.Or(cmp.Compare(p.Namespace, key.ns), cmp.Compare(p.Name, key.name))
-	}
 	for _, before := range s.touched {
 		for i := range before.objects {
-			if j, found := slices.BinarySearchFunc(n.pods, before.objects[i].key(), byKey); found {
+			if j, found := slices.BinarySearchFunc(n.pods, before.objects[i].key(), podByKey); found {
 				n.pods = slices.Delete(n.pods, j, j+1)
 			}
 		}
@@ -283,7 +314,7 @@ func (s *Source) patched(old *snapshot) (n *snapshot, ok bool) {
 	for name := range s.touched {
 		objs := s.contributionOf(name).objects
 		for i := range objs {
-			j, _ := slices.BinarySearchFunc(n.pods, objs[i].key(), byKey)
+			j, _ := slices.BinarySearchFunc(n.pods, objs[i].key(), podByKey)
 			n.pods = slices.Insert(n.pods, j, objs[i].obj.(*corev1.Pod))
 		}
 	}

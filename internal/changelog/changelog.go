@@ -1,0 +1,49 @@
+// Package changelog owns the record of which entries of a store changed
+// between two looks of its one consumer, so that the consumer revisits
+// only those. Until the consumer first takes the record nothing is kept (a
+// store nobody follows keeps no list); the first take says All. The record
+// is bounded: past the limit its owner gives, revisiting everything costs
+// no more, and it collapses into All. It is not safe for concurrent use:
+// its owner's lock guards it.
+package changelog
+
+// Log records changed keys for one consumer. The zero value is ready.
+type Log[K comparable] struct {
+	tracking bool
+	all      bool
+	keys     map[K]struct{}
+}
+
+// Mark records that the entry under key changed; past limit keys the
+// record becomes All.
+func (l *Log[K]) Mark(key K, limit int) {
+	if !l.tracking || l.all {
+		return
+	}
+	if l.keys == nil {
+		l.keys = map[K]struct{}{}
+	}
+	l.keys[key] = struct{}{}
+	if len(l.keys) > limit {
+		l.MarkAll()
+	}
+}
+
+// MarkAll records that any entry may have changed.
+func (l *Log[K]) MarkAll() {
+	if l.tracking {
+		l.all, l.keys = true, nil
+	}
+}
+
+// Take returns what was recorded and starts a new record. The map is the
+// caller's.
+func (l *Log[K]) Take() (all bool, keys map[K]struct{}) {
+	if !l.tracking {
+		l.tracking = true
+		return true, nil
+	}
+	all, keys = l.all, l.keys
+	l.all, l.keys = false, nil
+	return all, keys
+}
