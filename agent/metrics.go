@@ -56,7 +56,7 @@ func NewMetrics() *Metrics {
 		}),
 		populateDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "populate_duration_seconds",
-			Help: "Duration of one populator pass over all pods.", Buckets: buckets,
+			Help: "Duration of one populator pass (over the pods that changed, or over every pod).", Buckets: buckets,
 		}),
 		podReady: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "pod_volumes_ready_seconds",
