@@ -3,6 +3,7 @@ package populator
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -39,8 +40,10 @@ type fakeSource struct {
 	synced  bool
 	changed chan struct{}
 	// changes records pod changes by key, and any other change as one
-	// that may concern every pod, as the real sources do.
+	// that may concern every pod, as the real sources do; byKey indexes
+	// the pods (nil: to be made again).
 	changes source.PodChangeLog
+	byKey   map[source.PodKey]*v1.Pod
 }
 
 var (
@@ -81,12 +84,20 @@ func (f *fakeSource) TakePodChanges() (bool, map[source.PodKey]struct{}) { retur
 func (f *fakeSource) Pod(namespace, name string) (*v1.Pod, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, p := range f.pods {
-		if p.Namespace == namespace && p.Name == name {
-			return p, true
-		}
+	if f.byKey == nil {
+		f.byKey = f.index()
 	}
-	return nil, false
+	p, ok := f.byKey[source.PodKey{Namespace: namespace, Name: name}]
+	return p, ok
+}
+
+// index maps the pods by key. f.mu must be held.
+func (f *fakeSource) index() map[source.PodKey]*v1.Pod {
+	m := make(map[source.PodKey]*v1.Pod, len(f.pods))
+	for _, p := range f.pods {
+		m[source.KeyOf(p)] = p
+	}
+	return m
 }
 
 func (f *fakeSource) PVC(namespace, name string) (*v1.PersistentVolumeClaim, error) {
@@ -141,10 +152,20 @@ func (f *fakeSource) SetSynced(s bool) {
 // SetPods replaces the pod list.
 func (f *fakeSource) SetPods(pods ...*v1.Pod) {
 	f.mu.Lock()
-	for _, p := range append(f.pods, pods...) {
-		f.changes.Mark(source.KeyOf(p))
-	}
+	before := f.index()
 	f.pods = pods
+	after := f.index()
+	for key, p := range before {
+		if after[key] != p {
+			f.changes.Mark(key)
+		}
+	}
+	for key, p := range after {
+		if before[key] != p {
+			f.changes.Mark(key)
+		}
+	}
+	f.byKey = after
 	f.mu.Unlock()
 	f.notify()
 }
@@ -155,14 +176,21 @@ func (f *fakeSource) Add(objs ...any) {
 	for _, o := range objs {
 		switch o := o.(type) {
 		case *v1.Pod:
+			if f.byKey == nil {
+				f.byKey = f.index()
+			}
 			replaced := false
 			for i, p := range f.pods {
 				if p.UID == o.UID {
 					f.changes.Mark(source.KeyOf(p))
+					if f.byKey[source.KeyOf(p)] == p {
+						delete(f.byKey, source.KeyOf(p))
+					}
 					f.pods[i], replaced = o, true
 				}
 			}
 			f.changes.Mark(source.KeyOf(o))
+			f.byKey[source.KeyOf(o)] = o
 			if !replaced {
 				f.pods = append(f.pods, o)
 			}
@@ -175,6 +203,18 @@ func (f *fakeSource) Add(objs ...any) {
 		default:
 			panic("fakeSource: unknown object")
 		}
+	}
+	f.mu.Unlock()
+	f.notify()
+}
+
+// Delete removes the pod with pod's UID.
+func (f *fakeSource) Delete(pod *v1.Pod) {
+	f.mu.Lock()
+	f.pods = slices.DeleteFunc(f.pods, func(p *v1.Pod) bool { return p.UID == pod.UID })
+	f.changes.Mark(source.KeyOf(pod))
+	if f.byKey != nil && f.byKey[source.KeyOf(pod)] == pod {
+		delete(f.byKey, source.KeyOf(pod))
 	}
 	f.mu.Unlock()
 	f.notify()

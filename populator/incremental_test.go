@@ -184,3 +184,44 @@ func podSummary[P any](pods map[types.UID]P) []string {
 	slices.Sort(out)
 	return out
 }
+
+// BenchmarkSyncOnePodArrives: a node with 1,000 pods of four volumes; one
+// pod arrives and the populator syncs, then it goes and the populator
+// syncs again. "changed" follows the source's pod changes, "every-pod"
+// looks at every pod as it did before them.
+func BenchmarkSyncOnePodArrives(b *testing.B) {
+	for _, mode := range []string{"changed", "every-pod"} {
+		b.Run(mode, func(b *testing.B) {
+			t := &testing.T{}
+			h := newHarness(t, func(o *Options) {
+				if mode == "every-pod" {
+					o.Source = fullSource{o.Source}
+				}
+			})
+			four := func(name string) *v1.Pod {
+				var opts []podOpt
+				for i := range 4 {
+					opts = append(opts, withVolume(emptyDirVol(fmt.Sprintf("v%d", i))))
+				}
+				return newPod(name, opts...)
+			}
+			pods := make([]*v1.Pod, 0, 1001)
+			for i := range 1000 {
+				pods = append(pods, four(fmt.Sprintf("p%04d", i)))
+			}
+			h.src.SetPods(pods...)
+			h.pop.Sync(false)
+			arriving := four("new")
+			b.ReportAllocs()
+			for b.Loop() {
+				h.src.Add(arriving)
+				h.pop.Sync(false)
+				h.src.Delete(arriving)
+				h.pop.Sync(false)
+			}
+			if len(h.snapshot().Pods) != 1000 {
+				b.Fatalf("%d pods desired", len(h.snapshot().Pods))
+			}
+		})
+	}
+}
