@@ -1,7 +1,6 @@
 package cache
 
 import (
-	"github.com/volume-agent/volume-agent/internal/changelog"
 	"maps"
 	"slices"
 	"sort"
@@ -14,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 
+	"github.com/volume-agent/volume-agent/internal/changelog"
 	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/volume"
 )

@@ -113,9 +113,9 @@ type PodChangeLog struct {
 	log changelog.Log[PodKey]
 }
 
-// maxPodChanges bounds the keys a PodChangeLog lists: the populator
-// resolves each changed pod again, which costs more than looking at an
-// unchanged one, so past this many a full pass costs no more.
+// maxPodChanges bounds the keys a PodChangeLog holds: past this many, a
+// full pass costs little more than looking at each of them (a changed pod
+// is resolved again either way, an unchanged one only compared).
 const maxPodChanges = 1024
 
 // Mark records a change of the pod under key.
