@@ -298,13 +298,24 @@ func (c countingLocal) Attributes(spec *volume.Spec) (volume.Attributes, error) 
 // counting its Attributes calls in *calls.
 func testPlugins(t *testing.T, calls *atomic.Int64) *plugins.Registry {
 	t.Helper()
+	return testPluginsWrappingHostPath(t, calls, nil)
+}
+
+// testPluginsWrappingHostPath is testPlugins with the host path plugin
+// wrapped by wrap, if not nil.
+func testPluginsWrappingHostPath(t *testing.T, calls *atomic.Int64, wrap func(plugins.Plugin) plugins.Plugin) *plugins.Registry {
+	t.Helper()
 	if calls == nil {
 		calls = &atomic.Int64{}
 	}
 	host := plugins.Host{Paths: volume.Paths{Root: t.TempDir()}, Mounter: mountutil.New(), NodeName: testNode}
+	var hostPath plugins.Plugin = countingPlugin{hostpath.New(host), calls}
+	if wrap != nil {
+		hostPath = wrap(hostPath)
+	}
 	return plugins.NewRegistry(
 		countingPlugin{emptydir.New(host), calls},
-		countingPlugin{hostpath.New(host), calls},
+		hostPath,
 		// Every answer about a path is checked again in the background
 		// at once: host changes reach the next pass but one.
 		countingLocal{local.NewWithOptions(host, pathcheck.Options{MaxAge: time.Nanosecond}), calls},

@@ -10,17 +10,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/volume-agent/volume-agent/internal/mountutil"
-	"github.com/volume-agent/volume-agent/internal/pathcheck"
 	"github.com/volume-agent/volume-agent/plugins"
-	"github.com/volume-agent/volume-agent/plugins/emptydir"
-	"github.com/volume-agent/volume-agent/plugins/hostpath"
-	"github.com/volume-agent/volume-agent/plugins/local"
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -156,12 +150,7 @@ func TestIncrementalSyncMatchesFullSync(t *testing.T) {
 // waitingPlugins are the test plugins with a host path plugin that cannot
 // answer (plugins.ErrNotReady) until ready.
 func waitingPlugins(t *testing.T, ready *atomic.Bool) *plugins.Registry {
-	host := plugins.Host{Paths: volume.Paths{Root: t.TempDir()}, Mounter: mountutil.New(), NodeName: testNode}
-	return plugins.NewRegistry(
-		emptydir.New(host),
-		notReadyPlugin{hostpath.New(host), ready},
-		countingLocal{local.NewWithOptions(host, pathcheck.Options{MaxAge: time.Nanosecond}), &atomic.Int64{}},
-	)
+	return testPluginsWrappingHostPath(t, nil, func(p plugins.Plugin) plugins.Plugin { return notReadyPlugin{p, ready} })
 }
 
 type notReadyPlugin struct {
