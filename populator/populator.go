@@ -84,6 +84,8 @@ type PodObserver interface {
 type Populator struct {
 	opts  Options
 	ready atomic.Bool
+	// changes is the source's record of pod changes, if it keeps one.
+	changes source.PodChanges
 
 	mu    sync.Mutex
 	state map[types.UID]*podState
@@ -123,7 +125,9 @@ func New(opts Options) *Populator {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Populator{opts: opts, state: map[types.UID]*podState{}, byKey: map[source.PodKey]types.UID{}, waiting: map[source.PodKey]struct{}{}}
+	p := &Populator{opts: opts, state: map[types.UID]*podState{}, byKey: map[source.PodKey]types.UID{}, waiting: map[source.PodKey]struct{}{}}
+	p.changes, _ = opts.Source.(source.PodChanges)
+	return p
 }
 
 // PodTerminated: a pod in phase Succeeded or Failed runs no containers and
@@ -168,9 +172,8 @@ func (p *Populator) Sync(force bool) {
 	// The changes first, then the pods: a change made in between is seen
 	// now and looked at again next pass.
 	all, changed := true, map[source.PodKey]struct{}(nil)
-	tracker, incremental := p.opts.Source.(source.PodChanges)
-	if incremental {
-		all, changed = tracker.TakePodChanges()
+	if p.changes != nil {
+		all, changed = p.changes.TakePodChanges()
 	}
 	node := p.opts.Node()
 
@@ -183,7 +186,7 @@ func (p *Populator) Sync(force bool) {
 	if force || all || !p.ready.Load() {
 		p.syncAll(node, force)
 	} else {
-		p.syncChanged(tracker, changed, node)
+		p.syncChanged(changed, node)
 	}
 	p.ready.Store(true)
 	if p.opts.Observer != nil {
@@ -222,7 +225,7 @@ func (p *Populator) syncAll(node Node, force bool) {
 // terminated or is another pod now (a new UID) leaves the DSW, unless its
 // UID is still the source's under another key (its manifest moved to
 // another file): a pod is removed before any is added back.
-func (p *Populator) syncChanged(tracker source.PodChanges, changed map[source.PodKey]struct{}, node Node) {
+func (p *Populator) syncChanged(changed map[source.PodKey]struct{}, node Node) {
 	for key := range p.waiting {
 		if changed == nil {
 			changed = map[source.PodKey]struct{}{}
@@ -235,7 +238,7 @@ func (p *Populator) syncChanged(tracker source.PodChanges, changed map[source.Po
 	current := make(map[source.PodKey]*v1.Pod, len(changed))
 	uids := make(map[types.UID]bool, len(changed))
 	for key := range changed {
-		if pod, ok := tracker.Pod(key.Namespace, key.Name); ok && !p.opts.IsTerminated(pod) {
+		if pod, ok := p.changes.Pod(key.Namespace, key.Name); ok && !p.opts.IsTerminated(pod) {
 			current[key] = pod
 			uids[pod.UID] = true
 		}
