@@ -86,9 +86,9 @@ func run() error {
 	flag.StringVar(&o.dumpMetrics, "dump-metrics", "", "api-volumes: write the agent's /metrics here at the end")
 	flag.StringVar(&o.sizes, "sizes", "100,200", "readiness: numbers of pods, comma-separated")
 	flag.StringVar(&o.modes, "modes", "before,running", "readiness: pods created before the agent starts, or at once while it runs")
-	flag.IntVar(&o.runs, "runs", 1, "readiness: rounds of each size, mode and agent")
+	flag.IntVar(&o.runs, "runs", 1, "readiness: rounds of each size, mode and agent; emptydir: rounds of each agent, alternating, summarised at the end (profiles and traces are the last round's)")
 	flag.StringVar(&o.agentArgs, "agent-args", "", "readiness: more flags for the agent")
-	flag.StringVar(&o.baseline, "baseline", "", "readiness: a second agent binary, run alternately with -agent")
+	flag.StringVar(&o.baseline, "baseline", "", "readiness and emptydir: a second agent binary, run alternately with -agent")
 	flag.StringVar(&o.baselineArgs, "baseline-args", "", "readiness: more flags for the baseline agent")
 	flag.IntVar(&o.pods, "pods", 500, "pods")
 	flag.IntVar(&o.volumes, "volumes", 4, "volumes per pod: Memory emptyDirs (emptydir) or PVCs bound to local PVs (readiness)")
@@ -133,6 +133,23 @@ func run() error {
 		return runReadiness(o, work, root)
 	}
 
+	return emptyDirRounds(o, work, root)
+}
+
+// emptyDirResult is one round of the emptydir scenario: the agent's times
+// by its own log, its CPU (user + kernel seconds) in each phase, idle CPU,
+// RSS, and the floor before and after (setup, teardown), if measured.
+type emptyDirResult struct {
+	setup, teardown       time.Duration
+	setupCPU, teardownCPU float64
+	idleCPU, rssMiB       float64
+	floors                [2][2]time.Duration
+}
+
+// emptyDirRound runs the emptydir scenario once with the agent binary
+// agent; tag names its log.
+func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult) error {
+	manifests := filepath.Join(work, "manifests")
 	var floors [][2]time.Duration
 	var floorCPU [][2]string
 	runFloor := func() error {
@@ -152,11 +169,11 @@ func run() error {
 	}
 
 	debugAddr, metricsAddr := freeAddr(), freeAddr()
-	cmd := exec.Command(o.agent, "--node-name", "bench-node", "--root-dir", root, "--pod-manifest-path", manifests,
+	cmd := exec.Command(agent, "--node-name", "bench-node", "--root-dir", root, "--pod-manifest-path", manifests,
 		"--debug-address", debugAddr, "--metrics-address", metricsAddr)
 	// At the default level, as deployed: its lines also time the
 	// operations without watching mountinfo (see agentTimes).
-	logPath := filepath.Join(work, "agent.log")
+	logPath := filepath.Join(work, "agent"+tag+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return err
@@ -221,6 +238,7 @@ func run() error {
 		}
 	}
 	user0, system0, _ := cpuSplit(cmd.Process.Pid)
+	cpuBefore := user0 + system0
 	start := time.Now()
 	arrived := 0
 	for name := range files {
@@ -245,6 +263,10 @@ func run() error {
 		return err
 	}
 	fmt.Printf("  mounted:   %.3f s from the first write by the agent's log (its last mount_volume; %s)\n", mountTimes.last().Sub(start).Seconds(), mountTimes.spread(start))
+	res.setup = mountTimes.last().Sub(start)
+	if c, err := cpuSeconds(cmd.Process.Pid); err == nil {
+		res.setupCPU = c - cpuBefore
+	}
 
 	waitProfile()
 	waitProfile = profile("idle", o.idle)
@@ -271,10 +293,12 @@ func run() error {
 	}
 	fmt.Printf("  idle CPU:  %.3f s over %s with everything mounted\n", cpu1-cpu0, o.idle)
 	fmt.Printf("  RSS:       %.1f MiB\n", float64(rss)/1024)
+	res.idleCPU, res.rssMiB = cpu1-cpu0, float64(rss)/1024
 
 	waitProfile = profile("unmount", o.profileFor)
 	defer waitProfile()
 	user0, system0, _ = cpuSplit(cmd.Process.Pid)
+	cpuBefore = user0 + system0
 	deleteStart := time.Now()
 	for name := range files {
 		if err := os.Remove(filepath.Join(manifests, name)); err != nil {
@@ -292,6 +316,10 @@ func run() error {
 		return err
 	}
 	fmt.Printf("  unmounted: %.3f s from the first removal by the agent's log (its last unmount_volume; %s)\n", unmountTimes.last().Sub(deleteStart).Seconds(), unmountTimes.spread(deleteStart))
+	res.teardown = unmountTimes.last().Sub(deleteStart)
+	if c, err := cpuSeconds(cmd.Process.Pid); err == nil {
+		res.teardownCPU = c - cpuBefore
+	}
 	if err := waitFor(o.timeout, func() bool {
 		entries, _ := os.ReadDir(filepath.Join(root, "pods"))
 		return len(entries) == 0
@@ -302,6 +330,7 @@ func run() error {
 		if err := runFloor(); err != nil {
 			return err
 		}
+		res.floors = [2][2]time.Duration{floors[0], floors[1]}
 		agentSetup, agentTeardown := mounted.Sub(start), unmountedAt.Sub(deleteStart)
 		fmt.Printf("  floor:     setup %s, teardown %s (before) and %s, %s (after): bare mkdir/mount/umount2/rmdir from %d goroutines on the same filesystem\n",
 			ms(floors[0][0])+" ms", ms(floors[0][1])+" ms", ms(floors[1][0])+" ms", ms(floors[1][1])+" ms", floorWorkers)

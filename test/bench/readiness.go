@@ -581,8 +581,7 @@ func summarize(results []roundResult) {
 			for i, r := range g {
 				v[i] = f(r)
 			}
-			slices.Sort(v)
-			return fmt.Sprintf(format+" ["+format+"–"+format+"]", v[len(v)/2], v[0], v[len(v)-1])
+			return medianRange(v, format)
 		}
 		msf := func(d time.Duration) float64 { return float64(d.Milliseconds()) }
 		fmt.Printf("  %-8s %4d pods, %-7s all True %s s | mounted→True p50 %s, p99 %s ms | created→True p99 %s ms | %s req/pod | CPU agent %s s, apiserver %s s | RSS %s MiB\n",
