@@ -86,6 +86,9 @@ func New(cfg Config) (_ *Agent, err error) {
 	if err := os.MkdirAll(paths.PodsDir(), 0o750); err != nil {
 		return nil, fmt.Errorf("creating root directory: %w", err)
 	}
+	if cfg.SharedRootDir {
+		shareRootDir(cfg.Log, paths.Root)
+	}
 	m, err := newMode(cfg)
 	if err != nil {
 		return nil, err
@@ -113,6 +116,24 @@ func New(cfg Config) (_ *Agent, err error) {
 	return a, nil
 }
 
+// shareRootDir makes the root directory a shared mount, so that what a CSI
+// driver in a container mounts below it reaches the host and the pods. It
+// cannot when the directory is not shared but holds mounts already (an
+// upgrade from a version that did not do it): those are left as they are,
+// with a warning, and CSI drivers in containers cannot publish into the
+// root until a start finds nothing mounted in it.
+func shareRootDir(log *zap.Logger, root string) {
+	switch res, err := mountutil.MakeShared(root); {
+	case errors.Is(err, mountutil.ErrMountsBelow):
+		log.Warn("the root directory is not a shared mount and cannot become one while volumes are mounted in it; mounts that CSI drivers in containers make below it will not reach the pods",
+			zap.String("rootDir", root), zap.Error(err))
+	case err != nil:
+		log.Warn("cannot make the root directory a shared mount", zap.String("rootDir", root), zap.Error(err))
+	case res == mountutil.MadeShared:
+		log.Info("root directory made a shared mount", zap.String("rootDir", root))
+	}
+}
+
 // build makes the parts both modes share — caches, plugins, executor,
 // populator, reconciler, metrics — around the mode's, each from parts built
 // before it. Whatever wakes the reconciler is handed one signal made first,
@@ -137,7 +158,7 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	recheck := notify.New()
 	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot,
 		NodeMemory: m.nodeMemory, Recheck: recheck.Notify, Log: log.Named("plugins")}
-	a.csi = newCSI(cfg, host, m, a.asw)
+	a.csi = newCSI(cfg, host, m, a.asw, a.events)
 	// The refresher acts on the executor, which is built after the
 	// plugins: it reaches it through a.
 	a.api = newAPIVolumes(cfg, host, m, apiVolumeDeps{

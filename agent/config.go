@@ -18,6 +18,9 @@ type Config struct {
 	// PV node affinity); kubernetes.io/hostname is added from NodeName.
 	NodeLabels map[string]string
 	RootDir    string
+	// SharedRootDir makes the root directory a shared mount at start
+	// (mountutil.MakeShared), as the kubelet makes its own.
+	SharedRootDir bool
 	// HostRoot is where the node's root filesystem is visible ("/" unless
 	// the agent runs in a container that mounts it elsewhere).
 	HostRoot string
@@ -50,6 +53,13 @@ type Config struct {
 	AttachMode string
 	// CSIProbePeriod is how often registered drivers are probed.
 	CSIProbePeriod time.Duration
+	// CSINodeInfo writes the node's CSINode and the Node's CSI annotation
+	// and topology labels for the registered drivers (cluster mode).
+	CSINodeInfo bool
+	// AttachDetachAnnotation keeps the Node's
+	// controller-managed-attach-detach annotation in step with AttachMode
+	// (cluster mode).
+	AttachDetachAnnotation bool
 
 	// LocalVolumesConfig turns on the local volume provisioner (cluster
 	// mode only).

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -10,8 +11,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	storagev1 "k8s.io/api/storage/v1"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/csi/nodeinfo"
 	"github.com/volume-agent/volume-agent/csi/registration"
 	"github.com/volume-agent/volume-agent/csi/registry"
 	"github.com/volume-agent/volume-agent/csi/volumestats"
@@ -20,6 +23,7 @@ import (
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/plugins"
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
+	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/status/nodestatus"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -46,15 +50,27 @@ type csiParts struct {
 	plugin      *csiplugin.Plugin
 	attachments *attachments
 	nodeStatus  *nodestatus.Reporter
+	// nodeInfo tells the cluster which drivers are on the node (CSINode,
+	// Node annotations and labels); nil in standalone mode.
+	nodeInfo *nodeinfo.Manager
 }
 
 // newCSI builds the driver registry and the CSI plugin. In cluster mode it
-// also watches VolumeAttachments and, when a controller attaches, keeps the
-// node's volumesInUse current.
-func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorld) *csiParts {
+// also watches VolumeAttachments, keeps the node's volumesInUse current when
+// a controller attaches, and tells the cluster which drivers are on the
+// node.
+func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorld, rec events.Recorder) *csiParts {
 	log := cfg.Log
 	p := &csiParts{drivers: registry.New(log.Named("csi"))}
-	p.watcher = registration.New(registration.Options{Dir: cfg.PluginRegistryDir, Registry: p.drivers, Log: log.Named("csi-registration")})
+	var notifyNodeInfo func()
+	p.watcher = registration.New(registration.Options{
+		Dir: cfg.PluginRegistryDir, Registry: p.drivers, Log: log.Named("csi-registration"),
+		OnChange: func() {
+			if notifyNodeInfo != nil {
+				notifyNodeInfo()
+			}
+		},
+	})
 	p.stats = volumestats.New(volumestats.Options{Registry: p.drivers, ASW: asw.Snapshot, Log: log.Named("csi-stats")})
 	pcfg := csiplugin.Config{
 		Host: host, Drivers: p.drivers, CSIDriver: m.source.CSIDriver, AttachMode: csiplugin.AttachLocal,
@@ -73,9 +89,71 @@ func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorl
 			p.attachments.inUse = p.nodeStatus.ReportedInUse
 		}
 		pcfg.Attachments = p.attachments
+		if cfg.CSINodeInfo || cfg.AttachDetachAnnotation {
+			p.nodeInfo = p.newNodeInfo(cfg, c, pcfg.AttachMode, rec)
+			notifyNodeInfo = p.nodeInfo.Notify
+		}
 	}
 	p.plugin = csiplugin.New(pcfg)
 	return p
+}
+
+// newNodeInfo builds the manager of the node's CSINode and CSI annotations
+// and labels. It writes with the node's identity when the agent has it
+// (the Node authorizer and NodeRestriction then allow exactly the node's own
+// Node and CSINode, as for the kubelet), else with the agent's own, which
+// deploy/'s admission policies hold to the same.
+func (p *csiParts) newNodeInfo(cfg Config, c *clusterParts, attachMode string, rec events.Recorder) *nodeinfo.Manager {
+	ad := nodeinfo.AttachDetachLeave
+	if cfg.AttachDetachAnnotation {
+		ad = nodeinfo.AttachDetachSelf
+		if attachMode == csiplugin.AttachController {
+			ad = nodeinfo.AttachDetachController
+		}
+	}
+	static := make([]string, 0, len(cfg.CSIDrivers))
+	for _, d := range cfg.CSIDrivers {
+		static = append(static, d.Name)
+	}
+	api := c.client
+	if c.nodeClient != nil {
+		api = c.nodeClient
+	}
+	m := nodeinfo.New(nodeinfo.Options{
+		NodeName: cfg.NodeName, API: api, Node: c.source.Node,
+		AttachDetach: ad, AttachDetachOnly: !cfg.CSINodeInfo,
+		Sources: nodeinfo.Sources{
+			Registered: p.registeredDrivers,
+			Present: func() []string {
+				names := append(slices.Clone(static), p.watcher.Drivers()...)
+				for _, d := range p.drivers.List() {
+					names = append(names, d.Name)
+				}
+				return names
+			},
+		},
+		Event: func(eventType, reason, message string) {
+			rec.Event(events.Object{Kind: "Node", Name: cfg.NodeName}, eventType, reason, message)
+		},
+		Log: cfg.Log.Named("nodeinfo"),
+	})
+	p.drivers.OnChanged(m.Notify)
+	_, _ = c.source.NodeInformer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { m.Notify() },
+		UpdateFunc: func(_, _ any) { m.Notify() },
+	})
+	return m
+}
+
+// registeredDrivers are the registered drivers as the node-info manager
+// needs them.
+func (p *csiParts) registeredDrivers() []nodeinfo.Driver {
+	list := p.drivers.List()
+	out := make([]nodeinfo.Driver, 0, len(list))
+	for _, d := range list {
+		out = append(out, nodeinfo.Driver{Name: d.Name, NodeID: d.NodeID, Topology: d.Topology, MaxVolumes: d.MaxVolumesPerNode})
+	}
+	return out
 }
 
 // retryOnChange wires the wake-ups: a driver registering, an attachment
@@ -118,6 +196,9 @@ func (p *csiParts) start(l *loops, static []StaticDriver, probePeriod time.Durat
 	}
 	if p.nodeStatus != nil {
 		l.run("node status", untilDone(p.nodeStatus.Run))
+	}
+	if p.nodeInfo != nil {
+		l.run("CSI node information", untilDone(p.nodeInfo.Run))
 	}
 }
 
@@ -170,6 +251,10 @@ func (c driversCollector) Collect(ch chan<- prometheus.Metric) {
 type DriversDocument struct {
 	Drivers             []registry.Driver           `json:"drivers"`
 	RegistrationSockets []registration.SocketStatus `json:"registrationSockets"`
+	// NodeInfo says, per driver, whether the cluster knows it is on this
+	// node (CSINode entry, node ID annotation, topology labels); absent in
+	// standalone mode and with --csi-node-info=false.
+	NodeInfo []nodeinfo.DriverStatus `json:"nodeInfo,omitempty"`
 }
 
 func logDriverConfig(log *zap.Logger, static []StaticDriver, dir string) {

@@ -219,6 +219,9 @@ func (a *Agent) debugMux() *http.ServeMux {
 	})
 	mux.HandleFunc("GET /debug/drivers", func(w http.ResponseWriter, _ *http.Request) {
 		doc := DriversDocument{Drivers: a.csi.drivers.List(), RegistrationSockets: a.csi.watcher.Sockets()}
+		if a.csi.nodeInfo != nil {
+			doc.NodeInfo = a.csi.nodeInfo.Statuses()
+		}
 		if doc.RegistrationSockets == nil {
 			doc.RegistrationSockets = []registration.SocketStatus{}
 		}

@@ -71,6 +71,7 @@ func run() error {
 	fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
 	fs.StringVar(&nodeLabels, "node-labels", "", "standalone mode: this node's labels, k=v,k2=v2 (checked against PV node affinity)")
 	fs.StringVar(&cfg.RootDir, "root-dir", "/var/lib/volume-agent", "directory holding pods' volume directories and the agent's state")
+	fs.BoolVar(&cfg.SharedRootDir, "shared-root-dir", true, "make the root directory a mount with shared propagation at start (bound onto itself unless it lies in a shared mount already), as the kubelet does, so that mounts a CSI driver container makes below it reach the host and the pods")
 	fs.StringVar(&cfg.HostRoot, "host-root", "/", "where the node's root filesystem is visible (e.g. /host in a container); hostPath and local paths are resolved within it, symbolic links as on the node")
 	fs.StringVar(&cfg.PodManifestPath, "pod-manifest-path", "", "standalone mode: directory of Pod, PV, PVC, StorageClass and CSIDriver manifests (YAML or JSON)")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "cluster mode: kubeconfig file (without it and without --pod-manifest-path, the in-cluster configuration is used)")
@@ -88,6 +89,8 @@ func run() error {
 		return err
 	})
 	fs.StringVar(&cfg.AttachMode, "attach-mode", "controller", "cluster mode, attach-required CSI drivers: controller (wait for the attach/detach controller's VolumeAttachment) or self (the agent creates it and attaches through the driver)")
+	fs.BoolVar(&cfg.CSINodeInfo, "csi-node-info", true, "cluster mode: tell the cluster which CSI drivers are on this node, as the kubelet does: the node's CSINode, the Node's csi.volume.kubernetes.io/nodeid annotation and the drivers' topology labels; turn it off where a kubelet does it")
+	fs.BoolVar(&cfg.AttachDetachAnnotation, "attach-detach-annotation", true, "cluster mode: keep the Node's volumes.kubernetes.io/controller-managed-attach-detach annotation in step with --attach-mode (\"true\" for controller, removed for self), as the kubelet does; false leaves it alone")
 	fs.DurationVar(&cfg.CSIProbePeriod, "csi-probe-period", 30*time.Second, "how often registered CSI drivers are probed; three failures in a row deregister a driver")
 	fs.StringVar(&cfg.LocalVolumesConfig, "local-volumes-config", "", "cluster mode: turn on the local volume provisioner with this configuration file (see docs/local-volumes.md); reloaded on change")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "127.0.0.1:9808", "address of the debug endpoint (/debug/*, /healthz, /readyz); empty disables it")

@@ -30,6 +30,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -86,6 +87,9 @@ type Options struct {
 	// registration failed is tried again; the wait doubles with every
 	// failure in a row.
 	MinBackoff, MaxBackoff time.Duration
+	// OnChange, if set, is called (it must not block) whenever what
+	// Sockets returns changes.
+	OnChange func()
 }
 
 // State is what a socket turned out to be.
@@ -605,7 +609,13 @@ func (w *Watcher) finish(ctx context.Context, res result) {
 	if e.state != res.state {
 		e.since = now
 	}
-	e.state, e.info = res.state, res.info
+	e.state = res.state
+	if res.info.name != "" || res.state != StateFailed {
+		// A failed attempt that learnt nothing (the registrar does not
+		// answer) keeps what the socket said before: it still stands for
+		// its driver until it goes away or is replaced.
+		e.info = res.info
+	}
 	log := w.log.With(zap.String("socket", e.path))
 	if res.info.name != "" {
 		log = log.With(zap.String("driver", res.info.name))
@@ -658,8 +668,31 @@ func (w *Watcher) publish() {
 		out = append(out, st)
 	}
 	w.mu.Lock()
+	changed := !slices.EqualFunc(w.statuses, out, sameStatus)
 	w.statuses = out
 	w.mu.Unlock()
+	if changed && w.opts.OnChange != nil {
+		w.opts.OnChange()
+	}
+}
+
+func sameStatus(a, b SocketStatus) bool {
+	return a.Path == b.Path && a.State == b.State && a.Driver == b.Driver && a.Endpoint == b.Endpoint &&
+		a.LastError == b.LastError && a.Failures == b.Failures && a.Since.Equal(b.Since)
+}
+
+// Drivers returns the names of the CSI drivers that sockets in the
+// directory named (by GetInfo), whatever became of their registration.
+func (w *Watcher) Drivers() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for _, s := range w.statuses {
+		if s.Driver != "" && s.Type == registerapi.CSIPlugin && !slices.Contains(out, s.Driver) {
+			out = append(out, s.Driver)
+		}
+	}
+	return out
 }
 
 func (w *Watcher) sortedEntries() []*entry {

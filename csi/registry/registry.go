@@ -60,6 +60,7 @@ type Registry struct {
 	mu        sync.RWMutex
 	drivers   map[string]*Driver
 	listeners []func(name string)
+	onChange  []func()
 }
 
 // New returns an empty registry.
@@ -76,6 +77,25 @@ func (r *Registry) OnRegistered(fn func(name string)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.listeners = append(r.listeners, fn)
+}
+
+// OnChanged calls fn (which must not block) whenever a driver registers,
+// registers again or goes away.
+func (r *Registry) OnChanged(fn func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.onChange = append(r.onChange, fn)
+}
+
+// notifyChanged tells the listeners; r.mu must not be held.
+func (r *Registry) notifyChanged() {
+	r.changed.Notify()
+	r.mu.RLock()
+	fns := append([]func(){}, r.onChange...)
+	r.mu.RUnlock()
+	for _, fn := range fns {
+		fn()
+	}
 }
 
 // Registration describes a driver to register.
@@ -142,7 +162,7 @@ func (r *Registry) Register(ctx context.Context, reg Registration) (*Driver, err
 	}
 	r.log.Info("CSI driver registered", zap.String("driver", d.Name), zap.String("endpoint", d.Endpoint),
 		zap.String("source", d.Source), zap.String("nodeID", d.NodeID), zap.Strings("capabilities", d.NodeCapabilities))
-	r.changed.Notify()
+	r.notifyChanged()
 	for _, fn := range listeners {
 		fn(d.Name)
 	}
@@ -167,7 +187,7 @@ func (r *Registry) Deregister(name, endpoint, why string) {
 		closeLater(d.Client)
 	}
 	r.log.Warn("CSI driver deregistered", zap.String("driver", name), zap.String("endpoint", d.Endpoint), zap.String("reason", why))
-	r.changed.Notify()
+	r.notifyChanged()
 }
 
 // Get returns a registered driver.

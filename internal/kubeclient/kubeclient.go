@@ -275,3 +275,46 @@ func (c *Client) DeleteVolumeAttachment(ctx context.Context, name string) error 
 	}
 	return err
 }
+
+// GetNode reads a Node.
+func (c *Client) GetNode(ctx context.Context, name string) (*v1.Node, error) {
+	out := &v1.Node{}
+	err := c.Core.Get().Resource("nodes").Name(name).Do(ctx).Into(out)
+	return out, err
+}
+
+// PatchNode applies a JSON merge patch to a Node (its metadata: the status
+// has PatchNodeStatus).
+func (c *Client) PatchNode(ctx context.Context, name string, patch []byte) (*v1.Node, error) {
+	out := &v1.Node{}
+	err := c.Core.Patch(types.MergePatchType).Resource("nodes").Name(name).Body(patch).Do(ctx).Into(out)
+	return out, err
+}
+
+// GetCSINode reads a CSINode.
+func (c *Client) GetCSINode(ctx context.Context, name string) (*storagev1.CSINode, error) {
+	out := &storagev1.CSINode{}
+	err := c.Storage.Get().Resource("csinodes").Name(name).Do(ctx).Into(out)
+	return out, err
+}
+
+// CreateCSINode creates a CSINode.
+func (c *Client) CreateCSINode(ctx context.Context, n *storagev1.CSINode) (*storagev1.CSINode, error) {
+	out := &storagev1.CSINode{}
+	err := c.Storage.Post().Resource("csinodes").Body(n).Do(ctx).Into(out)
+	return out, err
+}
+
+// UpdateCSINode replaces a CSINode; its resourceVersion makes the update
+// fail with a conflict if the object changed since it was read.
+func (c *Client) UpdateCSINode(ctx context.Context, n *storagev1.CSINode) (*storagev1.CSINode, error) {
+	out := &storagev1.CSINode{}
+	err := c.Storage.Put().Resource("csinodes").Name(n.Name).Body(n).Do(ctx).Into(out)
+	return out, err
+}
+
+// DeleteCSINode deletes a CSINode if it still has the given UID.
+func (c *Client) DeleteCSINode(ctx context.Context, name string, uid types.UID) error {
+	opts := &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}
+	return c.Storage.Delete().Resource("csinodes").Name(name).Body(opts).Do(ctx).Error()
+}

@@ -23,7 +23,8 @@ import (
 
 // The real agent binary, with the token of its pod on node A and the
 // local volume provisioner on, works under the policies: it writes pods'
-// VolumesReady condition, requests the service-account tokens of a
+// VolumesReady condition, creates its node's CSINode and sets the Node's
+// attach/detach annotation, requests the service-account tokens of a
 // tenant's pod and of its own pod (kube-api-access), creates a local PV
 // for a disk in its discovery directory, and, once the PV's claim is released, cleans the
 // disk, deletes the PV and creates it again. TestMain then checks in the
@@ -95,6 +96,23 @@ func TestAgentWorksUnderPolicies(t *testing.T) {
 			return false, "no condition"
 		})
 	}
+
+	// The node's CSI information: its CSINode, owned by the Node, and the
+	// attach/detach controller's annotation, written under the
+	// node-metadata and CSINode policies.
+	e2eutil.Poll(t, 30*time.Second, "the node's CSINode and attach/detach annotation", func(ctx context.Context) (bool, string) {
+		n, err := suite.Admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		cn, err := suite.Admin.StorageV1().CSINodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		owned := len(cn.OwnerReferences) == 1 && cn.OwnerReferences[0].UID == n.UID
+		return owned && n.Annotations["volumes.kubernetes.io/controller-managed-attach-detach"] == "true",
+			fmt.Sprintf("owners %+v, annotations %v", cn.OwnerReferences, n.Annotations)
+	})
 
 	// Both tokens were issued to the agent, under the tokens policy.
 	e2eutil.Poll(t, 30*time.Second, "the agent's token requests in the audit log", func(context.Context) (bool, string) {

@@ -31,6 +31,8 @@ const (
 	localPVPolicy     = "volume-agent-local-volumes"
 	attachPolicy      = "volume-agent-self-attach"
 	eventsPolicy      = "volume-agent-events"
+	nodeMetaPolicy    = "volume-agent-node-metadata"
+	csiNodePolicy     = "volume-agent-csinode"
 
 	provisionedBy = "pv.kubernetes.io/provisioned-by"
 	holdFinalizer = "test.volume-agent.io/hold"
@@ -122,6 +124,45 @@ func podStatus(ns, name string, pt types.PatchType, body string) func(context.Co
 func nodeStatus(name string, pt types.PatchType, body string) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
 	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
 		return c.CoreV1().Nodes().Patch(ctx, name, pt, []byte(body), metav1.PatchOptions{DryRun: dry}, "status")
+	}
+}
+
+func patchNode(name string, pt types.PatchType, body string) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		return c.CoreV1().Nodes().Patch(ctx, name, pt, []byte(body), metav1.PatchOptions{DryRun: dry})
+	}
+}
+
+// csiNode is the CSINode of node, owned by owner (a Node's name and UID).
+func csiNode(node, owner string, ownerUID types.UID) *storagev1.CSINode {
+	return &storagev1.CSINode{
+		ObjectMeta: metav1.ObjectMeta{Name: node, OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: owner, UID: ownerUID}}},
+		Spec:       storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{}},
+	}
+}
+
+func createCSINode(n *storagev1.CSINode) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		return c.StorageV1().CSINodes().Create(ctx, n.DeepCopy(), metav1.CreateOptions{DryRun: dry})
+	}
+}
+
+// updateCSINode reads a CSINode as the administrator, changes it and writes
+// it back (the agent updates CSINodes; it does not patch them).
+func updateCSINode(name string, change func(*storagev1.CSINode)) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		n, err := suite.Admin.StorageV1().CSINodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		change(n)
+		return c.StorageV1().CSINodes().Update(ctx, n, metav1.UpdateOptions{DryRun: dry})
+	}
+}
+
+func deleteCSINode(name string) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		return nil, c.StorageV1().CSINodes().Delete(ctx, name, metav1.DeleteOptions{DryRun: dry})
 	}
 }
 
@@ -347,6 +388,10 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 	if _, err := createEvent(f.ns, "by-b", b)(ctx, f.admin, nil); err != nil {
 		t.Fatal(err)
 	}
+	uidA, uidB := nodeUID(t, a), nodeUID(t, b)
+	if _, err := f.admin.StorageV1().CSINodes().Create(ctx, csiNode(b, b, uidB), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	const ready = `{"status":{"conditions":[{"type":"volume-agent.io/VolumesReady","status":"True","reason":"Test"}]}}`
 	podLabelled := func(o runtime.Object) bool { return o.(*corev1.Pod).Labels["role"] == "db" }
@@ -386,6 +431,65 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 			do: nodeStatus(a, types.MergePatchType, `{"status":{"volumesAttached":[{"name":"kubernetes.io/csi/csi.example.com^vol-1","devicePath":""}]}}`)},
 		{name: "own node: capacity", refusedBy: nodeStatusPolicy, msg: "volumesInUse",
 			do: nodeStatus(a, types.MergePatchType, `{"status":{"capacity":{"cpu":"64"}}}`)},
+
+		// Nodes' metadata: the kubelet's CSI annotations and topology
+		// labels, nothing else.
+		{name: "own node: the CSI node ID annotation",
+			do: patchNode(a, types.MergePatchType, `{"metadata":{"annotations":{"csi.volume.kubernetes.io/nodeid":"{\"x.csi\":\"id-1\"}"}}}`)},
+		{name: "own node: the controller-managed-attach-detach annotation",
+			do: patchNode(a, types.MergePatchType, `{"metadata":{"annotations":{"volumes.kubernetes.io/controller-managed-attach-detach":"true"}}}`)},
+		{name: "own node: a driver's topology label", do: patchNode(a, types.MergePatchType, `{"metadata":{"labels":{"topology.x.csi/rack":"r1"}}}`)},
+		{name: "own node: the zone label", do: patchNode(a, types.MergePatchType, `{"metadata":{"labels":{"topology.kubernetes.io/zone":"z1"}}}`)},
+		{name: "other node: the CSI node ID annotation", refusedBy: nodeMetaPolicy, msg: "not node " + b,
+			do: patchNode(b, types.MergePatchType, `{"metadata":{"annotations":{"csi.volume.kubernetes.io/nodeid":"{\"x.csi\":\"id-1\"}"}}}`)},
+		{name: "own node: another annotation", refusedBy: nodeMetaPolicy, msg: "annotations",
+			do: patchNode(a, types.MergePatchType, `{"metadata":{"annotations":{"example.com/owner":"me"}}}`)},
+		{name: "own node: its hostname label", refusedBy: nodeMetaPolicy, msg: "change or remove",
+			effect: func(o runtime.Object) bool { return o.(*corev1.Node).Labels[corev1.LabelHostname] == b },
+			do:     patchNode(a, types.MergePatchType, `{"metadata":{"labels":{"kubernetes.io/hostname":"`+b+`"}}}`)},
+		{name: "own node: a topology label it set, changed", refusedBy: nodeMetaPolicy, msg: "change or remove",
+			do: patchNode(a, types.MergePatchType, `{"metadata":{"labels":{"topology.x.csi/rack":"r2"}}}`)},
+		{name: "own node: the control-plane role label", refusedBy: nodeMetaPolicy, msg: "outside the kubernetes.io",
+			effect: func(o runtime.Object) bool {
+				_, ok := o.(*corev1.Node).Labels["node-role.kubernetes.io/control-plane"]
+				return ok
+			},
+			do: patchNode(a, types.MergePatchType, `{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":""}}}`)},
+		{name: "own node: a node-restriction label", refusedBy: nodeMetaPolicy, msg: "outside the kubernetes.io",
+			do: patchNode(a, types.MergePatchType, `{"metadata":{"labels":{"node-restriction.kubernetes.io/secure":"true"}}}`)},
+		{name: "own node: its taints", refusedBy: nodeMetaPolicy, msg: "spec",
+			do: patchNode(a, types.MergePatchType, `{"spec":{"taints":[{"key":"k","value":"v","effect":"NoSchedule"}]}}`)},
+		{name: "own node: unschedulable", refusedBy: nodeMetaPolicy, msg: "spec",
+			do: patchNode(a, types.MergePatchType, `{"spec":{"unschedulable":true}}`)},
+		{name: "own node: an owner that does not exist (the garbage collector would delete the node)", refusedBy: nodeMetaPolicy, msg: "owner references",
+			effect: func(o runtime.Object) bool { return len(o.(*corev1.Node).OwnerReferences) == 1 },
+			do: patchNode(a, types.MergePatchType, `{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"gone","uid":"00000000-0000-0000-0000-000000000000"}]}}`)},
+
+		// CSINodes: its own node's only, owned by its Node.
+		{name: "other node: a CSINode", refusedBy: csiNodePolicy, msg: "not " + b, do: createCSINode(csiNode(b+"-x", a, uidA))},
+		{name: "own node: a CSINode owned by the other node", refusedBy: csiNodePolicy, msg: "owned by its Node",
+			do: createCSINode(csiNode(a, b, uidB))},
+		{name: "own node: a CSINode with a label", refusedBy: csiNodePolicy, msg: "labels",
+			do: createCSINode(func() *storagev1.CSINode {
+				n := csiNode(a, a, uidA)
+				n.Labels = map[string]string{"k": "v"}
+				return n
+			}())},
+		{name: "own node: its CSINode", do: createCSINode(csiNode(a, a, uidA))},
+		{name: "own node: a driver entry in its CSINode",
+			do: updateCSINode(a, func(n *storagev1.CSINode) {
+				n.Spec.Drivers = []storagev1.CSINodeDriver{{Name: "x.csi", NodeID: "id-1", TopologyKeys: []string{"topology.x.csi/rack"}}}
+			})},
+		{name: "own node: its CSINode's owner", refusedBy: csiNodePolicy, msg: "owned by its Node",
+			do: updateCSINode(a, func(n *storagev1.CSINode) { n.OwnerReferences = nil })},
+		{name: "own node: its CSINode's finalizers", refusedBy: csiNodePolicy, msg: "finalizers",
+			do: updateCSINode(a, func(n *storagev1.CSINode) { n.Finalizers = []string{"example.com/keep"} })},
+		{name: "other node: its CSINode's drivers", refusedBy: csiNodePolicy, msg: "not " + b,
+			do: updateCSINode(b, func(n *storagev1.CSINode) {
+				n.Spec.Drivers = []storagev1.CSINodeDriver{{Name: "x.csi", NodeID: "stolen"}}
+			})},
+		{name: "other node: deleting its CSINode", refusedBy: csiNodePolicy, msg: "not " + b, do: deleteCSINode(b)},
+		{name: "own node: deleting its CSINode", do: deleteCSINode(a)},
 
 		// Claims: any claim's capacity and conditions (which claims the
 		// node's pods use is beyond CEL), never its finalizers or phase.
