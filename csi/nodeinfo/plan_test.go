@@ -78,8 +78,8 @@ func TestPlanNode(t *testing.T) {
 			wantFailed: []string{"a.csi"},
 		},
 		{
-			name: "a topology collision between two drivers refuses the second",
-			node: node(nil, nil),
+			name:    "a topology collision between two drivers refuses the second",
+			node:    node(nil, nil),
 			desired: Desired{Install: []Driver{a, {Name: "c.csi", NodeID: "id-c", Topology: map[string]string{"topology.a/zone": "z2"}}}},
 			want: NodeChange{
 				SetAnnotations: map[string]string{AnnotationNodeID: `{"a.csi":"id-a"}`},

@@ -463,7 +463,7 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 			do: patchNode(a, types.MergePatchType, `{"spec":{"unschedulable":true}}`)},
 		{name: "own node: an owner that does not exist (the garbage collector would delete the node)", refusedBy: nodeMetaPolicy, msg: "owner references",
 			effect: func(o runtime.Object) bool { return len(o.(*corev1.Node).OwnerReferences) == 1 },
-			do: patchNode(a, types.MergePatchType, `{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"gone","uid":"00000000-0000-0000-0000-000000000000"}]}}`)},
+			do:     patchNode(a, types.MergePatchType, `{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"gone","uid":"00000000-0000-0000-0000-000000000000"}]}}`)},
 
 		// CSINodes: its own node's only, owned by its Node.
 		{name: "other node: a CSINode", refusedBy: csiNodePolicy, msg: "not " + b, do: createCSINode(csiNode(b+"-x", a, uidA))},
