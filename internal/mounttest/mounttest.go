@@ -114,14 +114,46 @@ func MountAt(t testing.TB, path string) Mount {
 	return ms[0]
 }
 
-// MountsUnder returns the mounts at root or below it.
+// MountsUnder returns the mounts at root or below it, except a bind mount
+// of root onto itself: that is how the agent makes its root directory a
+// shared mount (--shared-root-dir), and it holds no volume.
 func MountsUnder(t testing.TB, root string) []Mount {
 	t.Helper()
+	all, err := ReadMounts()
+	if err != nil {
+		t.Fatalf("reading mountinfo: %v", err)
+	}
 	ms, err := mountsUnder(root)
 	if err != nil {
 		t.Fatalf("reading mountinfo: %v", err)
 	}
-	return ms
+	out := ms[:0]
+	for _, m := range ms {
+		if !selfBind(all, m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// selfBind reports whether m is a directory bound onto itself: the mount it
+// covers is of the same filesystem, and m shows the very directory of it
+// that m is mounted on.
+func selfBind(all []Mount, m Mount) bool {
+	var parent *Mount
+	for i := range all {
+		if all[i].ID == m.Parent {
+			parent = &all[i]
+		}
+	}
+	if parent == nil || parent.Major != m.Major || parent.Minor != m.Minor {
+		return false
+	}
+	rel, err := filepath.Rel(parent.MountPoint, m.MountPoint)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return false
+	}
+	return filepath.Join(parent.Root, rel) == m.Root
 }
 
 func mountsUnder(root string) ([]Mount, error) {
