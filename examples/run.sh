@@ -60,6 +60,12 @@ teardown() {
 	done
 	kill -TERM "$agent" 2>/dev/null || true
 	wait "$agent" 2>/dev/null || true
+	# The agent made its root directory a shared mount (a bind onto
+	# itself: this machine's / is not shared) and leaves it, as the kubelet
+	# leaves its own; the example takes it away with everything else.
+	if [ "$(mounts_left)" -eq 0 ] && grep -q " $base/root " /proc/self/mountinfo; then
+		umount "$base/root" 2>/dev/null || true
+	fi
 	local left
 	left=$(mounts_left)
 	echo "== agent stopped; mounts left under $base/root: $left"

@@ -216,6 +216,9 @@ func TestCtrlCLeavesNothingBehind(t *testing.T) {
 	if left := mounttest.MountsUnder(t, root); len(left) > 0 {
 		t.Errorf("%d mounts left under %s after Ctrl-C: %+v", len(left), root, left)
 	}
+	if left := mounttest.MountsAt(t, root); len(left) > 0 {
+		t.Errorf("the root directory's own mount is left after Ctrl-C: %+v", left)
+	}
 	if pids := processesUsing(root); len(pids) > 0 {
 		t.Errorf("processes still running after Ctrl-C: %v", pids)
 	}
