@@ -135,7 +135,15 @@ func (p *csiParts) newNodeInfo(cfg Config, c *clusterParts, attachMode string, r
 		Event: func(eventType, reason, message string) {
 			rec.Event(events.Object{Kind: "Node", Name: cfg.NodeName}, eventType, reason, message)
 		},
-		Log: cfg.Log.Named("nodeinfo"),
+		AllocatablePeriod: func(driver string) time.Duration {
+			d, err := c.source.CSIDriver(driver)
+			if err != nil || d.Spec.NodeAllocatableUpdatePeriodSeconds == nil {
+				return 0
+			}
+			return time.Duration(*d.Spec.NodeAllocatableUpdatePeriodSeconds) * time.Second
+		},
+		RefreshAllocatable: p.drivers.RefreshNodeInfo,
+		Log:                cfg.Log.Named("nodeinfo"),
 	})
 	p.drivers.OnChanged(m.Notify)
 	_, _ = c.source.NodeInformer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{

@@ -77,6 +77,13 @@ type Options struct {
 	// Event reports a problem on the Node object (nil: log only).
 	Event func(eventType, reason, message string)
 	Log   *zap.Logger
+	// AllocatablePeriod returns how often a driver's allocatable volume
+	// count is asked for again: its CSIDriver's
+	// nodeAllocatableUpdatePeriodSeconds (0: never). RefreshAllocatable
+	// asks (NodeGetInfo); a changed count reaches the manager as a changed
+	// registration. Both nil: counts are written once, at registration.
+	AllocatablePeriod  func(driver string) time.Duration
+	RefreshAllocatable func(ctx context.Context, driver string) error
 	// MinBackoff and MaxBackoff bound the wait before a failed sync is
 	// tried again; Resync is the longest time between syncs (a Node or
 	// CSINode changed by someone else is put right then, or at the next
@@ -128,8 +135,15 @@ type Manager struct {
 	// the only ones whose entries may be removed.
 	seen map[string]bool
 
+	// nextRefresh is when each driver's allocatable count is asked for
+	// again (owned by Run).
+	nextRefresh map[string]time.Time
+
 	mu       sync.Mutex
 	statuses map[string]*DriverStatus
+	// refreshNow are drivers whose count is to be asked for at once (an
+	// attachment failed for want of attach slots).
+	refreshNow map[string]bool
 	synced   chan struct{} // closed after the first successful sync
 	syncs    int
 }
@@ -151,6 +165,7 @@ func New(opts Options) *Manager {
 	m := &Manager{
 		opts: opts, log: opts.Log, wake: notify.New(),
 		seen: map[string]bool{}, statuses: map[string]*DriverStatus{}, synced: make(chan struct{}),
+		nextRefresh: map[string]time.Time{}, refreshNow: map[string]bool{},
 	}
 	return m
 }
@@ -158,6 +173,16 @@ func New(opts Options) *Manager {
 // Notify asks for a sync: a driver registered or went away, the Node
 // changed.
 func (m *Manager) Notify() { m.wake.Notify() }
+
+// RefreshAllocatable asks for the driver's allocatable volume count at once,
+// if its CSIDriver asks for periodic updates at all (as the kubelet does
+// when an attachment fails with ResourceExhausted).
+func (m *Manager) RefreshAllocatable(driver string) {
+	m.mu.Lock()
+	m.refreshNow[driver] = true
+	m.mu.Unlock()
+	m.wake.Notify()
+}
 
 // Synced is closed once the manager has written the node's information for
 // the first time.
@@ -176,7 +201,7 @@ func (m *Manager) Statuses() []DriverStatus {
 }
 
 // Run syncs at start, on every Notify, after failures (with backoff) and
-// every Resync, until ctx ends.
+// every Resync, and refreshes allocatable counts when due, until ctx ends.
 func (m *Manager) Run(ctx context.Context) {
 	backoff := time.Duration(0)
 	full := true
@@ -184,6 +209,7 @@ func (m *Manager) Run(ctx context.Context) {
 		if full {
 			m.csiNode = nil
 		}
+		m.refreshDue(ctx)
 		err := m.Sync(ctx)
 		wait := m.opts.Resync
 		if err != nil {
@@ -195,6 +221,9 @@ func (m *Manager) Run(ctx context.Context) {
 			m.log.Warn("updating the node's CSI driver information failed; will retry", zap.Duration("retryIn", wait), zap.Error(err))
 		} else {
 			backoff = 0
+		}
+		if next, ok := m.nextRefreshAt(); ok {
+			wait = min(wait, max(time.Until(next), 0))
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -208,6 +237,56 @@ func (m *Manager) Run(ctx context.Context) {
 			full = err == nil
 		}
 	}
+}
+
+// refreshDue asks the drivers whose allocatable count is due (or asked for)
+// for it again, and schedules the next time for every registered driver
+// with a period.
+func (m *Manager) refreshDue(ctx context.Context) {
+	if m.opts.AllocatablePeriod == nil || m.opts.RefreshAllocatable == nil || m.opts.AttachDetachOnly {
+		return
+	}
+	m.mu.Lock()
+	now := m.refreshNow
+	m.refreshNow = map[string]bool{}
+	m.mu.Unlock()
+	registered := map[string]bool{}
+	for _, d := range m.opts.Sources.Registered() {
+		registered[d.Name] = true
+		period := m.opts.AllocatablePeriod(d.Name)
+		if period <= 0 {
+			delete(m.nextRefresh, d.Name)
+			continue
+		}
+		next, scheduled := m.nextRefresh[d.Name]
+		switch {
+		case !scheduled:
+			// Counted at registration: the first refresh is one period on.
+			m.nextRefresh[d.Name] = time.Now().Add(period)
+		case now[d.Name] || !time.Now().Before(next):
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			if err := m.opts.RefreshAllocatable(rctx, d.Name); err != nil {
+				m.log.Warn("cannot refresh a CSI driver's allocatable volume count", zap.String("driver", d.Name), zap.Error(err))
+			}
+			cancel()
+			m.nextRefresh[d.Name] = time.Now().Add(period)
+		}
+	}
+	for name := range m.nextRefresh {
+		if !registered[name] {
+			delete(m.nextRefresh, name)
+		}
+	}
+}
+
+func (m *Manager) nextRefreshAt() (time.Time, bool) {
+	var next time.Time
+	for _, t := range m.nextRefresh {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
+	return next, !next.IsZero()
 }
 
 // conflictRetries is how often a sync whose write lost a race reads afresh

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -398,5 +399,66 @@ func TestManagerNoNode(t *testing.T) {
 	}
 	if api.csiNode != nil {
 		t.Error("a CSINode was created for a node that does not exist")
+	}
+}
+
+// A driver whose CSIDriver asks for periodic updates has its count asked for
+// again every period, and at once when an attachment ran out of slots; a
+// changed count reaches the CSINode.
+func TestManagerRefreshesAllocatable(t *testing.T) {
+	api := newFakeAPI(node(nil, nil))
+	var mu sync.Mutex
+	limit := int64(3)
+	refreshes := map[string]int{}
+	registered := func() []Driver {
+		mu.Lock()
+		defer mu.Unlock()
+		a, b := drvA, Driver{Name: "b.csi", NodeID: "id-b", MaxVolumes: 5}
+		a.MaxVolumes = limit
+		return []Driver{a, b}
+	}
+	m := New(Options{
+		NodeName: "n1", API: api,
+		Sources: Sources{Registered: registered, Present: func() []string { return []string{"a.csi", "b.csi"} }},
+		AllocatablePeriod: func(driver string) time.Duration {
+			if driver == "a.csi" {
+				return 20 * time.Millisecond
+			}
+			return 0
+		},
+		RefreshAllocatable: func(_ context.Context, driver string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			refreshes[driver]++
+			limit = 2 // two slots taken by another node's volumes
+			return nil
+		},
+	})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); m.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m.Notify() // the registry's change, as the agent wires it
+		var count int32
+		for _, e := range api.entries() {
+			if e.Name == "a.csi" && e.Allocatable != nil {
+				count = *e.Allocatable.Count
+			}
+		}
+		if count == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the refreshed count never reached the CSINode: %+v", api.entries())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if refreshes["b.csi"] != 0 {
+		t.Errorf("b.csi, without a period, was refreshed %d times", refreshes["b.csi"])
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"go.uber.org/zap"
 
 	"github.com/volume-agent/volume-agent/csi/csiclient"
@@ -167,6 +168,37 @@ func (r *Registry) Register(ctx context.Context, reg Registration) (*Driver, err
 		fn(d.Name)
 	}
 	return d, nil
+}
+
+// RefreshNodeInfo asks a registered driver for its node information again
+// (NodeGetInfo) and records the volume limit it reports now: drivers whose
+// CSIDriver sets nodeAllocatableUpdatePeriodSeconds report a limit that
+// changes as the node's attach slots are taken by others. Listeners hear of
+// a change.
+func (r *Registry) RefreshNodeInfo(ctx context.Context, name string) error {
+	d, err := r.Client(name)
+	if err != nil {
+		return err
+	}
+	resp, err := d.Client.Node.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+	if err != nil {
+		return fmt.Errorf("NodeGetInfo of driver %s: %w", name, err)
+	}
+	limit := resp.GetMaxVolumesPerNode()
+	r.mu.Lock()
+	cur, ok := r.drivers[name]
+	changed := ok && cur == d && cur.MaxVolumesPerNode != limit
+	if changed {
+		updated := *cur
+		updated.MaxVolumesPerNode = limit
+		r.drivers[name] = &updated
+	}
+	r.mu.Unlock()
+	if changed {
+		r.log.Info("CSI driver's volume limit changed", zap.String("driver", name), zap.Int64("from", d.MaxVolumesPerNode), zap.Int64("to", limit))
+		r.notifyChanged()
+	}
+	return nil
 }
 
 // Deregister removes the driver if it is still registered at endpoint (an
