@@ -252,6 +252,22 @@ func checkRendered(t *testing.T, dir string, objs []*unstructured.Unstructured) 
 	if m.ReadOnly {
 		t.Errorf("root dir %s is mounted read-only", rootDir)
 	}
+	// The CSI registration directory (node-driver-registrar's sockets) is
+	// the host's same directory, through some hostPath mount.
+	registry := flags["--plugin-registry-dir"]
+	if registry == "" {
+		registry = filepath.Join(rootDir, "plugins_registry")
+	}
+	covered := false
+	for _, m := range c.VolumeMounts {
+		if v, ok := volumes[m.Name]; ok && v.HostPath != nil && v.HostPath.Path == m.MountPath &&
+			(registry == m.MountPath || strings.HasPrefix(registry, m.MountPath+"/")) {
+			covered = true
+		}
+	}
+	if !covered {
+		t.Errorf("the plugin registry directory %s is not the host's: no hostPath mount at the same path covers it", registry)
+	}
 	// Block devices of local volumes.
 	if _, hp := mountAt("/dev"); hp.Path != "/dev" {
 		t.Errorf("/dev is the host's %s, want /dev", hp.Path)
