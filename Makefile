@@ -4,8 +4,9 @@ BIN         := bin/volume-agent
 # Tests and scripts run `go` themselves: keep the toolchain found above on PATH.
 export PATH := $(dir $(GO)):$(PATH)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
-# The control plane for cluster tests is built from Go modules and cached
-# outside the repo (see test/tools/build.sh); the first build takes minutes.
+# The control plane and the CSI sidecars for cluster tests are built from Go
+# modules and cached outside the repo (see test/tools/build.sh); the first
+# build takes minutes.
 TOOLS_BIN    = $(shell test/tools/build.sh)
 
 .PHONY: all build run test unit e2e lint bench bench-scale fuzz tools cluster-up cluster-down clean
@@ -34,7 +35,7 @@ unit:
 	$(GO) test -race -short ./...
 
 # The end-to-end suites (standalone, cluster mode, CSI, expansion, restarts,
-# local volumes) only.
+# local volumes, a node without a kubelet with the real CSI sidecars) only.
 e2e: tools
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) $(GO) test -race -timeout 20m ./test/e2e/...
 

@@ -51,6 +51,18 @@ var DefaultControllers = []string{
 	"root-ca-certificate-publisher-controller",
 }
 
+// Controllers that DefaultControllers leave out, for the suites that want
+// them (Options.Controllers), by their names in kube-controller-manager
+// 1.36 (cmd/kube-controller-manager/names): the attach/detach controller
+// creates and deletes the VolumeAttachments of the pods on the nodes that
+// carry the volumes.kubernetes.io/controller-managed-attach-detach
+// annotation; the expander hands a grown claim of a CSI volume to its
+// driver's external-resizer.
+const (
+	AttachDetachController = "persistentvolume-attach-detach-controller"
+	ExpanderController     = "persistentvolume-expander-controller"
+)
+
 // Options configure Start. The zero value starts etcd and kube-apiserver only.
 type Options struct {
 	// ControllerManager also starts kube-controller-manager.

@@ -18,6 +18,18 @@ const modulePath = "github.com/volume-agent/volume-agent"
 
 var toolBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager"}
 
+// The CSI sidecars test/tools/build.sh builds beside the control plane
+// (module test/tools/csi), for the suites that run a driver's controller
+// side as a cluster does. See SidecarBin.
+const (
+	CSIProvisioner = "csi-provisioner" // external-provisioner v6
+	CSIAttacher    = "csi-attacher"    // external-attacher v4
+	CSIResizer     = "csi-resizer"     // external-resizer v2
+)
+
+// Sidecars are the CSI sidecars, by program name.
+var Sidecars = []string{CSIProvisioner, CSIAttacher, CSIResizer}
+
 var (
 	toolsOnce sync.Once
 	toolsDir  string
@@ -25,12 +37,30 @@ var (
 )
 
 // ToolsBin returns the directory holding etcd, kube-apiserver and
-// kube-controller-manager: $VOLUME_AGENT_TOOLS_BIN if set, otherwise what
-// test/tools/build.sh prints. That script builds them once into a cache outside
-// the repo (10-20 minutes cold) and returns at once afterwards.
+// kube-controller-manager (and the CSI sidecars, see SidecarBin):
+// $VOLUME_AGENT_TOOLS_BIN if set, otherwise what test/tools/build.sh prints.
+// That script builds them once into caches outside the repo (10-20 minutes
+// cold) and returns at once afterwards.
 func ToolsBin() (string, error) {
 	toolsOnce.Do(func() { toolsDir, toolsErr = findTools() })
 	return toolsDir, toolsErr
+}
+
+// SidecarBin returns the path of a CSI sidecar (CSIProvisioner...) in
+// ToolsBin's directory, or an error saying why there is none, e.g. when
+// VOLUME_AGENT_TOOLS_BIN names a directory built before the sidecars were.
+// The control-plane binaries alone do not need them, so ToolsBin does not
+// require them.
+func SidecarBin(name string) (string, error) {
+	dir, err := ToolsBin()
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, name)
+	if st, err := os.Stat(path); err != nil || st.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("%s: no executable %s (test/tools/build.sh builds the CSI sidecars from test/tools/csi into the directory it prints)", dir, name)
+	}
+	return path, nil
 }
 
 func findTools() (string, error) {

@@ -1,27 +1,41 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver and kube-controller-manager from their Go modules
-# into a cache directory outside the repo, keyed by the tool modules' content,
-# and prints that directory. A cold build takes 10-20 minutes on 2 cores; a
-# cached one returns at once.
+# Builds the programs the integration tests run from their Go modules into
+# caches outside the repo, and prints one directory that holds them all:
+#
+#   kube/build.sh  etcd, kube-apiserver and kube-controller-manager (modules
+#                  test/tools/etcd and test/tools/kube); 10-20 minutes cold
+#   csi/build.sh   csi-provisioner, csi-attacher and csi-resizer, the real
+#                  CSI sidecars (module test/tools/csi); a few minutes cold
+#
+# Each group has a cache directory of its own, keyed by what decides its
+# binaries: its modules (go.mod, go.sum, wrapper sources) and its recipe (its
+# build.sh and lib.sh). A change to one group never rebuilds the other; above
+# all, changing the sidecars never rebuilds kube-apiserver. A cached group
+# returns at once. The directory printed (VOLUME_AGENT_TOOLS_BIN) holds
+# symbolic links into both caches and is named by both keys; it is made aside
+# and renamed into place, so nobody ever sees it half made.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-k8s_version=v1.36.3
-key=$(cat "$here"/kube/go.mod "$here"/kube/go.sum "$here"/etcd/go.mod "$here"/etcd/go.sum "$here"/build.sh | sha256sum | cut -c1-12)
+. "$here/lib.sh"
 cache_root=${VOLUME_AGENT_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/volume-agent/tools}
-out="$cache_root/$k8s_version-$key"
-mkdir -p "$out/bin"
 
-build() { # name, module dir, package, ldflags
-	local name=$1 dir=$2 pkg=$3 ldflags=$4
-	[ -x "$out/bin/$name" ] && return 0
-	echo "building $name into $out/bin (cached after the first time)" >&2
-	(cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$out/bin/$name.tmp" "$pkg")
-	mv "$out/bin/$name.tmp" "$out/bin/$name"
-}
+key() { cat "$@" | sha256sum | cut -c1-12; }
+k8s_version=$(modversion "$here/kube/go.mod" k8s.io/kubernetes)
+kube_key=$(key "$here"/kube/go.mod "$here"/kube/go.sum "$here"/etcd/go.mod "$here"/etcd/go.sum "$here"/etcd/main.go \
+	"$here"/kube/build.sh "$here"/lib.sh)
+csi_key=$(key "$here"/csi/go.mod "$here"/csi/go.sum "$here"/csi/build.sh "$here"/lib.sh)
 
-minor=${k8s_version#v1.}; minor=${minor%%.*}
-kube_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
-build etcd "$here/etcd" . "-s -w"
-build kube-apiserver "$here/kube" k8s.io/kubernetes/cmd/kube-apiserver "$kube_ldflags"
-build kube-controller-manager "$here/kube" k8s.io/kubernetes/cmd/kube-controller-manager "$kube_ldflags"
-echo "$out/bin"
+mkdir -p "$cache_root"
+# Each recipe prints the paths of its binaries, one a line.
+bins=$("$here/kube/build.sh" "$cache_root/$k8s_version-$kube_key/bin")
+bins+=$'\n'$("$here/csi/build.sh" "$cache_root/csi-$csi_key/bin")
+
+out="$cache_root/bin-$kube_key-$csi_key"
+if [ ! -d "$out" ]; then
+	tmp=$(mktemp -d "$cache_root/.bin-XXXXXX")
+	chmod 755 "$tmp"
+	while read -r bin; do ln -s "$bin" "$tmp/"; done <<<"$bins"
+	# Fails only if another run made it meanwhile: the same links.
+	mv -T "$tmp" "$out" 2>/dev/null || rm -rf "$tmp"
+fi
+echo "$out"

@@ -39,7 +39,9 @@ type ControlPlaneOptions struct {
 	// APIServerArgs are added to kube-apiserver's flags (feature gates).
 	APIServerArgs []string
 	// Controllers replaces cluster.DefaultControllers (a benchmark binds
-	// thousands of claims itself, without the binder's resyncs).
+	// thousands of claims itself, without the binder's resyncs; the
+	// nokubelet suite adds cluster.AttachDetachController and
+	// cluster.ExpanderController).
 	Controllers []string
 	// AdmissionPolicies also creates the kustomization's
 	// ValidatingAdmissionPolicies and their bindings. They refuse every

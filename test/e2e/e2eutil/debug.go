@@ -188,16 +188,27 @@ type Orphans struct {
 
 // Drivers is GET /debug/drivers, the CSI drivers the agent knows.
 type Drivers struct {
-	Drivers []struct {
-		Name               string   `json:"name"`
-		Endpoint           string   `json:"endpoint"`
-		Source             string   `json:"source"`
-		RegistrationSocket string   `json:"registrationSocket"`
-		NodeID             string   `json:"nodeID"`
-		NodeCapabilities   []string `json:"nodeCapabilities"`
-		StageUnstage       bool     `json:"stageUnstage"`
-		ControllerPublish  bool     `json:"controllerPublish"`
-	} `json:"drivers"`
+	Drivers []Driver `json:"drivers"`
+}
+
+// Driver is a registered CSI driver on /debug/drivers: what the driver's
+// NodeGetInfo and capabilities said.
+type Driver struct {
+	Name               string            `json:"name"`
+	Endpoint           string            `json:"endpoint"`
+	Source             string            `json:"source"`
+	RegistrationSocket string            `json:"registrationSocket"`
+	NodeID             string            `json:"nodeID"`
+	MaxVolumesPerNode  int64             `json:"maxVolumesPerNode"`
+	Topology           map[string]string `json:"topology"`
+	NodeCapabilities   []string          `json:"nodeCapabilities"`
+	StageUnstage       bool              `json:"stageUnstage"`
+	ControllerPublish  bool              `json:"controllerPublish"`
+}
+
+// Driver returns the driver of that name, nil if it is not registered.
+func (d *Drivers) Driver(name string) *Driver {
+	return find(d.Drivers, func(drv *Driver) bool { return drv.Name == name })
 }
 
 // APIVolumes is GET /debug/api-volumes: what API volumes were built from,

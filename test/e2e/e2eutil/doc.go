@@ -11,6 +11,9 @@
 //     restarted on the same root directory: Agent, with the debug
 //     endpoint's documents (DSW, ASW, Operations...) and /metrics;
 //   - test CSI driver processes with their control client: CSIDriver;
+//   - the real CSI sidecars (external-provisioner, -attacher, -resizer,
+//     built by test/tools/build.sh) as processes serving a driver:
+//     StartSidecar;
 //   - polling: Poll, PollErr;
 //   - Kubernetes objects and the parts of absent components the tests play
 //     (Pod, the volume constructors, standalone Manifests,

@@ -59,6 +59,9 @@ type SuiteOptions struct {
 	Tools []string
 	// CSIDriver builds the test CSI driver too.
 	CSIDriver bool
+	// Sidecars says that the tests run the CSI sidecars (StartSidecar):
+	// they skip, saying why, when test/tools/build.sh did not build them.
+	Sidecars bool
 	// ControlPlane configures the control plane (RunSuite sets Dir).
 	ControlPlane ControlPlaneOptions
 	// Setup, if set, runs once the control plane is up, before the tests.
@@ -72,8 +75,8 @@ type SuiteOptions struct {
 
 // RunSuite is the TestMain of a cluster-mode suite; it returns the exit
 // code. Every test skips (s.Skip) in -short mode, with
-// VOLUME_AGENT_SKIP_CLUSTER=1, when not run as root, or without the tools
-// or the control-plane binaries. Otherwise RunSuite builds the binaries
+// VOLUME_AGENT_SKIP_CLUSTER=1, when not run as root, or without the tools,
+// the control-plane binaries or (with Sidecars) the CSI sidecars. Otherwise RunSuite builds the binaries
 // (the agent with -race when the tests run with it), starts the control
 // plane, runs Setup, the tests and Check, and stops the control plane.
 func RunSuite(m *testing.M, s *Suite, o SuiteOptions) int {
@@ -82,6 +85,9 @@ func RunSuite(m *testing.M, s *Suite, o SuiteOptions) int {
 	}
 	if s.Skip = SkipReason(o.Tools...); s.Skip == "" {
 		s.Skip = ControlPlaneSkipReason()
+	}
+	if s.Skip == "" && o.Sidecars {
+		s.Skip = SidecarSkipReason()
 	}
 	if s.Skip != "" {
 		return m.Run()

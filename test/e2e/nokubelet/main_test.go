@@ -1,0 +1,80 @@
+// Package nokubelet_test walks the whole life of a volume of an
+// attach-required CSI driver on a node with no kubelet, with every part of
+// the cluster real except the node: etcd, kube-apiserver and
+// kube-controller-manager with the attach/detach and expand controllers
+// (test/cluster), the real external-provisioner, external-attacher and
+// external-resizer (built by test/tools/build.sh from test/tools/csi, run
+// with an administrator's kubeconfig: they are the cluster's, not what is
+// tested), the test CSI driver (test/csidriver) registering through its
+// kubelet-style registration socket, and the agent built with -race, run as
+// deploy/'s ServiceAccount with real loop devices, xfs and mounts.
+//
+// What the kubelet does for the node besides mounting (the CSINode, the
+// node's annotations and topology labels) the agent does not do yet: the
+// test does it by hand (nodeDutiesByHand) and checks the result with the
+// assertions that will check the agent's work (waitNodeDuties).
+//
+// TestMain (e2eutil.RunSuite) builds the agent and the driver and starts
+// the control plane; after the tests it checks the audit log: the API
+// server refused nothing the agent asked, and the agent read claims,
+// volumes and attachments only by name. The tests need root, loop devices,
+// mkfs.xfs and xfs_growfs, and skip otherwise, in -short mode, with
+// VOLUME_AGENT_SKIP_CLUSTER=1, or without the control-plane binaries or
+// the sidecars.
+package nokubelet_test
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+
+	"github.com/volume-agent/volume-agent/test/cluster"
+	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
+)
+
+var suite e2eutil.Suite
+
+func TestMain(m *testing.M) {
+	os.Exit(e2eutil.RunSuite(m, &suite, e2eutil.SuiteOptions{
+		Name:      "nokubelet",
+		Tools:     []string{"losetup", "blkid", "mkfs.xfs", "xfs_growfs"},
+		CSIDriver: true,
+		Sidecars:  true,
+		ControlPlane: e2eutil.ControlPlaneOptions{
+			Controllers: slices.Concat(cluster.DefaultControllers, []string{cluster.AttachDetachController, cluster.ExpanderController}),
+			// The agent's claim status patches (node expansion).
+			Allowed: []authorizationv1.ResourceAttributes{
+				{Verb: "patch", Resource: "persistentvolumeclaims", Subresource: "status"},
+			},
+		},
+		Check: checkNothingRefused,
+	}))
+}
+
+// checkNothingRefused reads every request the agent's ServiceAccount made:
+// none may have been refused, and claims, volumes and attachments were read
+// one by one, by name.
+func checkNothingRefused() bool {
+	evs, err := suite.Cluster.AuditEvents()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "RBAC check: %v\n", err)
+		return false
+	}
+	counts, refused := e2eutil.Requests(evs, suite.User)
+	for _, e := range refused {
+		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: %s %s by %s was forbidden\n", e.Verb, e.RequestURI, e.UserAgent)
+	}
+	e2eutil.PrintRequests(suite.User, counts, nil)
+	bad := e2eutil.UnscopedReads(evs, suite.User, "volume-agent/")
+	if len(bad) > 0 {
+		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: listed or watched without a name selector: %v\n", bad)
+	}
+	if len(refused) > 0 || len(bad) > 0 {
+		return false
+	}
+	fmt.Fprintln(os.Stderr, "RBAC check: ok: no request refused")
+	return true
+}
