@@ -189,6 +189,25 @@ type Orphans struct {
 // Drivers is GET /debug/drivers, the CSI drivers the agent knows.
 type Drivers struct {
 	Drivers []Driver `json:"drivers"`
+	// NodeInfo says whether the cluster knows each driver is on the node
+	// (cluster mode).
+	NodeInfo []struct {
+		Driver    string `json:"driver"`
+		State     string `json:"state"`
+		NodeID    string `json:"nodeID"`
+		LastError string `json:"lastError"`
+	} `json:"nodeInfo"`
+}
+
+// NodeInfoState is the node-info state of a driver ("installed",
+// "pending", "failed"), "" when the agent reports none.
+func (d *Drivers) NodeInfoState(name string) string {
+	for _, n := range d.NodeInfo {
+		if n.Driver == name {
+			return n.State
+		}
+	}
+	return ""
 }
 
 // Driver is a registered CSI driver on /debug/drivers: what the driver's

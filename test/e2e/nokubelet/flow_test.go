@@ -33,8 +33,9 @@ const mib = 1 << 20
 //  1. the driver registers with the agent through its registration socket
 //     (/debug/drivers: the node ID, topology and volume limit of its
 //     NodeGetInfo);
-//  2. the node publishes the driver: CSINode entry, node ID annotation,
-//     topology label, controller-managed attach (by hand for now);
+//  2. the agent publishes the driver on the node as the kubelet would:
+//     CSINode entry, node ID annotation, topology label, controller-managed
+//     attach;
 //  3. external-provisioner provisions the claim (Immediate binding) on the
 //     node's topology: the PV's node affinity is the driver's segment;
 //  4. a pod uses the claim: the attach/detach controller creates the
@@ -42,6 +43,8 @@ const mib = 1 << 20
 //     from the CSINode (not the node's name: the driver refuses any other);
 //  5. the agent stages and publishes it and the pod's VolumesReady
 //     condition turns True; data written through the published path;
+//     the agent restarts, and nothing the cluster sees changes: no
+//     CSINode or Node write, no detach, the condition stays True;
 //  6. the claim grows: the expand controller, external-resizer
 //     (ControllerExpandVolume) and the agent (NodeExpandVolume, online,
 //     xfs): the claim's capacity is the new size and no resize condition
@@ -91,6 +94,7 @@ func TestNoKubeletFlow(t *testing.T) {
 	})
 	shortPath(t, filepath.Join(regDir, driverName+"-reg.sock"))
 
+	driverStarted := time.Now()
 	s.run("driver registered with the agent", func() {
 		driver.Start()
 		e2eutil.Poll(t, 60*time.Second, "driver "+driverName+" on /debug/drivers", func(context.Context) (bool, string) {
@@ -108,13 +112,10 @@ func TestNoKubeletFlow(t *testing.T) {
 		t.Fatalf("/debug/drivers: %+v; want source registration, node ID %s, topology %v, %d volumes, controller publish", *registered, nodeID, topology, maxVolumes)
 	}
 
-	s.run("node publishes the driver (by hand)", func() {
-		e.nodeDutiesByHand(e2eutil.NodeDuty{
-			Driver: driverName, NodeID: registered.NodeID, Topology: registered.Topology,
-			MaxVolumes: registered.MaxVolumesPerNode, ControllerAttach: true,
-		})
+	s.run("registered → CSINode entry, annotation, labels (agent)", func() {
 		e.waitNodeDuties(driverName, nodeID, topology, maxVolumes)
 	})
+	s.record("driver started → CSINode entry (total)", time.Since(driverStarted))
 
 	var sidecars []*e2eutil.Sidecar
 	for _, name := range cluster.Sidecars {
@@ -223,6 +224,12 @@ func TestNoKubeletFlow(t *testing.T) {
 	if counts["ControllerPublishVolume"] < 1 || counts["NodeStageVolume"] != 1 || counts["NodePublishVolume"] != 1 {
 		t.Errorf("driver calls %v; want ControllerPublishVolume, and one NodeStageVolume and NodePublishVolume", counts)
 	}
+
+	// The agent restarts in the middle of it all: the cluster sees
+	// nothing of it.
+	s.run("agent restarted; nothing the cluster sees changed", func() {
+		e.restartUnseen(agent, driver, pod, driverName, vaName, uniqueName)
+	})
 
 	// 6. Online expansion.
 	before := mounttest.FSSize(t, target)
@@ -339,8 +346,7 @@ func TestNoKubeletFlow(t *testing.T) {
 			return drivers.Driver(driverName) == nil, fmt.Sprintf("%+v", drivers.Drivers)
 		})
 	})
-	s.run("node stops publishing the driver (by hand)", func() {
-		e.nodeDutiesUndoneByHand(driverName)
+	s.run("node stops publishing the driver (agent)", func() {
 		e.waitNodeDutiesGone(driverName)
 	})
 	e.logWarnings(pod)

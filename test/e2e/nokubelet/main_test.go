@@ -10,9 +10,8 @@
 // deploy/'s ServiceAccount with real loop devices, xfs and mounts.
 //
 // What the kubelet does for the node besides mounting (the CSINode, the
-// node's annotations and topology labels) the agent does not do yet: the
-// test does it by hand (nodeDutiesByHand) and checks the result with the
-// assertions that will check the agent's work (waitNodeDuties).
+// node's annotations and topology labels) the agent does, and the test
+// checks it as the attacher and provisioner read it (waitNodeDuties).
 //
 // TestMain (e2eutil.RunSuite) builds the agent and the driver and starts
 // the control plane; after the tests it checks the audit log: the API
