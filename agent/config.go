@@ -50,6 +50,9 @@ type Config struct {
 	AttachMode string
 	// CSIProbePeriod is how often registered drivers are probed.
 	CSIProbePeriod time.Duration
+	// VolumeStatsAggPeriod is how often volume stats are read (the
+	// kubelet's --volume-stats-agg-period); 0: 1m, negative: never.
+	VolumeStatsAggPeriod time.Duration
 
 	// LocalVolumesConfig turns on the local volume provisioner (cluster
 	// mode only).

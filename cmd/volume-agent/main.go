@@ -89,6 +89,7 @@ func run() error {
 	})
 	fs.StringVar(&cfg.AttachMode, "attach-mode", "controller", "cluster mode, attach-required CSI drivers: controller (wait for the attach/detach controller's VolumeAttachment) or self (the agent creates it and attaches through the driver)")
 	fs.DurationVar(&cfg.CSIProbePeriod, "csi-probe-period", 30*time.Second, "how often registered CSI drivers are probed; three failures in a row deregister a driver")
+	fs.DurationVar(&cfg.VolumeStatsAggPeriod, "volume-stats-agg-period", time.Minute, "how often the kubelet_volume_stats_* of claim-backed volumes are read (as the kubelet's flag); negative disables them")
 	fs.StringVar(&cfg.LocalVolumesConfig, "local-volumes-config", "", "cluster mode: turn on the local volume provisioner with this configuration file (see docs/local-volumes.md); reloaded on change")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "127.0.0.1:9808", "address of the debug endpoint (/debug/*, /healthz, /readyz); empty disables it")
 	fs.StringVar(&cfg.RuntimeSocket, "runtime-socket", "", "unix socket of the runtime API, for container runtimes (root only; see docs/runtime-api.md; default <root-dir>/runtime.sock)")
