@@ -152,11 +152,11 @@ func (e *env) localClaim(name string) string {
 
 // The kubelet's volume stats for a CSI claim (NodeGetVolumeStats of the
 // real test driver, playing one built with CSI 1.12 that reports volume
-// health) and a local claim (statfs), read from /metrics with the
-// Prometheus text parser: names, help texts, types and labels as the
-// kubelet's, one series per claim although two pods use the CSI one,
-// values as statfs says; the CSI claim has a health series, the local one
-// none. The driver says the volume is abnormal: the series goes to 1 and
+// health), a raw block CSI claim and a local claim (statfs), read from
+// /metrics with the Prometheus text parser: names, help texts, types and
+// labels as the kubelet's, one series per claim although two pods use the
+// CSI one, values as statfs (and the device's size) says; the CSI claims
+// have a health series, the local one none. The driver says the volume is abnormal: the series goes to 1 and
 // both pods get the kubelet's Warning event naming the volume as each pod
 // does; healthy again: 0. The pods go: the series go.
 func TestVolumeStatsAndHealth(t *testing.T) {
@@ -165,6 +165,7 @@ func TestVolumeStatsAndHealth(t *testing.T) {
 	d := e.newDriver("health", driverOptions{}, "--volume-condition")
 	suite.CreateCSIDriver(t, d.name, storagev1.CSIDriverSpec{AttachRequired: ptr.To(false)})
 	csiClaim := e.claimPV(d, "data")
+	blockClaim := e.blockPV(d, "disk")
 	localDir := e.localClaim("scratch")
 	a := e.startAgent(agentOptions{args: []string{d.flag(), "--volume-stats-agg-period=1s"}})
 
@@ -177,9 +178,11 @@ func TestVolumeStatsAndHealth(t *testing.T) {
 
 	app := e.createPod(e.pod("app", e2eutil.ClaimVolume("vol-data", csiClaim.claim), e2eutil.ClaimVolume("vol-scratch", "scratch")))
 	app2 := e.createPod(e.pod("app2", e2eutil.ClaimVolume("shared", csiClaim.claim)))
+	raw := e.createPod(e2eutil.DevicePod(e.ns, e.node, "raw", e2eutil.ClaimVolume("disk", blockClaim.claim)))
 	target := e.publishPath(app.UID, csiClaim.pv)
 	localMount := e2eutil.VolumeDir(e.root, string(app.UID), "kubernetes.io/local-volume", e.pvName("scratch"))
-	e.waitMounted(target, e.publishPath(app2.UID, csiClaim.pv), localMount)
+	access := e.accessPoint(raw.UID, blockClaim.pv)
+	e.waitMounted(target, e.publishPath(app2.UID, csiClaim.pv), localMount, access)
 	write := func(path string, size int) {
 		if err := os.WriteFile(path, make([]byte, size), 0o644); err != nil {
 			t.Fatal(err)
@@ -188,7 +191,7 @@ func TestVolumeStatsAndHealth(t *testing.T) {
 	write(filepath.Join(target, "data"), 2<<20)
 	write(filepath.Join(localMount, "data"), 3<<20)
 
-	csiKey, localKey := e.ns+"/data", e.ns+"/scratch"
+	csiKey, localKey, blockKey := e.ns+"/data", e.ns+"/scratch", e.ns+"/disk"
 	var stats volumeStats
 	e2eutil.Poll(t, 60*time.Second, "volume stats of both claims, with the data written", func(context.Context) (bool, string) {
 		s, err := scrapeVolumeStats(t, a)
@@ -207,9 +210,9 @@ func TestVolumeStatsAndHealth(t *testing.T) {
 			claims = append(claims, c)
 		}
 		sort.Strings(claims)
-		want := []string{csiKey, localKey}
+		want := []string{csiKey, blockKey, localKey}
 		if short == "health_status_abnormal" {
-			want = []string{csiKey} // only where the driver reports health
+			want = []string{csiKey, blockKey} // only where the driver reports health
 		}
 		if !slices.Equal(claims, want) {
 			t.Errorf("%s: series for %v, want %v", metric, claims, want)
@@ -228,6 +231,16 @@ func TestVolumeStatsAndHealth(t *testing.T) {
 	for metric, want := range statfsUsage(t, target) {
 		if got, _ := stats.get(metric, csiKey); math.Abs(got-want) > tolerance[metric] {
 			t.Errorf("CSI %s = %v, statfs says %v", metric, got, want)
+		}
+	}
+	// Block: the driver reports the device's size only; the rest is 0.
+	for metric := range kubeletVolumeStats {
+		short, want := strings.TrimPrefix(metric, "kubelet_volume_stats_"), 0.0
+		if short == "capacity_bytes" {
+			want = 32 << 20
+		}
+		if got, _ := stats.get(short, blockKey); got != want {
+			t.Errorf("Block %s = %v, want %v", short, got, want)
 		}
 	}
 	if v, _ := stats.get("health_status_abnormal", csiKey); v != 0 {
@@ -270,6 +283,7 @@ func TestVolumeStatsAndHealth(t *testing.T) {
 
 	e.deletePod("app")
 	e.deletePod("app2")
+	e.deletePod("raw")
 	e2eutil.Poll(t, 60*time.Second, "no volume stats once the pods are gone", func(context.Context) (bool, string) {
 		s, err := scrapeVolumeStats(t, a)
 		if err != nil {
@@ -281,8 +295,8 @@ func TestVolumeStatsAndHealth(t *testing.T) {
 		}
 		return n == 0, fmt.Sprintf("%v", s)
 	})
-	e.waitGone(target, localMount)
-	d.waitCalls("NodeUnstageVolume", 1)
+	e.waitGone(target, localMount, access)
+	d.waitCalls("NodeUnstageVolume", 2)
 	d.waitNoLoopDevices()
 	if err := unix.Unmount(localDir, 0); err != nil {
 		t.Errorf("unmounting the local volume's tmpfs: %v", err)
