@@ -60,6 +60,9 @@ type Config struct {
 	// controller-managed-attach-detach annotation in step with AttachMode
 	// (cluster mode).
 	AttachDetachAnnotation bool
+	// VolumeStatsAggPeriod is how often volume stats are read (the
+	// kubelet's --volume-stats-agg-period); 0: 1m, negative: never.
+	VolumeStatsAggPeriod time.Duration
 
 	// LocalVolumesConfig turns on the local volume provisioner (cluster
 	// mode only).

@@ -17,7 +17,6 @@ import (
 	"github.com/volume-agent/volume-agent/csi/nodeinfo"
 	"github.com/volume-agent/volume-agent/csi/registration"
 	"github.com/volume-agent/volume-agent/csi/registry"
-	"github.com/volume-agent/volume-agent/csi/volumestats"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/operations"
@@ -25,6 +24,7 @@ import (
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/status/nodestatus"
+	"github.com/volume-agent/volume-agent/status/volumestats"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -47,6 +47,7 @@ type csiParts struct {
 	drivers     *registry.Registry
 	watcher     *registration.Watcher
 	stats       *volumestats.Collector
+	statsOff    bool // --volume-stats-agg-period < 0
 	plugin      *csiplugin.Plugin
 	attachments *attachments
 	nodeStatus  *nodestatus.Reporter
@@ -55,11 +56,12 @@ type csiParts struct {
 	nodeInfo *nodeinfo.Manager
 }
 
-// newCSI builds the driver registry and the CSI plugin. In cluster mode it
-// also watches VolumeAttachments, keeps the node's volumesInUse current when
-// a controller attaches, and tells the cluster which drivers are on the
-// node.
-func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorld, rec events.Recorder) *csiParts {
+// newCSI builds the driver registry and the CSI plugin, and the volume
+// stats of claims (CSI and local volumes; the drivers' volume health puts
+// events on pods). In cluster mode it also watches VolumeAttachments, keeps
+// the node's volumesInUse current when a controller attaches, and tells the
+// cluster which drivers are on the node.
+func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorld, dsw *cache.DesiredStateOfWorld, rec events.Recorder) *csiParts {
 	log := cfg.Log
 	p := &csiParts{drivers: registry.New(log.Named("csi"))}
 	var notifyNodeInfo func()
@@ -71,7 +73,9 @@ func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorl
 			}
 		},
 	})
-	p.stats = volumestats.New(volumestats.Options{Registry: p.drivers, ASW: asw.Snapshot, Log: log.Named("csi-stats")})
+	p.stats = volumestats.New(volumestats.Options{Registry: p.drivers, ASW: asw.Snapshot, DSW: dsw.Snapshot, Events: rec,
+		Period: cfg.VolumeStatsAggPeriod, Log: log.Named("volume-stats")})
+	p.statsOff = cfg.VolumeStatsAggPeriod < 0
 	pcfg := csiplugin.Config{
 		Host: host, Drivers: p.drivers, CSIDriver: m.source.CSIDriver, AttachMode: csiplugin.AttachLocal,
 	}
@@ -198,7 +202,9 @@ func (p *csiParts) registerStatic(ctx context.Context, static []StaticDriver) {
 func (p *csiParts) start(l *loops, static []StaticDriver, probePeriod time.Duration) {
 	l.run("CSI driver prober", untilDone(func(ctx context.Context) { p.drivers.Run(ctx, probePeriod, 3) }))
 	l.run("CSI registration watcher", p.watcher.Run)
-	l.run("CSI volume statistics", untilDone(p.stats.Run))
+	if !p.statsOff {
+		l.run("volume statistics", untilDone(p.stats.Run))
+	}
 	for _, d := range static {
 		l.run("static CSI driver "+d.Name, untilDone(func(ctx context.Context) { p.drivers.Static(ctx, d.Name, d.Endpoint) }))
 	}

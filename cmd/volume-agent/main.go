@@ -92,6 +92,7 @@ func run() error {
 	fs.BoolVar(&cfg.CSINodeInfo, "csi-node-info", true, "cluster mode: tell the cluster which CSI drivers are on this node, as the kubelet does: the node's CSINode, the Node's csi.volume.kubernetes.io/nodeid annotation and the drivers' topology labels; turn it off where a kubelet does it")
 	fs.BoolVar(&cfg.AttachDetachAnnotation, "attach-detach-annotation", true, "cluster mode: keep the Node's volumes.kubernetes.io/controller-managed-attach-detach annotation in step with --attach-mode (\"true\" for controller, removed for self), as the kubelet does; false leaves it alone")
 	fs.DurationVar(&cfg.CSIProbePeriod, "csi-probe-period", 30*time.Second, "how often registered CSI drivers are probed; three failures in a row deregister a driver")
+	fs.DurationVar(&cfg.VolumeStatsAggPeriod, "volume-stats-agg-period", time.Minute, "how often the kubelet_volume_stats_* of claim-backed volumes are read (as the kubelet's flag); negative disables them")
 	fs.StringVar(&cfg.LocalVolumesConfig, "local-volumes-config", "", "cluster mode: turn on the local volume provisioner with this configuration file (see docs/local-volumes.md); reloaded on change")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "127.0.0.1:9808", "address of the debug endpoint (/debug/*, /healthz, /readyz); empty disables it")
 	fs.StringVar(&cfg.RuntimeSocket, "runtime-socket", "", "unix socket of the runtime API, for container runtimes (root only; see docs/runtime-api.md; default <root-dir>/runtime.sock)")

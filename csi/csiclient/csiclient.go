@@ -114,7 +114,7 @@ type Info struct {
 	NodeID        string
 	MaxVolumes    int64
 	Topology      map[string]string
-	// Node capabilities.
+	// Node capabilities. VolumeCondition is VOLUME_CONDITION (value 4, removed in spec 1.13).
 	StageUnstage     bool
 	Expand           bool
 	VolumeStats      bool
@@ -153,7 +153,7 @@ func (c *Client) Discover(ctx context.Context) (*Info, error) {
 	}
 	for _, cap := range nc.GetCapabilities() {
 		t := cap.GetRpc().GetType()
-		info.NodeCapabilities = append(info.NodeCapabilities, t.String())
+		info.NodeCapabilities = append(info.NodeCapabilities, NodeCapabilityName(t))
 		switch t {
 		case csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME:
 			info.StageUnstage = true
@@ -161,7 +161,7 @@ func (c *Client) Discover(ctx context.Context) (*Info, error) {
 			info.Expand = true
 		case csi.NodeServiceCapability_RPC_GET_VOLUME_STATS:
 			info.VolumeStats = true
-		case csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH:
+		case NodeVolumeCondition:
 			info.VolumeCondition = true
 		case csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP:
 			info.VolumeMountGroup = true

@@ -44,6 +44,7 @@ type Driver struct {
 	StageUnstage      bool              `json:"stageUnstage"`
 	Expand            bool              `json:"expand"`
 	VolumeStats       bool              `json:"volumeStats"`
+	VolumeCondition   bool              `json:"volumeCondition"`
 	VolumeMountGroup  bool              `json:"volumeMountGroup"`
 	ControllerPublish bool              `json:"controllerPublish"`
 
@@ -149,7 +150,7 @@ func (r *Registry) Register(ctx context.Context, reg Registration) (*Driver, err
 		Name: info.Name, Endpoint: reg.Endpoint, Source: reg.Source, RegistrationSocket: reg.RegistrationSocket,
 		SupportedVersions: reg.SupportedVersions, VendorVersion: info.VendorVersion, NodeID: info.NodeID,
 		MaxVolumesPerNode: info.MaxVolumes, Topology: info.Topology, NodeCapabilities: info.NodeCapabilities,
-		StageUnstage: info.StageUnstage, Expand: info.Expand, VolumeStats: info.VolumeStats,
+		StageUnstage: info.StageUnstage, Expand: info.Expand, VolumeStats: info.VolumeStats, VolumeCondition: info.VolumeCondition,
 		VolumeMountGroup: info.VolumeMountGroup, ControllerPublish: info.ControllerPublish,
 		RegisteredAt: now, LastProbe: now, Client: client,
 	}

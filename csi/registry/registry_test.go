@@ -103,7 +103,7 @@ func TestRegisterRecordsWhatTheDriverSays(t *testing.T) {
 		check func(t *testing.T, d *registry.Driver)
 	}{
 		{"staging driver", csidriver.Config{}, func(t *testing.T, d *registry.Driver) {
-			if !d.StageUnstage || !d.Expand || !d.VolumeStats || d.ControllerPublish || d.VolumeMountGroup {
+			if !d.StageUnstage || !d.Expand || !d.VolumeStats || d.ControllerPublish || d.VolumeMountGroup || d.VolumeCondition {
 				t.Errorf("capabilities stage %v expand %v stats %v publish %v mountGroup %v: want stage, expand and stats only",
 					d.StageUnstage, d.Expand, d.VolumeStats, d.ControllerPublish, d.VolumeMountGroup)
 			}
@@ -121,6 +121,11 @@ func TestRegisterRecordsWhatTheDriverSays(t *testing.T) {
 		{"driver needing attachment", csidriver.Config{AttachRequired: true}, func(t *testing.T, d *registry.Driver) {
 			if !d.ControllerPublish {
 				t.Error("a driver with PUBLISH_UNPUBLISH_VOLUME not recorded as publishing")
+			}
+		}},
+		{"volume condition (CSI 1.12)", csidriver.Config{VolumeCondition: true}, func(t *testing.T, d *registry.Driver) {
+			if !d.VolumeCondition || !slices.Contains(d.NodeCapabilities, "VOLUME_CONDITION") || slices.Contains(d.NodeCapabilities, "4") {
+				t.Errorf("volume condition %v, capabilities %v: want VOLUME_CONDITION by name", d.VolumeCondition, d.NodeCapabilities)
 			}
 		}},
 		{"topology and volume limit", csidriver.Config{Name: "topo.csi.example.com", Topology: true, MaxVolumesPerNode: 7}, func(t *testing.T, d *registry.Driver) {
@@ -172,6 +177,7 @@ type fakeCSI struct {
 	name   string
 	nodeID string
 	ready  bool
+	caps   []csi.NodeServiceCapability_RPC_Type
 }
 
 func (f *fakeCSI) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
@@ -191,7 +197,42 @@ func (f *fakeCSI) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.No
 }
 
 func (f *fakeCSI) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
-	return &csi.NodeGetCapabilitiesResponse{}, nil
+	resp := &csi.NodeGetCapabilitiesResponse{}
+	for _, c := range f.caps {
+		resp.Capabilities = append(resp.Capabilities, &csi.NodeServiceCapability{
+			Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: c}},
+		})
+	}
+	return resp, nil
+}
+
+// Capabilities are recorded by name, whichever spec version defined them;
+// VolumeCondition comes from VOLUME_CONDITION (4, what the kubelet reads),
+// not from spec 1.13's alpha GET_VOLUME_HEALTH (7), which the agent does
+// not call.
+func TestCapabilityNamesAndVolumeCondition(t *testing.T) {
+	cases := []struct {
+		caps      []csi.NodeServiceCapability_RPC_Type
+		names     []string
+		condition bool
+	}{
+		{caps: []csi.NodeServiceCapability_RPC_Type{2, 4}, names: []string{"GET_VOLUME_STATS", "VOLUME_CONDITION"}, condition: true},
+		{caps: []csi.NodeServiceCapability_RPC_Type{2, 7}, names: []string{"GET_VOLUME_STATS", "GET_VOLUME_HEALTH"}},
+		{caps: []csi.NodeServiceCapability_RPC_Type{99, 1}, names: []string{"UNKNOWN(99)", "STAGE_UNSTAGE_VOLUME"}},
+	}
+	for _, c := range cases {
+		t.Run(strings.Join(c.names, ","), func(t *testing.T) {
+			dir := socketDir(t)
+			ep := serveFake(t, filepath.Join(dir, "f.sock"), &fakeCSI{name: "caps.csi.example.com", nodeID: "n", ready: true, caps: c.caps})
+			d, err := register(t, registry.New(testLogger(t)), registry.Registration{Endpoint: ep})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(d.NodeCapabilities, c.names) || d.VolumeCondition != c.condition {
+				t.Errorf("capabilities %v, volume condition %v; want %v, %v", d.NodeCapabilities, d.VolumeCondition, c.names, c.condition)
+			}
+		})
+	}
 }
 
 func serveFake(t *testing.T, path string, f *fakeCSI) string {

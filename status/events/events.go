@@ -30,6 +30,7 @@ const (
 	FileSystemResizeSuccessful = "FileSystemResizeSuccessful"
 	FileSystemResizeFailed     = "FileSystemResizeFailed"
 	VolumeResizeFailed         = "VolumeResizeFailed"
+	VolumeConditionAbnormal    = "VolumeConditionAbnormal"
 )
 
 // Object names what an event is about.

@@ -12,6 +12,8 @@ package csidriver
 //	POST   /hangs          {"method":"NodeStageVolume","hang":true}
 //	POST   /crash-after    {"n":3}
 //	GET    /volumes        the driver's volumes (VolumeInfo)
+//	POST   /conditions     {"volumeID":"...","abnormal":true,"message":"..."}: the volume's
+//	                       condition in NodeGetVolumeStats (with --volume-condition)
 //
 // ControlClient wraps it for Go tests.
 
@@ -48,6 +50,12 @@ type hangJSON struct {
 
 type crashAfterJSON struct {
 	N int `json:"n"`
+}
+
+type conditionJSON struct {
+	VolumeID string `json:"volumeID"`
+	Abnormal bool   `json:"abnormal"`
+	Message  string `json:"message"`
 }
 
 func (d *Driver) controlHandler() http.Handler {
@@ -119,6 +127,17 @@ func (d *Driver) controlHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /volumes", func(w http.ResponseWriter, _ *http.Request) {
 		reply(w, d.Volumes(), nil)
+	})
+	mux.HandleFunc("POST /conditions", func(w http.ResponseWriter, r *http.Request) {
+		var c conditionJSON
+		err := decode(r, &c)
+		if err == nil && c.VolumeID == "" {
+			err = fmt.Errorf("volumeID is missing")
+		}
+		if err == nil {
+			d.SetVolumeCondition(c.VolumeID, c.Abnormal, c.Message)
+		}
+		reply(w, nil, err)
 	})
 	return mux
 }
@@ -242,4 +261,9 @@ func (c *ControlClient) Volumes() ([]VolumeInfo, error) {
 	var out []VolumeInfo
 	err := c.do(http.MethodGet, "/volumes", nil, &out)
 	return out, err
+}
+
+// SetVolumeCondition is Driver.SetVolumeCondition for a driver process.
+func (c *ControlClient) SetVolumeCondition(id string, abnormal bool, message string) error {
+	return c.do(http.MethodPost, "/conditions", conditionJSON{VolumeID: id, Abnormal: abnormal, Message: message}, nil)
 }

@@ -17,7 +17,12 @@
 // For the tests that use it, the driver can misbehave on purpose: any gRPC
 // method can be made to fail with a chosen status code (always or for the
 // next N calls), to hang until the caller gives up, or the whole process can
-// exit after a number of calls. Every call is counted per method.
+// exit after a number of calls. Every call is counted per method. With
+// Config.VolumeCondition it plays a driver built with CSI spec 1.12 that
+// reports volume health: it advertises VOLUME_CONDITION (value 4, removed in
+// spec 1.13) and sends volume_condition (field 2 of
+// NodeGetVolumeStatsResponse) as unknown fields, abnormal when a test says
+// so (SetVolumeCondition, or POST /conditions on the control API).
 //
 // Expansion: ControllerExpandVolume grows the backing file, NodeExpandVolume
 // refreshes the loop device and grows the mounted filesystem (resize2fs,

@@ -22,6 +22,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/volume-agent/volume-agent/csi/csiclient"
 )
 
 const (
@@ -81,6 +83,11 @@ type Config struct {
 	// Topology advertises VOLUME_ACCESSIBILITY_CONSTRAINTS with the single
 	// segment TopologyKey(Name)=NodeID.
 	Topology bool
+	// VolumeCondition advertises the node capability VOLUME_CONDITION
+	// (value 4, which CSI spec 1.13 removed) and makes NodeGetVolumeStats
+	// return volume_condition (field 2) as a driver built with spec 1.12
+	// does: healthy unless SetVolumeCondition says otherwise.
+	VolumeCondition bool
 	// MaxVolumesPerNode is reported by NodeGetInfo and enforced by
 	// ControllerPublishVolume; 0 means no limit.
 	MaxVolumesPerNode int64
@@ -123,6 +130,9 @@ type Driver struct {
 	mu    sync.Mutex // guards state, and serialises writes of the state file
 	state *stateFile
 	locks keyedMutex // one operation at a time per volume (or name)
+
+	condMu     sync.Mutex
+	conditions map[string]csiclient.VolumeCondition // by volume ID; absent: healthy
 
 	regMu      sync.Mutex
 	regHistory []RegistrationStatus
@@ -515,6 +525,32 @@ func (d *Driver) ResetFaults() { d.faults.reset() }
 // CallCounts returns how often each gRPC method was called (CSI and
 // registration), by short method name, faulted and hung calls included.
 func (d *Driver) CallCounts() map[string]int { return d.faults.callCounts() }
+
+// SetVolumeCondition sets what NodeGetVolumeStats reports as the volume's
+// condition (with Config.VolumeCondition); abnormal false and an empty
+// message make it healthy again. It is kept in memory only.
+func (d *Driver) SetVolumeCondition(id string, abnormal bool, message string) {
+	d.condMu.Lock()
+	defer d.condMu.Unlock()
+	if d.conditions == nil {
+		d.conditions = map[string]csiclient.VolumeCondition{}
+	}
+	if !abnormal && message == "" {
+		delete(d.conditions, id)
+		return
+	}
+	d.conditions[id] = csiclient.VolumeCondition{Abnormal: abnormal, Message: message}
+}
+
+// volumeCondition is what NodeGetVolumeStats reports for a volume.
+func (d *Driver) volumeCondition(id string) csiclient.VolumeCondition {
+	d.condMu.Lock()
+	defer d.condMu.Unlock()
+	if c, ok := d.conditions[id]; ok {
+		return c
+	}
+	return csiclient.VolumeCondition{Message: "volume is healthy"}
+}
 
 // CallCount returns how often method was called.
 func (d *Driver) CallCount(method string) int {

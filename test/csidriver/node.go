@@ -16,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/volume-agent/volume-agent/csi/csiclient"
 )
 
 type nodeServer struct {
@@ -43,6 +45,9 @@ func (s *nodeServer) NodeGetCapabilities(context.Context, *csi.NodeGetCapabiliti
 	}
 	if !s.d.cfg.DisableStaging {
 		types = append(types, csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME)
+	}
+	if s.d.cfg.VolumeCondition {
+		types = append(types, csiclient.NodeVolumeCondition)
 	}
 	caps := make([]*csi.NodeServiceCapability, 0, len(types))
 	for _, t := range types {
@@ -619,14 +624,14 @@ func (s *nodeServer) NodeGetVolumeStats(_ context.Context, req *csi.NodeGetVolum
 		if err != nil {
 			return nil, internalErr("%v", err)
 		}
-		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Total: size, Unit: csi.VolumeUsage_BYTES}}}, nil
+		return d.withCondition(id, &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Total: size, Unit: csi.VolumeUsage_BYTES}}}), nil
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(path, &st); err != nil {
 		return nil, internalErr("statfs %s: %v", path, err)
 	}
 	bsize := st.Bsize
-	return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
+	return d.withCondition(id, &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
 		{
 			Unit:      csi.VolumeUsage_BYTES,
 			Total:     int64(st.Blocks) * bsize,
@@ -639,7 +644,17 @@ func (s *nodeServer) NodeGetVolumeStats(_ context.Context, req *csi.NodeGetVolum
 			Available: int64(st.Ffree),
 			Used:      int64(st.Files - st.Ffree),
 		},
-	}}, nil
+	}}), nil
+}
+
+// withCondition adds the volume's condition to a NodeGetVolumeStats
+// response when the driver plays one built with CSI spec 1.12: as field 2,
+// which the generated code of spec 1.13 only knows as unknown bytes.
+func (d *Driver) withCondition(id string, resp *csi.NodeGetVolumeStatsResponse) *csi.NodeGetVolumeStatsResponse {
+	if d.cfg.VolumeCondition {
+		resp.ProtoReflect().SetUnknown(csiclient.AppendVolumeCondition(nil, d.volumeCondition(id)))
+	}
+	return resp
 }
 
 func (s *nodeServer) NodeExpandVolume(_ context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {

@@ -3,6 +3,7 @@ package csidriver
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -11,6 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+
+	"github.com/volume-agent/volume-agent/csi/csiclient"
 )
 
 // nodeEnv is a started driver with clients and paths for one volume.
@@ -25,9 +28,14 @@ type nodeEnv struct {
 	target  string
 }
 
+// newNodeEnv starts a driver in a new test directory; a relative
+// cfg.ControlSocket is taken relative to it.
 func newNodeEnv(t *testing.T, cfg Config) *nodeEnv {
 	requireLoopDevices(t)
 	dir := newTestDir(t)
+	if cfg.ControlSocket != "" && !filepath.IsAbs(cfg.ControlSocket) {
+		cfg.ControlSocket = filepath.Join(dir, cfg.ControlSocket)
+	}
 	d, conn := startDriver(t, dir, cfg)
 	e := &nodeEnv{t: t, dir: dir}
 	e.attach(d, conn)
@@ -497,4 +505,72 @@ func TestRestartAfterLostLoopDevice(t *testing.T) {
 	mustOK(t, e.unstage(id))
 	e.deleteVolume(id)
 	expectClean(t, e.dir)
+}
+
+// With VolumeCondition the driver advertises capability 4 and reports the
+// volume's condition as field 2 of NodeGetVolumeStatsResponse, healthy until
+// the control API says otherwise; without it, neither.
+func TestVolumeCondition(t *testing.T) {
+	for _, withCondition := range []bool{true, false} {
+		t.Run(fmt.Sprintf("VolumeCondition=%v", withCondition), func(t *testing.T) {
+			e := newNodeEnv(t, Config{VolumeCondition: withCondition, ControlSocket: "control.sock"})
+			control := NewControlClient(e.d.cfg.ControlSocket)
+			id := createVolume(t, e.conn, "cond", 32<<20).GetVolumeId()
+			mustOK(t, e.stage(id, rwo))
+			mustOK(t, e.publish(id, e.target, rwo, false, nil))
+			t.Cleanup(func() {
+				mustOK(t, e.unpublish(id, e.target))
+				mustOK(t, e.unstage(id))
+				e.deleteVolume(id)
+			})
+
+			caps, err := e.node.NodeGetCapabilities(testCtx(t), &csi.NodeGetCapabilitiesRequest{})
+			mustOK(t, err)
+			advertised := false
+			for _, c := range caps.GetCapabilities() {
+				advertised = advertised || c.GetRpc().GetType() == csiclient.NodeVolumeCondition
+			}
+			if advertised != withCondition {
+				t.Errorf("capability 4 advertised: %v, want %v", advertised, withCondition)
+			}
+
+			condition := func() *csiclient.VolumeCondition {
+				t.Helper()
+				resp := e.stats(id, e.target)
+				if len(resp.GetUsage()) != 2 {
+					t.Errorf("usage %v: the condition must not replace it", resp.GetUsage())
+				}
+				c, err := csiclient.StatsVolumeCondition(resp)
+				mustOK(t, err)
+				return c
+			}
+			steps := []struct {
+				abnormal bool
+				message  string
+				want     *csiclient.VolumeCondition
+			}{
+				{want: &csiclient.VolumeCondition{Message: "volume is healthy"}},
+				{abnormal: true, message: "I/O errors on the loop device", want: &csiclient.VolumeCondition{Abnormal: true, Message: "I/O errors on the loop device"}},
+				{want: &csiclient.VolumeCondition{Message: "volume is healthy"}},
+			}
+			for i, s := range steps {
+				if i > 0 {
+					mustOK(t, control.SetVolumeCondition(id, s.abnormal, s.message))
+				}
+				got := condition()
+				if !withCondition {
+					if got != nil {
+						t.Errorf("step %d: condition %+v from a driver without VOLUME_CONDITION", i, got)
+					}
+					continue
+				}
+				if got == nil || *got != *s.want {
+					t.Errorf("step %d: condition %+v, want %+v", i, got, s.want)
+				}
+			}
+			if err := control.SetVolumeCondition("", true, "x"); err == nil {
+				t.Error("control API accepted a condition without a volume ID")
+			}
+		})
+	}
 }

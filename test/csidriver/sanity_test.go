@@ -30,9 +30,10 @@ func TestSanity(t *testing.T) {
 	}
 	suites := []suite{
 		{
-			// Everything on: attach, staging, topology and a volume limit.
+			// Everything on: attach, staging, topology, a volume limit
+			// and the volume condition of CSI 1.12 drivers.
 			name:   "attach-stage-mount",
-			driver: Config{AttachRequired: true, Topology: true, MaxVolumesPerNode: 4},
+			driver: Config{AttachRequired: true, Topology: true, MaxVolumesPerNode: 4, VolumeCondition: true},
 			tune:   func(c *sanity.TestConfig) { c.TestNodeVolumeAttachLimit = true },
 		},
 		{

@@ -55,6 +55,7 @@ func run() error {
 	fs.BoolVar(&cfg.AttachRequired, "attach-required", false, "enable ControllerPublishVolume/ControllerUnpublishVolume and require them before staging")
 	fs.BoolVar(&cfg.DisableStaging, "disable-staging", false, "drop STAGE_UNSTAGE_VOLUME: NodePublishVolume does all the node work")
 	fs.BoolVar(&cfg.Topology, "topology", false, "advertise VOLUME_ACCESSIBILITY_CONSTRAINTS with "+csidriver.TopologyKey("<name>")+"=<node-id>")
+	fs.BoolVar(&cfg.VolumeCondition, "volume-condition", false, "advertise VOLUME_CONDITION (value 4, removed in CSI 1.13) and report volume_condition in NodeGetVolumeStats, as a driver built with CSI 1.12 does (see the control API's /conditions)")
 	fs.Int64Var(&cfg.MaxVolumesPerNode, "max-volumes-per-node", 0, "max_volumes_per_node reported by NodeGetInfo and enforced by ControllerPublishVolume (0: no limit)")
 	fs.StringVar(&capacity, "capacity", "", "total size of all volumes, e.g. 10Gi (default: free space of --state-dir)")
 	fs.StringVar(&volumeSize, "default-volume-size", "64Mi", "size of volumes created without a capacity range")

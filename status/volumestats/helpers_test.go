@@ -23,9 +23,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/csi/csiclient"
 	"github.com/volume-agent/volume-agent/csi/registry"
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
+	"github.com/volume-agent/volume-agent/plugins/local"
+	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/test/csidriver"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -147,6 +150,25 @@ func gauge(t *testing.T, c prometheus.Collector, name, ns, pvc string) (float64,
 			if labelsAre(m, ns, pvc) {
 				return m.GetGauge().GetValue(), true
 			}
+		}
+	}
+	return 0, false
+}
+
+// gaugeValue returns the value of an unlabelled gauge of the collector.
+func gaugeValue(t *testing.T, c prometheus.Collector, name string) (float64, bool) {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gathering: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue(), true
 		}
 	}
 	return 0, false
@@ -284,9 +306,10 @@ func provision(t *testing.T, drv *registry.Driver, dir, name string, size int64)
 // fakeDriver serves a CSI identity and node service whose
 // NodeGetVolumeStats answers from a table, recording every request.
 type fakeDriver struct {
-	name    string
-	stats   bool // advertises GET_VOLUME_STATS
-	staging bool // advertises STAGE_UNSTAGE_VOLUME
+	name      string
+	stats     bool // advertises GET_VOLUME_STATS
+	staging   bool // advertises STAGE_UNSTAGE_VOLUME
+	condition bool // advertises VOLUME_CONDITION (4)
 
 	mu       sync.Mutex
 	answers  map[string]*csi.NodeGetVolumeStatsResponse // by volume ID
@@ -365,6 +388,9 @@ func (s *fakeNode) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilities
 	if s.f.staging {
 		add(csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME)
 	}
+	if s.f.condition {
+		add(csiclient.NodeVolumeCondition)
+	}
 	return &csi.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
 }
 
@@ -376,6 +402,64 @@ func (s *fakeNode) NodeGetVolumeStats(_ context.Context, req *csi.NodeGetVolumeS
 		return nil, err
 	}
 	return s.f.answers[req.GetVolumeId()], nil
+}
+
+// withCondition adds volume_condition (field 2) to a response, as a driver
+// built with CSI spec 1.12 sends it.
+func withCondition(resp *csi.NodeGetVolumeStatsResponse, abnormal bool, message string) *csi.NodeGetVolumeStatsResponse {
+	resp.ProtoReflect().SetUnknown(csiclient.AppendVolumeCondition(nil, csiclient.VolumeCondition{Abnormal: abnormal, Message: message}))
+	return resp
+}
+
+// localVolume is an ASW entry of a local PV reached through claim ns/pvc,
+// mounted by one pod at path (its access point for Block).
+func localVolume(pv, ns, pvc string, block bool, pod types.UID, path string) *cache.ActualVolume {
+	spec := &volume.Spec{
+		Name: pv,
+		PV: &v1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: pv},
+			Spec: v1.PersistentVolumeSpec{PersistentVolumeSource: v1.PersistentVolumeSource{
+				Local: &v1.LocalVolumeSource{Path: "/mnt/disks/" + pv},
+			}},
+		},
+		PVC:  &v1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pvc}},
+		Mode: v1.PersistentVolumeFilesystem,
+	}
+	if block {
+		spec.Mode = v1.PersistentVolumeBlock
+	}
+	v := &cache.ActualVolume{
+		Name: volume.SharedName(local.Name, pv), Plugin: local.Name, Spec: spec,
+		Attributes: volume.Attributes{Identity: pv}, Pods: map[types.UID]*cache.ActualPodMount{},
+	}
+	addPod(v, pod, path, cache.Mounted)
+	return v
+}
+
+// recorder is an events.Recorder that keeps what it gets.
+type recorder struct {
+	mu     sync.Mutex
+	events []recordedEvent
+}
+
+type recordedEvent struct {
+	obj                     events.Object
+	eventType, reason, text string
+}
+
+func (r *recorder) Event(obj events.Object, eventType, reason, message string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, recordedEvent{obj, eventType, reason, message})
+}
+
+// take returns the events recorded since the last take.
+func (r *recorder) take() []recordedEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.events
+	r.events = nil
+	return out
 }
 
 func usage(capacity, avail, used, inodes, ifree, iused int64) *csi.NodeGetVolumeStatsResponse {
