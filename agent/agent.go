@@ -158,7 +158,8 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	recheck := notify.New()
 	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot,
 		NodeMemory: m.nodeMemory, Recheck: recheck.Notify, Log: log.Named("plugins")}
-	a.csi = newCSI(cfg, host, m, a.asw, a.dsw, a.events)
+	// The populator is built later; the CSI parts ask it only once running.
+	a.csi = newCSI(cfg, host, m, a.asw, a.dsw, a.events, func() bool { return a.populator.Ready() })
 	// The refresher acts on the executor, which is built after the
 	// plugins: it reaches it through a.
 	a.api = newAPIVolumes(cfg, host, m, apiVolumeDeps{

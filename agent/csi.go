@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 
@@ -54,6 +55,8 @@ type csiParts struct {
 	// nodeInfo tells the cluster which drivers are on the node (CSINode,
 	// Node annotations and labels); nil in standalone mode.
 	nodeInfo *nodeinfo.Manager
+	// node is the informer of the node's Node (cluster mode).
+	node toolscache.SharedIndexInformer
 }
 
 // newCSI builds the driver registry and the CSI plugin, and the volume
@@ -61,7 +64,10 @@ type csiParts struct {
 // events on pods). In cluster mode it also watches VolumeAttachments, keeps
 // the node's volumesInUse current when a controller attaches, and tells the
 // cluster which drivers are on the node.
-func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorld, dsw *cache.DesiredStateOfWorld, rec events.Recorder) *csiParts {
+//
+// sourcesReady tells whether the desired state has been read completely
+// (the node's volumesInUse is reported only from then on).
+func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorld, dsw *cache.DesiredStateOfWorld, rec events.Recorder, sourcesReady func() bool) *csiParts {
 	log := cfg.Log
 	p := &csiParts{drivers: registry.New(log.Named("csi"))}
 	var notifyNodeInfo func()
@@ -88,8 +94,9 @@ func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorl
 		// The source watches the attachment of each CSI volume the
 		// node's pods use, by name.
 		p.attachments = &attachments{client: c.client, get: c.source.VolumeAttachment, changed: &c.attachmentChanged}
+		p.node = c.source.NodeInformer()
 		if pcfg.AttachMode == csiplugin.AttachController {
-			p.nodeStatus = nodestatus.New(cfg.NodeName, c.client, c.source.Node, log.Named("nodestatus"))
+			p.nodeStatus = nodestatus.New(cfg.NodeName, c.client, c.source.Node, sourcesReady, log.Named("nodestatus"))
 			p.attachments.inUse = p.nodeStatus.ReportedInUse
 		}
 		pcfg.Attachments = p.attachments
@@ -183,6 +190,17 @@ func (p *csiParts) retryOnChange(exec *operations.Executor, wake *notify.Signal)
 		waitingForAttach := func(op *operations.Operation) bool { return op.Name == operations.OpVerifyAttached }
 		onChange := func(string) { retry(waitingForAttach) }
 		p.attachments.changed.Store(&onChange)
+	}
+	if p.nodeStatus != nil {
+		// An attachment is relied on only once the node reports the volume
+		// in use: when the Node says so, the wait is over.
+		_, _ = p.node.AddEventHandler(toolscache.ResourceEventHandlerFuncs{UpdateFunc: func(old, cur any) {
+			o, ok1 := old.(*v1.Node)
+			n, ok2 := cur.(*v1.Node)
+			if ok1 && ok2 && !slices.Equal(o.Status.VolumesInUse, n.Status.VolumesInUse) {
+				retry(func(op *operations.Operation) bool { return op.Name == operations.OpVerifyAttached })
+			}
+		}})
 	}
 }
 

@@ -33,17 +33,25 @@ type Reporter struct {
 	node    string
 	patcher Patcher
 	getNode func() (*v1.Node, bool)
+	ready   func() bool
 	log     *zap.Logger
 	wake    *notify.Signal
 
 	mu   sync.Mutex
 	want []v1.UniqueVolumeName
+	// known: want was computed from a pass that planned with the sources
+	// read completely (and the state found on disk at start).
+	known bool
 }
 
-// New returns a Reporter; Run publishes.
-func New(node string, p Patcher, getNode func() (*v1.Node, bool), log *zap.Logger) *Reporter {
-	r := &Reporter{node: node, patcher: p, getNode: getNode, log: log, wake: notify.New()}
-	r.wake.Notify() // clear what a previous run left, if nothing is in use now
+// New returns a Reporter; Run publishes. sourcesReady tells whether the
+// desired state has been read completely: until then what a pass sees in
+// use is not the whole truth (a restarted agent knows its pods only once
+// its sources are read), and nothing is reported, so that the node's
+// volumesInUse of a previous run stays until it is replaced by the whole
+// truth. The kubelet waits the same way (ReconcilerStatesHasBeenSynced).
+func New(node string, p Patcher, getNode func() (*v1.Node, bool), sourcesReady func() bool, log *zap.Logger) *Reporter {
+	r := &Reporter{node: node, patcher: p, getNode: getNode, ready: sourcesReady, log: log, wake: notify.New()}
 	return r
 }
 
@@ -71,10 +79,13 @@ func InUse(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) []v1.UniqueVol
 
 // Reconciled implements reconciler.Observer.
 func (r *Reporter) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, _ []reconciler.Action, _ time.Duration) {
+	if r.ready != nil && !r.ready() {
+		return
+	}
 	want := InUse(dsw, asw)
 	r.mu.Lock()
-	changed := !slices.Equal(want, r.want)
-	r.want = want
+	changed := !r.known || !slices.Equal(want, r.want)
+	r.want, r.known = want, true
 	r.mu.Unlock()
 	if changed {
 		r.wake.Notify()
@@ -103,8 +114,11 @@ func (r *Reporter) Run(ctx context.Context) {
 		case <-timer:
 		}
 		r.mu.Lock()
-		want := r.want
+		want, known := r.want, r.known
 		r.mu.Unlock()
+		if !known {
+			continue
+		}
 		if n, ok := r.getNode(); ok && slices.Equal(n.Status.VolumesInUse, want) {
 			retry = 0
 			continue
