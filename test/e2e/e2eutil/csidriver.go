@@ -41,6 +41,12 @@ type CSIDriverOptions struct {
 	// LogPath is its log, appended to by every start; default driver.log
 	// in a new t.TempDir().
 	LogPath string
+	// OwnMountNamespace runs the driver in a mount namespace of its own
+	// whose mounts are copies of the test's with their propagation kept
+	// (unshare --mount --propagation unchanged), as a driver container
+	// with a Bidirectional mount of the kubelet's directory has: its mounts
+	// reach the test's namespace only below a shared mount.
+	OwnMountNamespace bool
 }
 
 // CSIDriver is a process of test/csidriver/cmd/test-csi-driver that a test
@@ -145,7 +151,13 @@ func (d *CSIDriver) Start(extra ...string) {
 		"--endpoint=" + d.Endpoint(), "--name=" + d.opts.Name, "--node-id=" + d.opts.NodeID,
 		"--state-dir=" + d.opts.StateDir, "--control-socket=" + d.opts.ControlSocket,
 	}, slices.Concat(d.opts.Args, extra)...)
-	p, err := startProcess("CSI driver "+d.opts.Name, d.opts.LogPath, d.opts.Binary, args...)
+	bin := d.opts.Binary
+	if d.opts.OwnMountNamespace {
+		// unshare execs the driver: the process is the driver's.
+		args = append([]string{"--mount", "--propagation", "unchanged", "--", bin}, args...)
+		bin = "unshare"
+	}
+	p, err := startProcess("CSI driver "+d.opts.Name, d.opts.LogPath, bin, args...)
 	if err != nil {
 		t.Fatalf("starting CSI driver %s: %v", d.opts.Name, err)
 	}

@@ -56,6 +56,10 @@ const mib = 1 << 20
 //  9. the driver stops: its registration socket goes, the agent
 //     deregisters it, and the node stops publishing it.
 //
+// The driver runs in a mount namespace of its own, as in a container with a
+// Bidirectional mount of the kubelet's directory: its mounts reach the
+// agent's namespace because the agent made its root directory shared.
+//
 // The audit log shows each write done by the component that should do it
 // (the VolumeAttachment created by the attach/detach controller and marked
 // attached by external-attacher...). The Warning events the pod got are
@@ -87,6 +91,10 @@ func TestNoKubeletFlow(t *testing.T) {
 		StateDir:      filepath.Join(t.TempDir(), "driver"),
 		StrictLoops:   true,
 		LogPath:       filepath.Join(e.logs, "driver.log"),
+		// As in a container with a Bidirectional mount of the kubelet's
+		// directory: its mounts reach the agent and the pods only
+		// because the agent made its root directory shared.
+		OwnMountNamespace: true,
 		Args: []string{
 			"--registration-dir=" + regDir, "--attach-required", "--topology",
 			fmt.Sprintf("--max-volumes-per-node=%d", maxVolumes), "--default-fstype=xfs",
