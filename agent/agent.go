@@ -137,12 +137,14 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	recheck := notify.New()
 	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot,
 		NodeMemory: m.nodeMemory, Recheck: recheck.Notify, Log: log.Named("plugins")}
-	a.csi = newCSI(cfg, host, m, a.asw)
 	// The refresher acts on the executor, which is built after the
 	// plugins: it reaches it through a.
 	a.api = newAPIVolumes(cfg, host, m, apiVolumeDeps{
 		marker: a.asw, retrier: func() refresh.Retrier { return a.executor }, wake: wake,
 	})
+	// CSI drivers' tokenRequests share the projected volumes' token cache
+	// (and so its refresh, its metrics and /debug/api-volumes).
+	a.csi = newCSI(cfg, host, m, a.asw, a.api.tokenIssuer())
 	a.plugins = plugins.NewRegistry(append([]plugins.Plugin{emptydir.New(host), hostpath.New(host), local.New(host), a.csi.plugin}, a.api.plugins...)...)
 	a.executor = operations.NewExecutor(operations.ExecutorOptions{
 		MaxConcurrent: cfg.MaxConcurrentOperations,

@@ -50,14 +50,16 @@ type csiParts struct {
 
 // newCSI builds the driver registry and the CSI plugin. In cluster mode it
 // also watches VolumeAttachments and, when a controller attaches, keeps the
-// node's volumesInUse current.
-func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorld) *csiParts {
+// node's volumesInUse current; tokens (nil in standalone mode) issues the
+// tokens of CSIDrivers' tokenRequests.
+func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorld, tokens csiplugin.TokenIssuer) *csiParts {
 	log := cfg.Log
 	p := &csiParts{drivers: registry.New(log.Named("csi"))}
 	p.watcher = registration.New(registration.Options{Dir: cfg.PluginRegistryDir, Registry: p.drivers, Log: log.Named("csi-registration")})
 	p.stats = volumestats.New(volumestats.Options{Registry: p.drivers, ASW: asw.Snapshot, Log: log.Named("csi-stats")})
 	pcfg := csiplugin.Config{
 		Host: host, Drivers: p.drivers, CSIDriver: m.source.CSIDriver, AttachMode: csiplugin.AttachLocal,
+		Tokens: tokens, NoTokensReason: noTokensReason,
 	}
 	if c := m.cluster; c != nil {
 		pcfg.AttachMode = cfg.AttachMode

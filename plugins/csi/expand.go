@@ -14,7 +14,7 @@ import (
 )
 
 // Expand grows the volume on the node with NodeExpandVolume, when the
-// driver can. The volume path is a pod's mount, or the staging path when no
+// driver can, with the secret of the PV's nodeExpandSecretRef. The volume path is a pod's mount, or the staging path when no
 // pod has the volume yet (offline expansion, after staging and before
 // publishing). FailedPrecondition means the driver will not do it while the
 // volume is in use; Unimplemented means there is nothing to do on the node.
@@ -43,10 +43,14 @@ func (p *Plugin) Expand(ctx context.Context, req *plugins.ExpandRequest) (*resou
 	if path == "" {
 		return nil, fmt.Errorf("driver %s does not stage %s: %w", src.driver, src.handle, plugins.ErrNotPublished)
 	}
+	secrets, err := p.secrets(ctx, src.expandSecret)
+	if err != nil {
+		return nil, err
+	}
 	resp, err := d.Client.Node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{
 		VolumeId: src.handle, VolumePath: path, StagingTargetPath: staging,
 		CapacityRange:    &csi.CapacityRange{RequiredBytes: req.NewSize.Value()},
-		VolumeCapability: capability(src, ""),
+		VolumeCapability: capability(src, "", nodeAccessMode(src, d)), Secrets: secrets,
 	})
 	switch csiclient.Code(err) {
 	case codes.OK:
