@@ -152,7 +152,7 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 		// The reporter's lines all come from one place, so the caller
 		// says nothing; finding it cost every operation of a storm a
 		// stack walk.
-		Observer:      &reporter{log: log.Named("operations").WithOptions(zap.WithCaller(false)), events: a.events, metrics: a.metrics, trimmer: a.trimmer, history: a.history},
+		Observer:      &reporter{log: operationsLogger(log), events: a.events, metrics: a.metrics, trimmer: a.trimmer, history: a.history},
 		OnStateChange: wake.Notify,
 	})
 	a.csi.retryOnChange(a.executor, wake)
