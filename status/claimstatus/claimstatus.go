@@ -2,8 +2,9 @@
 // PersistentVolumeClaims: allocatedResourceStatuses[storage] =
 // NodeResizeInProgress while the node works (and while it retries after a
 // failure), a NodeResizeError condition carrying the last failure, and on
-// success status.capacity = the new size with the storage entry and the
-// FileSystemResizePending / NodeResizeError conditions removed.
+// success status.capacity = the new size with the storage entry and every
+// resize condition (FileSystemResizePending, Resizing,
+// ControllerResizeError, NodeResizeError) removed, as the kubelet does.
 //
 // The API documentation mentions a "NodeResizeFailed" status, but the
 // Kubernetes 1.36 API server rejects it (only ControllerResizeInProgress,
@@ -95,12 +96,24 @@ func (r *Reporter) ResizeFinished(ctx context.Context, pvc *v1.PersistentVolumeC
 		}
 		conds := s.Conditions[:0:0]
 		for _, c := range s.Conditions {
-			if c.Type != v1.PersistentVolumeClaimFileSystemResizePending && c.Type != v1.PersistentVolumeClaimNodeResizeError {
+			if !resizeConditions[c.Type] {
 				conds = append(conds, c)
 			}
 		}
 		s.Conditions = conds
 	})
+}
+
+// resizeConditions are the conditions a finished expansion removes, as the
+// kubelet's MarkNodeExpansionFinishedWithRecovery does (knownResizeConditions
+// in pkg/volume/util/resize_util.go): the node's, and the controller's
+// Resizing and ControllerResizeError, which may be left for the node to
+// clear.
+var resizeConditions = map[v1.PersistentVolumeClaimConditionType]bool{
+	v1.PersistentVolumeClaimFileSystemResizePending: true,
+	v1.PersistentVolumeClaimResizing:                true,
+	v1.PersistentVolumeClaimControllerResizeError:   true,
+	v1.PersistentVolumeClaimNodeResizeError:         true,
 }
 
 func setResizeStatus(s *v1.PersistentVolumeClaimStatus, st v1.ClaimResourceStatus) {

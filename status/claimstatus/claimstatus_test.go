@@ -228,9 +228,15 @@ func TestRecreatedClaimKeepsUIDPrecondition(t *testing.T) {
 func TestResizeFinished(t *testing.T) {
 	pvc := claim()
 	pvc.Status.AllocatedResourceStatuses[v1.ResourceStorage] = v1.PersistentVolumeClaimNodeResizeInProgress
-	// A failure before this success left its condition.
+	// A failure before this success left its condition, and the
+	// controller's Resizing (and an earlier controller error) may be left
+	// for the node to clear.
 	pvc.Status.Conditions = append(pvc.Status.Conditions, v1.PersistentVolumeClaimCondition{
 		Type: v1.PersistentVolumeClaimNodeResizeError, Status: v1.ConditionTrue, Message: "resize2fs: boom",
+	}, v1.PersistentVolumeClaimCondition{
+		Type: v1.PersistentVolumeClaimResizing, Status: v1.ConditionTrue,
+	}, v1.PersistentVolumeClaimCondition{
+		Type: v1.PersistentVolumeClaimControllerResizeError, Status: v1.ConditionTrue, Message: "quota",
 	})
 	p := &fakePatcher{}
 	if err := newReporter(p, pvc).ResizeFinished(t.Context(), pvc, resource.MustParse("2Gi")); err != nil {
@@ -253,7 +259,8 @@ func TestResizeFinished(t *testing.T) {
 	if got.Status.AllocatedResourceStatuses != nil {
 		t.Errorf("allocatedResourceStatuses %v, want none", got.Status.AllocatedResourceStatuses)
 	}
-	for _, typ := range []v1.PersistentVolumeClaimConditionType{v1.PersistentVolumeClaimFileSystemResizePending, v1.PersistentVolumeClaimNodeResizeError} {
+	for _, typ := range []v1.PersistentVolumeClaimConditionType{v1.PersistentVolumeClaimFileSystemResizePending, v1.PersistentVolumeClaimNodeResizeError,
+		v1.PersistentVolumeClaimResizing, v1.PersistentVolumeClaimControllerResizeError} {
 		if c := condition(got, typ); c != nil {
 			t.Errorf("condition %s still there: %+v", typ, c)
 		}
