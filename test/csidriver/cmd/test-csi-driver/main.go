@@ -54,6 +54,8 @@ func run() error {
 	fs.StringVar(&cfg.ControlSocket, "control-socket", "", "serve the HTTP control API (faults, call counts) on this unix socket")
 	fs.BoolVar(&cfg.AttachRequired, "attach-required", false, "enable ControllerPublishVolume/ControllerUnpublishVolume and require them before staging")
 	fs.BoolVar(&cfg.DisableStaging, "disable-staging", false, "drop STAGE_UNSTAGE_VOLUME: NodePublishVolume does all the node work")
+	fs.BoolVar(&cfg.DisableSingleNodeMultiWriter, "disable-single-node-multi-writer", false,
+		"drop SINGLE_NODE_MULTI_WRITER (node and controller) and refuse the SINGLE_NODE_SINGLE_WRITER and SINGLE_NODE_MULTI_WRITER access modes")
 	fs.BoolVar(&cfg.Topology, "topology", false, "advertise VOLUME_ACCESSIBILITY_CONSTRAINTS with "+csidriver.TopologyKey("<name>")+"=<node-id>")
 	fs.Int64Var(&cfg.MaxVolumesPerNode, "max-volumes-per-node", 0, "max_volumes_per_node reported by NodeGetInfo and enforced by ControllerPublishVolume (0: no limit)")
 	fs.StringVar(&capacity, "capacity", "", "total size of all volumes, e.g. 10Gi (default: free space of --state-dir)")
