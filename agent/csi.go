@@ -170,8 +170,26 @@ func (c driversCollector) Collect(ch chan<- prometheus.Metric) {
 
 // DriversDocument is GET /debug/drivers.
 type DriversDocument struct {
-	Drivers             []registry.Driver           `json:"drivers"`
+	Drivers             []DriverStatus              `json:"drivers"`
 	RegistrationSockets []registration.SocketStatus `json:"registrationSockets"`
+}
+
+// DriverStatus is a registered driver and what its CSIDriver object (or
+// its absence) makes the agent do with its volumes.
+type DriverStatus struct {
+	registry.Driver
+	Policy csiplugin.DriverPolicy `json:"policy"`
+}
+
+func (p *csiParts) driversDocument() DriversDocument {
+	doc := DriversDocument{Drivers: []DriverStatus{}, RegistrationSockets: p.watcher.Sockets()}
+	for _, d := range p.drivers.List() {
+		doc.Drivers = append(doc.Drivers, DriverStatus{Driver: d, Policy: p.plugin.DriverPolicy(d.Name)})
+	}
+	if doc.RegistrationSockets == nil {
+		doc.RegistrationSockets = []registration.SocketStatus{}
+	}
+	return doc
 }
 
 func logDriverConfig(log *zap.Logger, static []StaticDriver, dir string) {

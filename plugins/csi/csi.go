@@ -129,12 +129,10 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 		drv, err := p.cfg.CSIDriver(src.Driver)
 		switch {
 		case err == nil:
-			attrs.Attachable = drv.Spec.AttachRequired == nil || *drv.Spec.AttachRequired
-			attrs.RequiresRemount = drv.Spec.RequiresRepublish != nil && *drv.Spec.RequiresRepublish
+			attrs.Attachable = p.attachRequired(drv)
+			attrs.RequiresRemount = remount(drv)
 		case apierrors.IsNotFound(err):
-			// Without a CSIDriver object the kubelet assumes attach is
-			// required; without an API server there is nothing to attach.
-			attrs.Attachable = p.cfg.AttachMode != AttachLocal
+			attrs.Attachable = p.attachRequired(nil)
 		default:
 			return volume.Attributes{}, err
 		}

@@ -332,3 +332,43 @@ func TestServiceAccountTokens(t *testing.T) {
 		})
 	}
 }
+
+// What /debug/drivers says the plugin does with a driver's volumes: the
+// CSIDriver object's settings, or the defaults without one (attach required
+// unless there is no API server; Persistent only; fsGroup for RWO volumes
+// with an fsType), and the token audiences, never a token.
+func TestDriverPolicy(t *testing.T) {
+	defaults := csiplugin.DriverPolicy{AttachRequired: true, FSGroupPolicy: storagev1.ReadWriteOnceWithFSTypeFSGroupPolicy,
+		VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecyclePersistent}}
+	standalone := defaults
+	standalone.AttachRequired = false
+	cases := []struct {
+		name       string
+		attachMode string
+		spec       *storagev1.CSIDriverSpec
+		want       csiplugin.DriverPolicy
+	}{
+		{name: "no object", attachMode: csiplugin.AttachController, want: defaults},
+		{name: "no object, standalone", attachMode: csiplugin.AttachLocal, want: standalone},
+		{name: "everything set", attachMode: csiplugin.AttachController, spec: &storagev1.CSIDriverSpec{
+			AttachRequired: ptr.To(false), PodInfoOnMount: ptr.To(true), RequiresRepublish: ptr.To(true),
+			FSGroupPolicy:        ptr.To(storagev1.FileFSGroupPolicy),
+			VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecycleEphemeral},
+			TokenRequests:        []storagev1.TokenRequest{{Audience: "vault"}, {Audience: ""}}, ServiceAccountTokenInSecrets: ptr.To(true),
+		}, want: csiplugin.DriverPolicy{CSIDriver: true, PodInfoOnMount: true, RequiresRepublish: true, FSGroupPolicy: storagev1.FileFSGroupPolicy,
+			VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecycleEphemeral},
+			TokenAudiences:       []string{"vault", ""}, TokensInSecrets: true}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.attachMode = c.attachMode
+			if c.spec != nil {
+				f.setCSIDriver(&storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: testDriver}, Spec: *c.spec})
+			}
+			if got := f.plugin().DriverPolicy(testDriver); fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", c.want) {
+				t.Errorf("DriverPolicy = %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}

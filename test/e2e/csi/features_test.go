@@ -137,6 +137,32 @@ func TestTokenRequests(t *testing.T) {
 		e.reviewToken(tok.Token, aud, pod)
 	}
 
+	// What the agent says: the driver's policy on /debug/drivers, the
+	// tokens' lifetimes (never the tokens) on /debug/api-volumes.
+	drivers := e2eutil.Must(t, a.Drivers)
+	found := false
+	for _, drv := range drivers.Drivers {
+		if drv.Name == d.name {
+			found = true
+			if pol := drv.Policy; !pol.CSIDriverObject || pol.AttachRequired || !pol.RequiresRepublish ||
+				!slices.Equal(pol.TokenAudiences, []string{audience, ""}) || !drv.SingleNodeMultiWriter {
+				t.Errorf("/debug/drivers: %+v; want the CSIDriver's policy (no attach, republish, audiences %q and \"\") and SINGLE_NODE_MULTI_WRITER", drv, audience)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("/debug/drivers does not list %s", d.name)
+	}
+	var audiences []string
+	for _, tok := range e2eutil.Must(t, a.APIVolumes).Tokens {
+		if tok.PodUID == string(pod.UID) && tok.ServiceAccount == "app-sa" {
+			audiences = append(audiences, tok.Audience)
+		}
+	}
+	if slices.Sort(audiences); !slices.Equal(audiences, []string{"", audience}) {
+		t.Errorf("/debug/api-volumes lists tokens of the pod for audiences %q, want \"\" and %q", audiences, audience)
+	}
+
 	// requiresRepublish: a minute later, the same (cached) tokens.
 	e2eutil.Poll(t, 100*time.Second, "a republish", func(context.Context) (bool, string) {
 		n := len(d.proxy.publishRequests(v.handle))
