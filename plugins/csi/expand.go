@@ -17,7 +17,8 @@ import (
 // driver can, with the secret of the PV's nodeExpandSecretRef. The volume path is a pod's mount, or the staging path when no
 // pod has the volume yet (offline expansion, after staging and before
 // publishing). FailedPrecondition means the driver will not do it while the
-// volume is in use; Unimplemented means there is nothing to do on the node.
+// volume is in use; Unimplemented means there is nothing to do on the node;
+// InvalidArgument, OutOfRange and NotFound that it cannot be done.
 func (p *Plugin) Expand(ctx context.Context, req *plugins.ExpandRequest) (*resource.Quantity, error) {
 	if req.Spec == nil || req.Spec.PV == nil {
 		return nil, fmt.Errorf("inline CSI volumes cannot be expanded: %w", plugins.ErrExpansionNotSupported)
@@ -58,6 +59,9 @@ func (p *Plugin) Expand(ctx context.Context, req *plugins.ExpandRequest) (*resou
 		return nil, fmt.Errorf("NodeExpandVolume of %s (driver %s): %v: %w", src.handle, src.driver, err, plugins.ErrVolumeInUse)
 	case codes.Unimplemented:
 		return nil, fmt.Errorf("NodeExpandVolume of %s (driver %s): %v: %w", src.handle, src.driver, err, plugins.ErrExpansionNotSupported)
+	case codes.InvalidArgument, codes.OutOfRange, codes.NotFound:
+		// The kubelet's isInfeasibleError.
+		return nil, fmt.Errorf("NodeExpandVolume of %s (driver %s): %w: %w", src.handle, src.driver, err, plugins.ErrExpansionInfeasible)
 	default:
 		return nil, fmt.Errorf("NodeExpandVolume of %s (driver %s): %w", src.handle, src.driver, csiclient.Classify(err))
 	}

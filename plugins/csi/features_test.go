@@ -2,6 +2,7 @@ package csi_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"go.uber.org/mock/gomock"
 	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -368,6 +371,53 @@ func TestDriverPolicy(t *testing.T) {
 			}
 			if got := f.plugin().DriverPolicy(testDriver); fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", c.want) {
 				t.Errorf("DriverPolicy = %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}
+
+// What NodeExpandVolume's errors mean, as the kubelet reads them:
+// FailedPrecondition (not while in use), Unimplemented (nothing to do on
+// the node), InvalidArgument / OutOfRange / NotFound (infeasible: the claim
+// is marked so and the node stops retrying), the rest ordinary or uncertain
+// failures.
+func TestNodeExpandErrors(t *testing.T) {
+	cases := []struct {
+		code                            codes.Code
+		inUse, notSupported, infeasible bool
+		uncertain                       bool
+	}{
+		{code: codes.FailedPrecondition, inUse: true},
+		{code: codes.Unimplemented, notSupported: true},
+		{code: codes.InvalidArgument, infeasible: true},
+		{code: codes.OutOfRange, infeasible: true},
+		{code: codes.NotFound, infeasible: true},
+		{code: codes.Internal},
+		{code: codes.DeadlineExceeded, uncertain: true},
+	}
+	for _, c := range cases {
+		t.Run(c.code.String(), func(t *testing.T) {
+			f := newFixture(t)
+			m := f.startRegistered(testDriver, caps{stage: true, expand: true})
+			m.node.EXPECT().NodeExpandVolume(gomock.Any(), gomock.Any()).Return(nil, status.Error(c.code, "no"))
+			spec := pvSpec("pv-1", "vol-1")
+			_, err := f.plugin().Expand(ctx(t), &plugins.ExpandRequest{VolumeName: uniqueName(spec), Spec: spec,
+				DeviceMountPath: f.paths.DeviceMountPath(csiplugin.Name, identityOf(spec)), NewSize: resource.MustParse("2Gi"), Log: zaptest.NewLogger(t)})
+			if err == nil {
+				t.Fatal("Expand succeeded")
+			}
+			for what, pair := range map[string][2]bool{
+				"in use":        {errors.Is(err, plugins.ErrVolumeInUse), c.inUse},
+				"not supported": {errors.Is(err, plugins.ErrExpansionNotSupported), c.notSupported},
+				"infeasible":    {errors.Is(err, plugins.ErrExpansionInfeasible), c.infeasible},
+				"uncertain":     {volume.IsUncertain(err), c.uncertain},
+			} {
+				if pair[0] != pair[1] {
+					t.Errorf("%v: %s = %v, want %v", err, what, pair[0], pair[1])
+				}
+			}
+			if !strings.Contains(err.Error(), "vol-1") || !strings.Contains(err.Error(), testDriver) {
+				t.Errorf("%v does not name the volume and the driver", err)
 			}
 		})
 	}

@@ -1,7 +1,8 @@
 // Package claimstatus writes the node's side of volume expansion onto
 // PersistentVolumeClaims: allocatedResourceStatuses[storage] =
 // NodeResizeInProgress while the node works (and while it retries after a
-// failure), a NodeResizeError condition carrying the last failure, and on
+// failure; NodeResizeInfeasible when the storage says it cannot be done), a
+// NodeResizeError condition carrying the last failure, and on
 // success status.capacity = the new size with the storage entry and every
 // resize condition (FileSystemResizePending, Resizing,
 // ControllerResizeError, NodeResizeError) removed, as the kubelet does.
@@ -21,6 +22,7 @@ package claimstatus
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	v1 "k8s.io/api/core/v1"
@@ -28,6 +30,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
+
+	"github.com/volume-agent/volume-agent/plugins"
 )
 
 // Patcher writes a claim's status.
@@ -61,10 +65,18 @@ func (r *Reporter) ResizeInProgress(ctx context.Context, pvc *v1.PersistentVolum
 	})
 }
 
-// ResizeFailed implements operations.ClaimStatus.
+// ResizeFailed implements operations.ClaimStatus. An infeasible expansion
+// (plugins.ErrExpansionInfeasible) is marked NodeResizeInfeasible, as the
+// kubelet's MarkNodeExpansionInfeasible does: the node stops retrying and
+// the resize controller lets the user ask for less; any other failure keeps
+// NodeResizeInProgress, and the node retries.
 func (r *Reporter) ResizeFailed(ctx context.Context, pvc *v1.PersistentVolumeClaim, cause error) error {
+	st := v1.PersistentVolumeClaimNodeResizeInProgress
+	if errors.Is(cause, plugins.ErrExpansionInfeasible) {
+		st = v1.PersistentVolumeClaimNodeResizeInfeasible
+	}
 	return r.update(ctx, pvc, func(s *v1.PersistentVolumeClaimStatus) {
-		setResizeStatus(s, v1.PersistentVolumeClaimNodeResizeInProgress)
+		setResizeStatus(s, st)
 		msg := cause.Error()
 		for i := range s.Conditions {
 			if c := &s.Conditions[i]; c.Type == v1.PersistentVolumeClaimNodeResizeError {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/status/claimstatus"
 )
 
@@ -475,5 +477,34 @@ func assertStatus(t *testing.T, got, want *v1.PersistentVolumeClaim) {
 	w, _ := json.Marshal(want.Status)
 	if string(g) != string(w) {
 		t.Errorf("status\n got %s\nwant %s", g, w)
+	}
+}
+
+// An infeasible expansion (the driver said InvalidArgument, OutOfRange or
+// NotFound) is marked NodeResizeInfeasible, as the kubelet marks it, so the
+// node stops retrying; the error condition carries the cause.
+func TestResizeFailedInfeasible(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		cause error
+		want  v1.ClaimResourceStatus
+	}{
+		{"infeasible", fmt.Errorf("NodeExpandVolume: OutOfRange: too big: %w", plugins.ErrExpansionInfeasible), v1.PersistentVolumeClaimNodeResizeInfeasible},
+		{"ordinary", errors.New("NodeExpandVolume: Internal: boom"), v1.PersistentVolumeClaimNodeResizeInProgress},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pvc := claim()
+			p := &fakePatcher{}
+			if err := newReporter(p, pvc).ResizeFailed(t.Context(), pvc, c.cause); err != nil {
+				t.Fatal(err)
+			}
+			got := apply(t, pvc, checkPatch(t, p, pvc))
+			if st := got.Status.AllocatedResourceStatuses[v1.ResourceStorage]; st != c.want {
+				t.Errorf("storage status %q, want %q", st, c.want)
+			}
+			if e := condition(got, v1.PersistentVolumeClaimNodeResizeError); e == nil || e.Message != c.cause.Error() {
+				t.Errorf("NodeResizeError %+v, want the cause", e)
+			}
+		})
 	}
 }
