@@ -468,9 +468,14 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	if err != nil {
 		return err
 	}
-	saTokens, tokensDue, err := p.serviceAccountTokens(ctx, drvObj, req.Pod)
-	if err != nil {
-		return err
+	var saTokens string
+	var tokensDue time.Time
+	if !src.block {
+		// The kubelet passes tokens to filesystem publishes only: no
+		// credential goes where a driver written for it expects none.
+		if saTokens, tokensDue, err = p.serviceAccountTokens(ctx, drvObj, req.Pod); err != nil {
+			return err
+		}
 	}
 	if saTokens != "" {
 		// As the kubelet merges them: the tokens win over a key of the
