@@ -158,12 +158,18 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	recheck := notify.New()
 	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot,
 		NodeMemory: m.nodeMemory, Recheck: recheck.Notify, Log: log.Named("plugins")}
-	// The populator is built later; the CSI parts ask it only once running.
-	a.csi = newCSI(cfg, host, m, a.asw, a.dsw, a.events, func() bool { return a.populator.Ready() })
 	// The refresher acts on the executor, which is built after the
 	// plugins: it reaches it through a.
 	a.api = newAPIVolumes(cfg, host, m, apiVolumeDeps{
 		marker: a.asw, retrier: func() refresh.Retrier { return a.executor }, wake: wake,
+	})
+	// CSI drivers' tokenRequests share the projected volumes' token cache
+	// (and so its refresh, its metrics and /debug/api-volumes).
+	a.csi = newCSI(cfg, host, m, csiDeps{
+		asw: a.asw, dsw: a.dsw, events: a.events, tokens: a.api.tokenIssuer(),
+		// The populator is built later; the CSI parts ask it only once
+		// running.
+		sourcesReady: func() bool { return a.populator.Ready() },
 	})
 	a.plugins = plugins.NewRegistry(append([]plugins.Plugin{emptydir.New(host), hostpath.New(host), local.New(host), a.csi.plugin}, a.api.plugins...)...)
 	a.executor = operations.NewExecutor(operations.ExecutorOptions{
@@ -172,7 +178,7 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 		// The reporter's lines all come from one place, so the caller
 		// says nothing; finding it cost every operation of a storm a
 		// stack walk.
-		Observer:      &reporter{log: log.Named("operations").WithOptions(zap.WithCaller(false)), events: a.events, metrics: a.metrics, trimmer: a.trimmer, history: a.history},
+		Observer:      &reporter{log: operationsLogger(log), events: a.events, metrics: a.metrics, trimmer: a.trimmer, history: a.history},
 		OnStateChange: wake.Notify,
 	})
 	a.csi.retryOnChange(a.executor, wake)

@@ -18,6 +18,7 @@ import (
 	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/apivolume"
+	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/refresh"
 	"github.com/volume-agent/volume-agent/source/apiobjects"
 	"github.com/volume-agent/volume-agent/source/manifest"
@@ -61,7 +62,7 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, deps apiVolumeDeps) *
 	log := cfg.Log
 	a := &apiVolumes{metrics: newAPIVolumeMetrics()}
 	src := apivolume.Sources{
-		NoTokensReason:       "service-account tokens need an API server, and this agent runs in standalone mode (set automountServiceAccountToken: false, or remove the projection)",
+		NoTokensReason:       noTokensReason + " (set automountServiceAccountToken: false, or remove the projection)",
 		NoTrustBundlesReason: "clusterTrustBundle projections need an API server, and this agent runs in standalone mode",
 	}
 	ropts := refresh.Options{
@@ -101,6 +102,19 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, deps apiVolumeDeps) *
 	a.plugins, a.status = apivolume.New(host, src)
 	log.Info("API volumes: configMap, secret, downwardAPI, projected", zap.String("credentials", a.credentials))
 	return a
+}
+
+// noTokensReason says why standalone mode has no service-account tokens,
+// in the error of every volume that needs one.
+const noTokensReason = "service-account tokens need an API server, and this agent runs in standalone mode"
+
+// tokenIssuer is the token cache for other plugins (CSI tokenRequests), nil
+// in standalone mode.
+func (a *apiVolumes) tokenIssuer() csiplugin.TokenIssuer {
+	if a.tokens == nil {
+		return nil
+	}
+	return a.tokens
 }
 
 func (a *apiVolumes) collectors() []prometheus.Collector {

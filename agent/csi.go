@@ -59,15 +59,26 @@ type csiParts struct {
 	node toolscache.SharedIndexInformer
 }
 
+// csiDeps are what the CSI parts take from the rest of the agent.
+type csiDeps struct {
+	asw *cache.ActualStateOfWorld
+	dsw *cache.DesiredStateOfWorld
+	// events get the drivers' volume health and node-info problems.
+	events events.Recorder
+	// tokens issues the tokens of CSIDrivers' tokenRequests (nil in
+	// standalone mode).
+	tokens csiplugin.TokenIssuer
+	// sourcesReady tells whether the desired state has been read
+	// completely: the node's volumesInUse is reported only from then on.
+	sourcesReady func() bool
+}
+
 // newCSI builds the driver registry and the CSI plugin, and the volume
 // stats of claims (CSI and local volumes; the drivers' volume health puts
 // events on pods). In cluster mode it also watches VolumeAttachments, keeps
 // the node's volumesInUse current when a controller attaches, and tells the
 // cluster which drivers are on the node.
-//
-// sourcesReady tells whether the desired state has been read completely
-// (the node's volumesInUse is reported only from then on).
-func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorld, dsw *cache.DesiredStateOfWorld, rec events.Recorder, sourcesReady func() bool) *csiParts {
+func newCSI(cfg Config, host plugins.Host, m *mode, deps csiDeps) *csiParts {
 	log := cfg.Log
 	p := &csiParts{drivers: registry.New(log.Named("csi"))}
 	var notifyNodeInfo func()
@@ -79,11 +90,12 @@ func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorl
 			}
 		},
 	})
-	p.stats = volumestats.New(volumestats.Options{Registry: p.drivers, ASW: asw.Snapshot, DSW: dsw.Snapshot, Events: rec,
+	p.stats = volumestats.New(volumestats.Options{Registry: p.drivers, ASW: deps.asw.Snapshot, DSW: deps.dsw.Snapshot, Events: deps.events,
 		Period: cfg.VolumeStatsAggPeriod, Log: log.Named("volume-stats")})
 	p.statsOff = cfg.VolumeStatsAggPeriod < 0
 	pcfg := csiplugin.Config{
 		Host: host, Drivers: p.drivers, CSIDriver: m.source.CSIDriver, AttachMode: csiplugin.AttachLocal,
+		Tokens: deps.tokens, NoTokensReason: noTokensReason,
 	}
 	if c := m.cluster; c != nil {
 		pcfg.AttachMode = cfg.AttachMode
@@ -96,12 +108,12 @@ func newCSI(cfg Config, host plugins.Host, m *mode, asw *cache.ActualStateOfWorl
 		p.attachments = &attachments{client: c.client, get: c.source.VolumeAttachment, changed: &c.attachmentChanged}
 		p.node = c.source.NodeInformer()
 		if pcfg.AttachMode == csiplugin.AttachController {
-			p.nodeStatus = nodestatus.New(cfg.NodeName, c.client, c.source.Node, sourcesReady, log.Named("nodestatus"))
+			p.nodeStatus = nodestatus.New(cfg.NodeName, c.client, c.source.Node, deps.sourcesReady, log.Named("nodestatus"))
 			p.attachments.inUse = p.nodeStatus.ReportedInUse
 		}
 		pcfg.Attachments = p.attachments
 		if cfg.CSINodeInfo || cfg.AttachDetachAnnotation {
-			p.nodeInfo = p.newNodeInfo(cfg, c, pcfg.AttachMode, rec)
+			p.nodeInfo = p.newNodeInfo(cfg, c, pcfg.AttachMode, deps.events)
 			notifyNodeInfo = p.nodeInfo.Notify
 		}
 	}
@@ -281,12 +293,33 @@ func (c driversCollector) Collect(ch chan<- prometheus.Metric) {
 
 // DriversDocument is GET /debug/drivers.
 type DriversDocument struct {
-	Drivers             []registry.Driver           `json:"drivers"`
+	Drivers             []DriverStatus              `json:"drivers"`
 	RegistrationSockets []registration.SocketStatus `json:"registrationSockets"`
 	// NodeInfo says, per driver, whether the cluster knows it is on this
 	// node (CSINode entry, node ID annotation, topology labels); absent in
 	// standalone mode and with --csi-node-info=false.
 	NodeInfo []nodeinfo.DriverStatus `json:"nodeInfo,omitempty"`
+}
+
+// DriverStatus is a registered driver and what its CSIDriver object (or
+// its absence) makes the agent do with its volumes.
+type DriverStatus struct {
+	registry.Driver
+	Policy csiplugin.DriverPolicy `json:"policy"`
+}
+
+func (p *csiParts) driversDocument() DriversDocument {
+	doc := DriversDocument{Drivers: []DriverStatus{}, RegistrationSockets: p.watcher.Sockets()}
+	for _, d := range p.drivers.List() {
+		doc.Drivers = append(doc.Drivers, DriverStatus{Driver: d, Policy: p.plugin.DriverPolicy(d.Name)})
+	}
+	if doc.RegistrationSockets == nil {
+		doc.RegistrationSockets = []registration.SocketStatus{}
+	}
+	if p.nodeInfo != nil {
+		doc.NodeInfo = p.nodeInfo.Statuses()
+	}
+	return doc
 }
 
 func logDriverConfig(log *zap.Logger, static []StaticDriver, dir string) {

@@ -10,7 +10,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/volume-agent/volume-agent/cache"
-	"github.com/volume-agent/volume-agent/csi/registration"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/reconciler"
 	"github.com/volume-agent/volume-agent/source"
@@ -218,14 +217,7 @@ func (a *Agent) debugMux() *http.ServeMux {
 		writeJSON(w, doc)
 	})
 	mux.HandleFunc("GET /debug/drivers", func(w http.ResponseWriter, _ *http.Request) {
-		doc := DriversDocument{Drivers: a.csi.drivers.List(), RegistrationSockets: a.csi.watcher.Sockets()}
-		if a.csi.nodeInfo != nil {
-			doc.NodeInfo = a.csi.nodeInfo.Statuses()
-		}
-		if doc.RegistrationSockets == nil {
-			doc.RegistrationSockets = []registration.SocketStatus{}
-		}
-		writeJSON(w, doc)
+		writeJSON(w, a.csi.driversDocument())
 	})
 	mux.HandleFunc("GET /debug/local-volumes", func(w http.ResponseWriter, _ *http.Request) {
 		if a.localPV == nil {

@@ -47,7 +47,7 @@ func NewMetrics() *Metrics {
 		Registry: prometheus.NewRegistry(),
 		operationDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "operation_duration_seconds",
-			Help:    "Duration of volume operations by operation, plugin and result (success, uncertain, failure, stale).",
+			Help:    "Duration of volume operations by operation, plugin and result (success, uncertain, failure, stale, waiting).",
 			Buckets: buckets,
 		}, []string{"operation", "plugin", "result"}),
 		reconcileDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -104,6 +104,8 @@ func resultOf(err error) string {
 		return "stale"
 	case volume.IsUncertain(err):
 		return "uncertain"
+	case volume.IsWaiting(err):
+		return "waiting"
 	}
 	return "failure"
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/status/events"
@@ -16,6 +17,13 @@ import (
 
 // reporter tells people and Prometheus how each operation ended: a log line,
 // an event on the pods concerned when it failed, and the duration metric.
+//
+// An operation that waits for something that normally happens on its own
+// (volume.IsWaiting: the attach/detach controller's attachment) is no
+// failure: it is logged at info level and gets no event, as the kubelet
+// keeps such waits quiet, until the wait has lasted waitWarning; then the
+// pods get one Warning event, as the kubelet's pod sync reports volumes not
+// ready within its timeout.
 type reporter struct {
 	log     *zap.Logger
 	events  events.Recorder
@@ -24,12 +32,35 @@ type reporter struct {
 	trimmer *memoryTrimmer
 	// history is the operation timeline of the operator page.
 	history *timeline.Ring
+	// now is the clock of waits (time.Now when nil).
+	now func() time.Time
 
 	// lastErr remembers each key's last failure: a failure that repeats
 	// unchanged is logged at debug level, so a stuck volume does not write
-	// the same error line on every retry.
+	// the same error line on every retry. waits are the keys waiting now.
 	mu      sync.Mutex
 	lastErr map[operations.Key]string
+	waits   map[operations.Key]*wait
+}
+
+// wait is one key's current wait.
+type wait struct {
+	since  time.Time
+	warned bool
+}
+
+// waitWarning is how long an operation may wait before the pods hear of
+// it: the kubelet's pod attach-and-mount timeout (podAttachAndMountTimeout
+// in pkg/kubelet/volumemanager), after which its pod sync reports
+// FailedMount "Unable to attach or mount volumes: ... timed out waiting for
+// the condition".
+const waitWarning = 2*time.Minute + 3*time.Second
+
+// operationsLogger is the reporter's logger: without the caller and without
+// stack traces, which would only ever show the executor calling the
+// reporter (and, for a storm of failures, cost a stack walk each).
+func operationsLogger(log *zap.Logger) *zap.Logger {
+	return log.Named("operations").WithOptions(zap.WithCaller(false), zap.AddStacktrace(zapcore.FatalLevel))
 }
 
 // failureReasons maps operations to the event reason of their failure.
@@ -69,7 +100,11 @@ func (r *reporter) OperationFinished(key operations.Key, op *operations.Operatio
 	case errors.Is(err, operations.ErrStale):
 		r.log.Debug("operation skipped: plan was stale", fields...)
 		return
+	case volume.IsWaiting(err):
+		r.waiting(key, op, fields, err, retryIn)
+		return
 	}
+	r.endWait(key)
 	fields = append(fields, zap.Error(err), zap.Duration("retryIn", retryIn), zap.Bool("uncertain", volume.IsUncertain(err)))
 	if r.repeated(key, err) {
 		r.log.Debug("operation failed again", fields...)
@@ -81,11 +116,51 @@ func (r *reporter) OperationFinished(key operations.Key, op *operations.Operatio
 	if !ok {
 		return
 	}
+	r.warn(key, op, reason, fmt.Sprintf("%s of volume %q failed: %v", op.Name, volumeLabel(key.Volume, op.Spec), err))
+}
+
+// waiting reports an operation that waits: at info level (debug when
+// nothing changed since the last attempt), and once it has waited
+// waitWarning, one Warning event and log line.
+func (r *reporter) waiting(key operations.Key, op *operations.Operation, fields []zap.Field, err error, retryIn time.Duration) {
+	fields = append(fields, zap.String("waitingFor", err.Error()), zap.Duration("retryIn", retryIn))
+	now := time.Now()
+	if r.now != nil {
+		now = r.now()
+	}
+	r.mu.Lock()
+	if r.waits == nil {
+		r.waits = map[operations.Key]*wait{}
+	}
+	w, ok := r.waits[key]
+	if !ok {
+		w = &wait{since: now}
+		r.waits[key] = w
+	}
+	waited := now.Sub(w.since)
+	warn := waited >= waitWarning && !w.warned
+	w.warned = w.warned || warn
+	r.mu.Unlock()
+
+	fields = append(fields, zap.Duration("waited", waited))
+	switch {
+	case warn:
+		r.log.Warn("operation still waiting", fields...)
+		r.warn(key, op, events.FailedMount, fmt.Sprintf("Unable to attach or mount volumes: volume %q not ready after %s: %v",
+			volumeLabel(key.Volume, op.Spec), waited.Round(time.Second), err))
+	case r.repeated(key, err):
+		r.log.Debug("operation still waiting", fields...)
+	default:
+		r.log.Info("operation waiting", fields...)
+	}
+}
+
+// warn puts a Warning event on the pods the operation works for.
+func (r *reporter) warn(key operations.Key, op *operations.Operation, reason, msg string) {
 	pods := op.Waiting
 	if key.Pod != "" {
 		pods = []volume.PodRef{op.Pod}
 	}
-	msg := fmt.Sprintf("%s of volume %q failed: %v", op.Name, volumeLabel(key.Volume, op.Spec), err)
 	for _, p := range pods {
 		r.events.Event(events.PodObject(p), events.Warning, reason, msg)
 	}
@@ -112,13 +187,25 @@ func (r *reporter) repeated(key operations.Key, err error) bool {
 	if len(r.lastErr) > 10000 { // keys of volumes long gone
 		clear(r.lastErr)
 	}
+	if len(r.waits) > 10000 {
+		clear(r.waits)
+	}
 	same := r.lastErr[key] == msg
 	r.lastErr[key] = msg
 	return same
 }
 
+// forget drops what the reporter remembers of a key that succeeded.
 func (r *reporter) forget(key operations.Key) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.lastErr, key)
+	delete(r.waits, key)
+}
+
+// endWait: the key failed for real, its wait (if any) is over.
+func (r *reporter) endWait(key operations.Key) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.waits, key)
 }

@@ -543,6 +543,9 @@ type OperationStatus struct {
 	Since     time.Time  `json:"since"`
 	LastError string     `json:"lastError,omitempty"`
 	RetryAt   *time.Time `json:"retryAt,omitempty"`
+	// Waiting: the last error is a normal wait (volume.IsWaiting), not a
+	// failure.
+	Waiting bool `json:"waiting,omitempty"`
 }
 
 // Status lists the pending-operations map, sorted by volume and pod.
@@ -572,6 +575,7 @@ func (e *Executor) Status() []OperationStatus {
 			}
 			if en.lastErr != nil {
 				s.LastError = en.lastErr.Error()
+				s.Waiting = volume.IsWaiting(en.lastErr)
 			}
 			out = append(out, s)
 		}

@@ -3,6 +3,7 @@ package operations
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -406,8 +407,18 @@ func TestExecutorStatusAndWait(t *testing.T) {
 	if st[0].Volume != "plugin/a" || st[0].Pod == nil || *st[0].Pod != pod {
 		t.Errorf("status[0] = %+v", st[0])
 	}
-	if st[1].State != "backoff" || st[1].LastError != "boom" || st[1].RetryAt == nil {
+	if st[1].State != "backoff" || st[1].LastError != "boom" || st[1].RetryAt == nil || st[1].Waiting {
 		t.Errorf("status[1] = %+v", st[1])
+	}
+	// A normal wait says so.
+	if err := e.Run(Key{"plugin/c", ""}, op("verify_attached", func(context.Context) error {
+		return fmt.Errorf("attach: %w", volume.Waitingf("waiting for the controller"))
+	})); err != nil {
+		t.Fatal(err)
+	}
+	obs.wait(t)
+	if st := e.Status(); len(st) != 3 || st[2].Volume != "plugin/c" || !st[2].Waiting || st[2].LastError != "attach: waiting for the controller" {
+		t.Errorf("status = %+v, want plugin/c waiting", st)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()

@@ -138,6 +138,13 @@ var ErrExpansionNotSupported = errors.New("node expansion is not supported for t
 // published first and the volume is grown online.
 var ErrNotPublished = errors.New("volume must be published before it can be expanded")
 
+// ErrExpansionInfeasible is returned (wrapped) by Expand when the storage
+// says the expansion cannot be done as asked (a CSI InvalidArgument,
+// OutOfRange or NotFound): the claim is marked NodeResizeInfeasible, as the
+// kubelet marks it, which stops the node retrying until the claim changes
+// (a user can then ask for less).
+var ErrExpansionInfeasible = errors.New("node expansion is infeasible")
+
 // ErrVolumeInUse is returned (wrapped) by Expand when the driver refuses to
 // grow the volume while it is in use; it is not retried until the volume's
 // pods change.

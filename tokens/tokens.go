@@ -101,6 +101,12 @@ func New(o Options) *Manager {
 	return &Manager{opts: o, tokens: map[Key]*entry{}}
 }
 
+// Token is an issued token and when it expires.
+type Token struct {
+	Value   []byte
+	Expires time.Time
+}
+
 // Get returns the token for k and when it should be asked for again. A
 // cached token is returned until it is due for refresh; then a new one is
 // requested. If that fails while the cached token is still valid, the
@@ -108,6 +114,13 @@ func New(o Options) *Manager {
 // never past its expiry); an error is returned only when no valid token is
 // left.
 func (m *Manager) Get(ctx context.Context, k Key) (token []byte, refreshAt time.Time, err error) {
+	t, refreshAt, err := m.Token(ctx, k)
+	return t.Value, refreshAt, err
+}
+
+// Token is Get with the token's expiry, for consumers that pass it on (CSI
+// drivers get {token, expirationTimestamp}).
+func (m *Manager) Token(ctx context.Context, k Key) (token Token, refreshAt time.Time, err error) {
 	m.mu.Lock()
 	e, ok := m.tokens[k]
 	if !ok {
@@ -119,11 +132,12 @@ func (m *Manager) Get(ctx context.Context, k Key) (token []byte, refreshAt time.
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := m.opts.Clock.Now()
+	cached := Token{Value: e.token, Expires: e.expires}
 	if e.token != nil && now.Before(e.due) {
-		return e.token, e.due, nil
+		return cached, e.due, nil
 	}
 	if e.token != nil && now.Before(e.retryAt) && now.Before(e.expires) {
-		return e.token, e.retryAt, nil
+		return cached, e.retryAt, nil
 	}
 	tr, err := m.request(ctx, k)
 	if m.opts.Observer != nil {
@@ -134,16 +148,16 @@ func (m *Manager) Get(ctx context.Context, k Key) (token []byte, refreshAt time.
 		e.lastErr = err.Error()
 		if e.token == nil {
 			m.drop(k, e)
-			return nil, time.Time{}, fmt.Errorf("requesting a token for %s: %w", k, err)
+			return Token{}, time.Time{}, fmt.Errorf("requesting a token for %s: %w", k, err)
 		}
 		if !now.Before(e.expires) {
-			return nil, time.Time{}, fmt.Errorf("the token for %s expired at %s and could not be refreshed: %w", k, e.expires.Format(time.RFC3339), err)
+			return Token{}, time.Time{}, fmt.Errorf("the token for %s expired at %s and could not be refreshed: %w", k, e.expires.Format(time.RFC3339), err)
 		}
 		e.retryAt = now.Add(backoff(e.failures))
 		if e.retryAt.After(e.expires) {
 			e.retryAt = e.expires
 		}
-		return e.token, e.retryAt, nil
+		return cached, e.retryAt, nil
 	}
 	e.token = []byte(tr.Status.Token)
 	e.expires = tr.Status.ExpirationTimestamp.Time
@@ -151,7 +165,7 @@ func (m *Manager) Get(ctx context.Context, k Key) (token []byte, refreshAt time.
 	e.issued = e.expires.Add(-ttl)
 	e.due = dueAt(e.issued, e.expires, ttl, m.opts.Jitter())
 	e.failures, e.retryAt, e.lastErr = 0, time.Time{}, ""
-	return e.token, e.due, nil
+	return Token{Value: e.token, Expires: e.expires}, e.due, nil
 }
 
 // drop forgets an entry that never got a token (unless another Get has

@@ -263,3 +263,26 @@ func TestForgetPodAndStatus(t *testing.T) {
 		t.Fatalf("after ForgetPod: %+v", st)
 	}
 }
+
+// Token carries the expiry of the token it returns: the issued one, the
+// cached one, and after a refresh the new one.
+func TestTokenExpiry(t *testing.T) {
+	m, _, clk, _ := newManager(0)
+	k := key
+	k.ExpirationSeconds = 600
+	want := func(what, wantValue string, wantExpires time.Time) {
+		t.Helper()
+		tok, _, err := m.Token(context.Background(), k)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if string(tok.Value) != wantValue || !tok.Expires.Equal(wantExpires) {
+			t.Errorf("%s: token %q expiring %s, want %q expiring %s", what, tok.Value, tok.Expires, wantValue, wantExpires)
+		}
+	}
+	want("issued", "tok-1", start.Add(600*time.Second))
+	clk.Step(100 * time.Second)
+	want("cached", "tok-1", start.Add(600*time.Second))
+	clk.Step(400 * time.Second) // past 80 %
+	want("refreshed", "tok-2", start.Add(1100*time.Second))
+}

@@ -33,6 +33,39 @@ func IsUncertain(err error) bool {
 	return errors.As(err, &u)
 }
 
+// waitingError marks an operation that could not proceed because something
+// outside the agent has not happened yet and normally will without anyone's
+// help: the attach/detach controller has not created or attached the
+// volume's VolumeAttachment, or the node's status does not list the volume
+// in use yet. It is retried like any failure, but it is no failure: the
+// kubelet logs such waits at a debug level and records no event, and so
+// does the agent, until a wait lasts longer than the kubelet would let a
+// pod wait for its volumes.
+type waitingError struct{ err error }
+
+func (e *waitingError) Error() string { return e.err.Error() }
+func (e *waitingError) Unwrap() error { return e.err }
+
+// Waiting wraps err to say the operation waits for something that normally
+// happens on its own.
+func Waiting(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &waitingError{err: err}
+}
+
+// Waitingf is Waiting(fmt.Errorf(...)).
+func Waitingf(format string, args ...any) error {
+	return Waiting(fmt.Errorf(format, args...))
+}
+
+// IsWaiting reports whether err (or anything it wraps) is a normal wait.
+func IsWaiting(err error) bool {
+	var w *waitingError
+	return errors.As(err, &w)
+}
+
 // PodVolumeError is a problem with one volume of one pod, found before any
 // operation could run (missing claim, wrong volume mode, unsupported type...).
 // It names the pod, the volume and the reason so the person reading it needs

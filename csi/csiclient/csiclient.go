@@ -120,11 +120,19 @@ type Info struct {
 	VolumeStats      bool
 	VolumeCondition  bool
 	VolumeMountGroup bool
-	NodeCapabilities []string
+	// SingleNodeMultiWriter: the node service knows the
+	// SINGLE_NODE_SINGLE_WRITER and SINGLE_NODE_MULTI_WRITER access modes,
+	// which then take the place of SINGLE_NODE_WRITER.
+	SingleNodeMultiWriter bool
+	NodeCapabilities      []string
 	// ControllerPublish: the driver serves ControllerPublish/Unpublish (the
 	// agent uses it only in self-attach mode).
 	ControllerPublish bool
 	ControllerExpand  bool
+	// ControllerSingleNodeMultiWriter: SINGLE_NODE_MULTI_WRITER of the
+	// controller service (what ControllerPublishVolume's access mode
+	// follows).
+	ControllerSingleNodeMultiWriter bool
 }
 
 // Discover asks the driver who it is, whether it is ready, and what it can
@@ -165,6 +173,8 @@ func (c *Client) Discover(ctx context.Context) (*Info, error) {
 			info.VolumeCondition = true
 		case csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP:
 			info.VolumeMountGroup = true
+		case csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER:
+			info.SingleNodeMultiWriter = true
 		}
 	}
 	pc, err := c.Identity.GetPluginCapabilities(ctx, &csi.GetPluginCapabilitiesRequest{})
@@ -188,6 +198,8 @@ func (c *Client) Discover(ctx context.Context) (*Info, error) {
 				info.ControllerPublish = true
 			case csi.ControllerServiceCapability_RPC_EXPAND_VOLUME:
 				info.ControllerExpand = true
+			case csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER:
+				info.ControllerSingleNodeMultiWriter = true
 			}
 		}
 	}

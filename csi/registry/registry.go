@@ -47,6 +47,11 @@ type Driver struct {
 	VolumeCondition   bool              `json:"volumeCondition"`
 	VolumeMountGroup  bool              `json:"volumeMountGroup"`
 	ControllerPublish bool              `json:"controllerPublish"`
+	// SingleNodeMultiWriter and ControllerSingleNodeMultiWriter: the node
+	// and controller services take the single-node access modes that
+	// replace SINGLE_NODE_WRITER.
+	SingleNodeMultiWriter           bool `json:"singleNodeMultiWriter"`
+	ControllerSingleNodeMultiWriter bool `json:"controllerSingleNodeMultiWriter"`
 
 	RegisteredAt time.Time `json:"registeredAt"`
 	LastProbe    time.Time `json:"lastProbe"`
@@ -152,6 +157,7 @@ func (r *Registry) Register(ctx context.Context, reg Registration) (*Driver, err
 		MaxVolumesPerNode: info.MaxVolumes, Topology: info.Topology, NodeCapabilities: info.NodeCapabilities,
 		StageUnstage: info.StageUnstage, Expand: info.Expand, VolumeStats: info.VolumeStats, VolumeCondition: info.VolumeCondition,
 		VolumeMountGroup: info.VolumeMountGroup, ControllerPublish: info.ControllerPublish,
+		SingleNodeMultiWriter: info.SingleNodeMultiWriter, ControllerSingleNodeMultiWriter: info.ControllerSingleNodeMultiWriter,
 		RegisteredAt: now, LastProbe: now, Client: client,
 	}
 	r.mu.Lock()

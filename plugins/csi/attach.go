@@ -47,22 +47,28 @@ func (p *Plugin) Attach(ctx context.Context, req *plugins.AttachRequest) (*plugi
 	}
 }
 
+// waitForController checks whether the attach/detach controller has
+// attached the volume. Until it has, the operation waits (volume.Waiting):
+// the node's status has to list the volume in use first, then the
+// controller creates the VolumeAttachment and an attacher attaches it, all
+// of which normally takes seconds and is no failure. An attach error the
+// VolumeAttachment reports is one.
 func (p *Plugin) waitForController(volName volume.UniqueName, name string, src source) (*plugins.AttachResult, error) {
 	if p.cfg.Attachments == nil {
 		return nil, errors.New("attach-required volume, but the agent has no API server connection")
 	}
 	if !p.cfg.Attachments.ReportedInUse(volName) {
-		return nil, fmt.Errorf("waiting for volume %s to be reported in use in the node's status", volName)
+		return nil, volume.Waitingf("waiting for volume %s to be reported in use in the node's status", volName)
 	}
 	va, ok := p.cfg.Attachments.Get(name)
 	if !ok {
-		return nil, fmt.Errorf("waiting for VolumeAttachment %s (driver %s, volume %s) to be created", name, src.driver, src.handle)
+		return nil, volume.Waitingf("waiting for VolumeAttachment %s (driver %s, volume %s) to be created", name, src.driver, src.handle)
 	}
 	if e := va.Status.AttachError; e != nil {
 		return nil, fmt.Errorf("VolumeAttachment %s: attach failed: %s", name, e.Message)
 	}
 	if !va.Status.Attached {
-		return nil, fmt.Errorf("waiting for VolumeAttachment %s (driver %s, volume %s) to be attached", name, src.driver, src.handle)
+		return nil, volume.Waitingf("waiting for VolumeAttachment %s (driver %s, volume %s) to be attached", name, src.driver, src.handle)
 	}
 	return &plugins.AttachResult{PublishContext: va.Status.AttachmentMetadata}, nil
 }
@@ -144,12 +150,16 @@ func (p *Plugin) controllerPublish(ctx context.Context, src source) (map[string]
 	if !d.ControllerPublish {
 		return nil, nil
 	}
+	mode, err := controllerAccessMode(src, d)
+	if err != nil {
+		return nil, err
+	}
 	secrets, err := p.secrets(ctx, src.controllerPub)
 	if err != nil {
 		return nil, err
 	}
 	resp, err := d.Client.Controller.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{
-		VolumeId: src.handle, NodeId: d.NodeID, VolumeCapability: capability(src, ""), Readonly: src.readOnly,
+		VolumeId: src.handle, NodeId: d.NodeID, VolumeCapability: capability(src, "", mode), Readonly: src.readOnly,
 		Secrets: secrets, VolumeContext: src.context,
 	})
 	if err != nil {

@@ -48,14 +48,23 @@ func makeDeviceNode(t *testing.T, path string) {
 // A raw block CSI volume: NodeStageVolume and NodePublishVolume with the
 // block capability, the staging directory and the pod's access point (a
 // file the driver creates; only its parent is made), no fsGroup, no mount
-// group; state files say Block so a restart reconstructs it as one; and
-// unpublish and unstage undo it.
+// group, no service-account tokens (as the kubelet); state files say Block
+// so a restart reconstructs it as one; and unpublish and unstage undo it.
 func TestBlockStagePublishUnpublishUnstage(t *testing.T) {
 	mounttest.RequireRoot(t)
 	f := newFixture(t)
+	// The kubelet passes tokenRequests' tokens to filesystem publishes only.
+	tokens := &fakeTokens{}
+	f.tokens = tokens
+	defer func() {
+		if len(tokens.keys) > 0 {
+			t.Errorf("tokens requested for a block publish: %v", tokens.keys)
+		}
+	}()
 	m := f.startRegistered(testDriver, caps{stage: true, mountGroup: true})
 	f.setCSIDriver(&storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: testDriver},
-		Spec: storagev1.CSIDriverSpec{AttachRequired: ptr.To(false), FSGroupPolicy: ptr.To(storagev1.FileFSGroupPolicy)}})
+		Spec: storagev1.CSIDriverSpec{AttachRequired: ptr.To(false), FSGroupPolicy: ptr.To(storagev1.FileFSGroupPolicy),
+			TokenRequests: []storagev1.TokenRequest{{Audience: "vault"}}}})
 	p := f.plugin()
 	spec := blockPVSpec("pv-blk", "vol-blk")
 	capability := blockCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)

@@ -40,6 +40,10 @@ const (
 	keyPodUID         = "csi.storage.k8s.io/pod.uid"
 	keyServiceAccount = "csi.storage.k8s.io/serviceAccount.name"
 	keyEphemeral      = "csi.storage.k8s.io/ephemeral"
+	// keyServiceAccountTokens carries the tokens a CSIDriver's
+	// tokenRequests ask for, in the volume context or (with
+	// serviceAccountTokenInSecrets) in the secrets of NodePublishVolume.
+	keyServiceAccountTokens = "csi.storage.k8s.io/serviceAccount.tokens"
 )
 
 // Attach modes.
@@ -67,6 +71,11 @@ type Config struct {
 	AttachMode string
 	// Attachments is the VolumeAttachment API (nil in standalone mode).
 	Attachments Attachments
+	// Tokens issues the service-account tokens of CSIDrivers with
+	// tokenRequests; nil without an API server, when NoTokensReason says
+	// why in the error of every volume that needs one.
+	Tokens         TokenIssuer
+	NoTokensReason string
 }
 
 // Plugin is the CSI volume plugin.
@@ -120,12 +129,10 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 		drv, err := p.cfg.CSIDriver(src.Driver)
 		switch {
 		case err == nil:
-			attrs.Attachable = drv.Spec.AttachRequired == nil || *drv.Spec.AttachRequired
-			attrs.RequiresRemount = drv.Spec.RequiresRepublish != nil && *drv.Spec.RequiresRepublish
+			attrs.Attachable = p.attachRequired(drv)
+			attrs.RequiresRemount = remount(drv)
 		case apierrors.IsNotFound(err):
-			// Without a CSIDriver object the kubelet assumes attach is
-			// required; without an API server there is nothing to attach.
-			attrs.Attachable = p.cfg.AttachMode != AttachLocal
+			attrs.Attachable = p.attachRequired(nil)
 		default:
 			return volume.Attributes{}, err
 		}
@@ -170,6 +177,7 @@ type source struct {
 	stageSecret    *v1.SecretReference
 	publishSecret  *v1.SecretReference
 	controllerPub  *v1.SecretReference
+	expandSecret   *v1.SecretReference
 	inline         bool
 	accessModes    []v1.PersistentVolumeAccessMode
 	mountOptions   []string
@@ -184,7 +192,7 @@ func sourceOf(spec *volume.Spec, pod volume.PodRef) source {
 		return source{
 			driver: c.Driver, handle: c.VolumeHandle, fsType: c.FSType, readOnly: spec.ReadOnly || c.ReadOnly,
 			context: c.VolumeAttributes, stageSecret: c.NodeStageSecretRef, publishSecret: c.NodePublishSecretRef,
-			controllerPub: c.ControllerPublishSecretRef, accessModes: spec.PV.Spec.AccessModes,
+			controllerPub: c.ControllerPublishSecretRef, expandSecret: c.NodeExpandSecretRef, accessModes: spec.PV.Spec.AccessModes,
 			mountOptions: plugins.MountOptions(spec), pvName: spec.PV.Name, block: spec.IsBlock(),
 		}
 	}

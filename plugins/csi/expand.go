@@ -14,10 +14,11 @@ import (
 )
 
 // Expand grows the volume on the node with NodeExpandVolume, when the
-// driver can. The volume path is a pod's mount, or the staging path when no
+// driver can, with the secret of the PV's nodeExpandSecretRef. The volume path is a pod's mount, or the staging path when no
 // pod has the volume yet (offline expansion, after staging and before
 // publishing). FailedPrecondition means the driver will not do it while the
-// volume is in use; Unimplemented means there is nothing to do on the node.
+// volume is in use; Unimplemented means there is nothing to do on the node;
+// InvalidArgument, OutOfRange and NotFound that it cannot be done.
 func (p *Plugin) Expand(ctx context.Context, req *plugins.ExpandRequest) (*resource.Quantity, error) {
 	if req.Spec == nil || req.Spec.PV == nil {
 		return nil, fmt.Errorf("inline CSI volumes cannot be expanded: %w", plugins.ErrExpansionNotSupported)
@@ -43,10 +44,14 @@ func (p *Plugin) Expand(ctx context.Context, req *plugins.ExpandRequest) (*resou
 	if path == "" {
 		return nil, fmt.Errorf("driver %s does not stage %s: %w", src.driver, src.handle, plugins.ErrNotPublished)
 	}
+	secrets, err := p.secrets(ctx, src.expandSecret)
+	if err != nil {
+		return nil, err
+	}
 	resp, err := d.Client.Node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{
 		VolumeId: src.handle, VolumePath: path, StagingTargetPath: staging,
 		CapacityRange:    &csi.CapacityRange{RequiredBytes: req.NewSize.Value()},
-		VolumeCapability: capability(src, ""),
+		VolumeCapability: capability(src, "", nodeAccessMode(src, d)), Secrets: secrets,
 	})
 	switch csiclient.Code(err) {
 	case codes.OK:
@@ -54,6 +59,9 @@ func (p *Plugin) Expand(ctx context.Context, req *plugins.ExpandRequest) (*resou
 		return nil, fmt.Errorf("NodeExpandVolume of %s (driver %s): %v: %w", src.handle, src.driver, err, plugins.ErrVolumeInUse)
 	case codes.Unimplemented:
 		return nil, fmt.Errorf("NodeExpandVolume of %s (driver %s): %v: %w", src.handle, src.driver, err, plugins.ErrExpansionNotSupported)
+	case codes.InvalidArgument, codes.OutOfRange, codes.NotFound:
+		// The kubelet's isInfeasibleError.
+		return nil, fmt.Errorf("NodeExpandVolume of %s (driver %s): %w: %w", src.handle, src.driver, err, plugins.ErrExpansionInfeasible)
 	default:
 		return nil, fmt.Errorf("NodeExpandVolume of %s (driver %s): %w", src.handle, src.driver, csiclient.Classify(err))
 	}

@@ -61,7 +61,10 @@ func (r reporter) Cleanup(f func()) { r.t.Cleanup(f) }
 type caps struct {
 	stage             bool // STAGE_UNSTAGE_VOLUME
 	mountGroup        bool // VOLUME_MOUNT_GROUP
+	expand            bool // EXPAND_VOLUME
 	controllerPublish bool // a controller service with PUBLISH_UNPUBLISH_VOLUME
+	// SINGLE_NODE_MULTI_WRITER of the node and of the controller service.
+	singleNodeMultiWriter, controllerSingleNodeMultiWriter bool
 }
 
 // mockDriver is one mock CSI driver process-in-a-goroutine.
@@ -92,6 +95,8 @@ type fixture struct {
 	attachments *fakeAttachments
 	attachMode  string
 	noSecrets   bool
+	// tokens issues service-account tokens; nil is standalone mode.
+	tokens csiplugin.TokenIssuer
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -123,6 +128,7 @@ func (f *fixture) config() csiplugin.Config {
 		CSIDriver:  f.csiDriver,
 		Secrets:    f.secret,
 		AttachMode: f.attachMode,
+		Tokens:     f.tokens, NoTokensReason: "this test runs in standalone mode",
 	}
 	if f.attachments != nil {
 		cfg.Attachments = f.attachments
@@ -198,12 +204,20 @@ func (f *fixture) startDriver(name string, c caps) *mockDriver {
 		pluginCaps = append(pluginCaps, &csi.PluginCapability{Type: &csi.PluginCapability_Service_{
 			Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE},
 		}})
-		m.controller.EXPECT().ControllerGetCapabilities(gomock.Any(), gomock.Any()).Return(
-			&csi.ControllerGetCapabilitiesResponse{Capabilities: []*csi.ControllerServiceCapability{{
+		ctrlCaps := []*csi.ControllerServiceCapability{{
+			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{
+				Type: csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
+			}},
+		}}
+		if c.controllerSingleNodeMultiWriter {
+			ctrlCaps = append(ctrlCaps, &csi.ControllerServiceCapability{
 				Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{
-					Type: csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
+					Type: csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 				}},
-			}}}, nil).AnyTimes()
+			})
+		}
+		m.controller.EXPECT().ControllerGetCapabilities(gomock.Any(), gomock.Any()).Return(
+			&csi.ControllerGetCapabilitiesResponse{Capabilities: ctrlCaps}, nil).AnyTimes()
 	}
 	m.identity.EXPECT().GetPluginCapabilities(gomock.Any(), gomock.Any()).Return(
 		&csi.GetPluginCapabilitiesResponse{Capabilities: pluginCaps}, nil).AnyTimes()
@@ -220,6 +234,12 @@ func (f *fixture) startDriver(name string, c caps) *mockDriver {
 	}
 	if c.mountGroup {
 		addCap(csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP)
+	}
+	if c.expand {
+		addCap(csi.NodeServiceCapability_RPC_EXPAND_VOLUME)
+	}
+	if c.singleNodeMultiWriter {
+		addCap(csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER)
 	}
 	m.node.EXPECT().NodeGetCapabilities(gomock.Any(), gomock.Any()).Return(
 		&csi.NodeGetCapabilitiesResponse{Capabilities: nodeCaps}, nil).AnyTimes()

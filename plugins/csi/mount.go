@@ -202,39 +202,83 @@ func (p *Plugin) secrets(ctx context.Context, ref *v1.SecretReference) (map[stri
 }
 
 // capability describes how the pod uses the volume, in CSI terms.
-func capability(src source, mountGroup string) *csi.VolumeCapability {
+func capability(src source, mountGroup string, mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
 	if src.block {
 		return &csi.VolumeCapability{
 			AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: accessMode(src)},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
 		}
 	}
 	return &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{
 			FsType: src.fsType, MountFlags: src.mountOptions, VolumeMountGroup: mountGroup,
 		}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: accessMode(src)},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
 	}
 }
 
-// accessMode picks the CSI access mode for the PV's access modes: the widest
-// one listed, as a pod on this node may use any of them.
-func accessMode(src source) csi.VolumeCapability_AccessMode_Mode {
+// nodeAccessMode is the access mode of the node calls (stage, publish,
+// expand), picked as the kubelet picks it: the PV's first access mode, not
+// the widest (ReadWriteOnce for inline volumes and PVs that list none),
+// mapped for a node service with or without SINGLE_NODE_MULTI_WRITER.
+func nodeAccessMode(src source, d *registry.Driver) csi.VolumeCapability_AccessMode_Mode {
+	mode := v1.ReadWriteOnce
+	if len(src.accessModes) > 0 {
+		mode = src.accessModes[0]
+	}
+	return csiAccessMode(mode, d.SingleNodeMultiWriter)
+}
+
+// csiAccessMode maps one Kubernetes access mode the way the kubelet does.
+// Without SINGLE_NODE_MULTI_WRITER the driver knows only
+// SINGLE_NODE_WRITER for a single node, for ReadWriteOncePod too (the
+// scheduler, not the driver, keeps that to one pod).
+func csiAccessMode(m v1.PersistentVolumeAccessMode, singleNodeMultiWriter bool) csi.VolumeCapability_AccessMode_Mode {
+	switch m {
+	case v1.ReadWriteOnce:
+		if singleNodeMultiWriter {
+			return csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER
+		}
+		return csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+	case v1.ReadWriteOncePod:
+		if singleNodeMultiWriter {
+			return csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+		}
+		return csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+	case v1.ReadOnlyMany:
+		return csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY
+	case v1.ReadWriteMany:
+		return csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER
+	}
+	return csi.VolumeCapability_AccessMode_UNKNOWN
+}
+
+// controllerAccessMode is the access mode of ControllerPublishVolume, which
+// the agent makes in place of the external-attacher (self-attach and
+// standalone modes), picked as the attacher picks it: from all the PV's
+// access modes, ReadWriteMany first, and refusing the combinations it
+// refuses; mapped for a controller service with or without
+// SINGLE_NODE_MULTI_WRITER.
+func controllerAccessMode(src source, d *registry.Driver) (csi.VolumeCapability_AccessMode_Mode, error) {
 	has := map[v1.PersistentVolumeAccessMode]bool{}
 	for _, m := range src.accessModes {
 		has[m] = true
 	}
 	switch {
-	case src.inline:
-		return csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+	case has[v1.ReadWriteOncePod] && len(has) > 1:
+		return 0, fmt.Errorf("PV %s combines ReadWriteOncePod with other access modes %v, which Kubernetes does not support", src.pvName, src.accessModes)
+	case has[v1.ReadWriteOncePod]:
+		return csiAccessMode(v1.ReadWriteOncePod, d.ControllerSingleNodeMultiWriter), nil
 	case has[v1.ReadWriteMany]:
-		return csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER
-	case has[v1.ReadOnlyMany] && !has[v1.ReadWriteOnce]:
-		return csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY
-	case has[v1.ReadWriteOncePod] && !has[v1.ReadWriteOnce]:
-		return csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+		return csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER, nil
+	case has[v1.ReadOnlyMany] && has[v1.ReadWriteOnce]:
+		return 0, fmt.Errorf("PV %s lists both ReadOnlyMany and ReadWriteOnce, which no CSI access mode expresses", src.pvName)
+	case has[v1.ReadOnlyMany]:
+		return csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY, nil
+	case has[v1.ReadWriteOnce]:
+		return csiAccessMode(v1.ReadWriteOnce, d.ControllerSingleNodeMultiWriter), nil
 	}
-	return csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+	return 0, fmt.Errorf("PV %s has no access mode the CSI attacher knows (%v)", src.pvName, src.accessModes)
 }
 
 // MountDevice stages the volume at its global path. The state file is
@@ -269,7 +313,7 @@ func (p *Plugin) MountDevice(ctx context.Context, req *plugins.DeviceRequest) er
 	}
 	_, err = d.Client.Node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{
 		VolumeId: src.handle, PublishContext: req.PublishContext, StagingTargetPath: req.DeviceMountPath,
-		VolumeCapability: capability(src, ""), Secrets: secrets, VolumeContext: src.context,
+		VolumeCapability: capability(src, "", nodeAccessMode(src, d)), Secrets: secrets, VolumeContext: src.context,
 	})
 	if err != nil {
 		return fmt.Errorf("NodeStageVolume of %s (driver %s): %w", src.handle, src.driver, csiclient.Classify(err))
@@ -424,9 +468,30 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	if err != nil {
 		return err
 	}
+	var saTokens string
+	var tokensDue time.Time
+	if !src.block {
+		// The kubelet passes tokens to filesystem publishes only: no
+		// credential goes where a driver written for it expects none.
+		if saTokens, tokensDue, err = p.serviceAccountTokens(ctx, drvObj, req.Pod); err != nil {
+			return err
+		}
+	}
+	if saTokens != "" {
+		// As the kubelet merges them: the tokens win over a key of the
+		// same name.
+		if tokensInSecrets(drvObj) {
+			if secrets == nil {
+				secrets = map[string]string{}
+			}
+			secrets[keyServiceAccountTokens] = saTokens
+		} else {
+			context[keyServiceAccountTokens] = saTokens
+		}
+	}
 	_, err = d.Client.Node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
 		VolumeId: src.handle, PublishContext: req.PublishContext, StagingTargetPath: staging, TargetPath: req.Dir,
-		VolumeCapability: capability(src, mountGroup), Readonly: src.readOnly, Secrets: secrets, VolumeContext: context,
+		VolumeCapability: capability(src, mountGroup, nodeAccessMode(src, d)), Readonly: src.readOnly, Secrets: secrets, VolumeContext: context,
 	})
 	if err != nil {
 		err = csiclient.Classify(err)
@@ -454,7 +519,7 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 		}
 	}
 	if remount(drvObj) {
-		req.RefreshAt = time.Now().Add(RepublishPeriod)
+		req.RefreshAt = republishAt(time.Now(), tokensDue)
 	}
 	return nil
 }
@@ -463,6 +528,18 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 // is published again (the kubelet does it on every pod sync, 60-90 s), so
 // the driver can renew what it provides (credentials, tokens).
 const RepublishPeriod = time.Minute
+
+// republishAt is when a volume of a driver with requiresRepublish is
+// published again: after RepublishPeriod, or as soon as one of its tokens
+// is due for refresh if that is sooner, so a refreshed token reaches the
+// driver at once.
+func republishAt(now, tokensDue time.Time) time.Time {
+	at := now.Add(RepublishPeriod)
+	if !tokensDue.IsZero() && tokensDue.Before(at) {
+		return tokensDue
+	}
+	return at
+}
 
 func remount(drv *storagev1.CSIDriver) bool {
 	return drv != nil && drv.Spec.RequiresRepublish != nil && *drv.Spec.RequiresRepublish

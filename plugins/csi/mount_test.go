@@ -217,15 +217,6 @@ func TestNodePublishRequest(t *testing.T) {
 				VolumeCapability: mountCap("ext4", nil, csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY, ""), Readonly: true}
 		},
 	}, {
-		name: "PV ReadWriteOncePod", caps: caps{stage: true},
-		spec: pvSpec("pv-1", "vol-1", func(pv *v1.PersistentVolume) {
-			pv.Spec.AccessModes = []v1.PersistentVolumeAccessMode{v1.ReadWriteOncePod}
-		}),
-		want: func(in *csiPublishInputs) *csi.NodePublishVolumeRequest {
-			return &csi.NodePublishVolumeRequest{VolumeId: "vol-1", StagingTargetPath: in.staging, TargetPath: in.dir,
-				VolumeCapability: mountCap("ext4", nil, csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER, "")}
-		},
-	}, {
 		name: "inline, podInfoOnMount, publish secret from the pod's namespace", caps: caps{stage: true},
 		csiDriver: &storagev1.CSIDriverSpec{PodInfoOnMount: ptr.To(true), VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecycleEphemeral}},
 		spec: func() *volume.Spec {

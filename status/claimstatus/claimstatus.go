@@ -1,9 +1,11 @@
 // Package claimstatus writes the node's side of volume expansion onto
 // PersistentVolumeClaims: allocatedResourceStatuses[storage] =
 // NodeResizeInProgress while the node works (and while it retries after a
-// failure), a NodeResizeError condition carrying the last failure, and on
-// success status.capacity = the new size with the storage entry and the
-// FileSystemResizePending / NodeResizeError conditions removed.
+// failure; NodeResizeInfeasible when the storage says it cannot be done), a
+// NodeResizeError condition carrying the last failure, and on
+// success status.capacity = the new size with the storage entry and every
+// resize condition (FileSystemResizePending, Resizing,
+// ControllerResizeError, NodeResizeError) removed, as the kubelet does.
 //
 // The API documentation mentions a "NodeResizeFailed" status, but the
 // Kubernetes 1.36 API server rejects it (only ControllerResizeInProgress,
@@ -20,6 +22,7 @@ package claimstatus
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	v1 "k8s.io/api/core/v1"
@@ -27,6 +30,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
+
+	"github.com/volume-agent/volume-agent/plugins"
 )
 
 // Patcher writes a claim's status.
@@ -60,10 +65,18 @@ func (r *Reporter) ResizeInProgress(ctx context.Context, pvc *v1.PersistentVolum
 	})
 }
 
-// ResizeFailed implements operations.ClaimStatus.
+// ResizeFailed implements operations.ClaimStatus. An infeasible expansion
+// (plugins.ErrExpansionInfeasible) is marked NodeResizeInfeasible, as the
+// kubelet's MarkNodeExpansionInfeasible does: the node stops retrying and
+// the resize controller lets the user ask for less; any other failure keeps
+// NodeResizeInProgress, and the node retries.
 func (r *Reporter) ResizeFailed(ctx context.Context, pvc *v1.PersistentVolumeClaim, cause error) error {
+	st := v1.PersistentVolumeClaimNodeResizeInProgress
+	if errors.Is(cause, plugins.ErrExpansionInfeasible) {
+		st = v1.PersistentVolumeClaimNodeResizeInfeasible
+	}
 	return r.update(ctx, pvc, func(s *v1.PersistentVolumeClaimStatus) {
-		setResizeStatus(s, v1.PersistentVolumeClaimNodeResizeInProgress)
+		setResizeStatus(s, st)
 		msg := cause.Error()
 		for i := range s.Conditions {
 			if c := &s.Conditions[i]; c.Type == v1.PersistentVolumeClaimNodeResizeError {
@@ -95,12 +108,24 @@ func (r *Reporter) ResizeFinished(ctx context.Context, pvc *v1.PersistentVolumeC
 		}
 		conds := s.Conditions[:0:0]
 		for _, c := range s.Conditions {
-			if c.Type != v1.PersistentVolumeClaimFileSystemResizePending && c.Type != v1.PersistentVolumeClaimNodeResizeError {
+			if !resizeConditions[c.Type] {
 				conds = append(conds, c)
 			}
 		}
 		s.Conditions = conds
 	})
+}
+
+// resizeConditions are the conditions a finished expansion removes, as the
+// kubelet's MarkNodeExpansionFinishedWithRecovery does (knownResizeConditions
+// in pkg/volume/util/resize_util.go): the node's, and the controller's
+// Resizing and ControllerResizeError, which may be left for the node to
+// clear.
+var resizeConditions = map[v1.PersistentVolumeClaimConditionType]bool{
+	v1.PersistentVolumeClaimFileSystemResizePending: true,
+	v1.PersistentVolumeClaimResizing:                true,
+	v1.PersistentVolumeClaimControllerResizeError:   true,
+	v1.PersistentVolumeClaimNodeResizeError:         true,
 }
 
 func setResizeStatus(s *v1.PersistentVolumeClaimStatus, st v1.ClaimResourceStatus) {

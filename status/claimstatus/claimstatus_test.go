@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/status/claimstatus"
 )
 
@@ -228,9 +230,15 @@ func TestRecreatedClaimKeepsUIDPrecondition(t *testing.T) {
 func TestResizeFinished(t *testing.T) {
 	pvc := claim()
 	pvc.Status.AllocatedResourceStatuses[v1.ResourceStorage] = v1.PersistentVolumeClaimNodeResizeInProgress
-	// A failure before this success left its condition.
+	// A failure before this success left its condition, and the
+	// controller's Resizing (and an earlier controller error) may be left
+	// for the node to clear.
 	pvc.Status.Conditions = append(pvc.Status.Conditions, v1.PersistentVolumeClaimCondition{
 		Type: v1.PersistentVolumeClaimNodeResizeError, Status: v1.ConditionTrue, Message: "resize2fs: boom",
+	}, v1.PersistentVolumeClaimCondition{
+		Type: v1.PersistentVolumeClaimResizing, Status: v1.ConditionTrue,
+	}, v1.PersistentVolumeClaimCondition{
+		Type: v1.PersistentVolumeClaimControllerResizeError, Status: v1.ConditionTrue, Message: "quota",
 	})
 	p := &fakePatcher{}
 	if err := newReporter(p, pvc).ResizeFinished(t.Context(), pvc, resource.MustParse("2Gi")); err != nil {
@@ -253,7 +261,8 @@ func TestResizeFinished(t *testing.T) {
 	if got.Status.AllocatedResourceStatuses != nil {
 		t.Errorf("allocatedResourceStatuses %v, want none", got.Status.AllocatedResourceStatuses)
 	}
-	for _, typ := range []v1.PersistentVolumeClaimConditionType{v1.PersistentVolumeClaimFileSystemResizePending, v1.PersistentVolumeClaimNodeResizeError} {
+	for _, typ := range []v1.PersistentVolumeClaimConditionType{v1.PersistentVolumeClaimFileSystemResizePending, v1.PersistentVolumeClaimNodeResizeError,
+		v1.PersistentVolumeClaimResizing, v1.PersistentVolumeClaimControllerResizeError} {
 		if c := condition(got, typ); c != nil {
 			t.Errorf("condition %s still there: %+v", typ, c)
 		}
@@ -468,5 +477,34 @@ func assertStatus(t *testing.T, got, want *v1.PersistentVolumeClaim) {
 	w, _ := json.Marshal(want.Status)
 	if string(g) != string(w) {
 		t.Errorf("status\n got %s\nwant %s", g, w)
+	}
+}
+
+// An infeasible expansion (the driver said InvalidArgument, OutOfRange or
+// NotFound) is marked NodeResizeInfeasible, as the kubelet marks it, so the
+// node stops retrying; the error condition carries the cause.
+func TestResizeFailedInfeasible(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		cause error
+		want  v1.ClaimResourceStatus
+	}{
+		{"infeasible", fmt.Errorf("NodeExpandVolume: OutOfRange: too big: %w", plugins.ErrExpansionInfeasible), v1.PersistentVolumeClaimNodeResizeInfeasible},
+		{"ordinary", errors.New("NodeExpandVolume: Internal: boom"), v1.PersistentVolumeClaimNodeResizeInProgress},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pvc := claim()
+			p := &fakePatcher{}
+			if err := newReporter(p, pvc).ResizeFailed(t.Context(), pvc, c.cause); err != nil {
+				t.Fatal(err)
+			}
+			got := apply(t, pvc, checkPatch(t, p, pvc))
+			if st := got.Status.AllocatedResourceStatuses[v1.ResourceStorage]; st != c.want {
+				t.Errorf("storage status %q, want %q", st, c.want)
+			}
+			if e := condition(got, v1.PersistentVolumeClaimNodeResizeError); e == nil || e.Message != c.cause.Error() {
+				t.Errorf("NodeResizeError %+v, want the cause", e)
+			}
+		})
 	}
 }

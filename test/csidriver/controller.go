@@ -39,7 +39,9 @@ func (s *controllerServer) ControllerGetCapabilities(context.Context, *csi.Contr
 		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
 		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
 		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
-		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	}
+	if !s.d.cfg.DisableSingleNodeMultiWriter {
+		types = append(types, csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER)
 	}
 	if s.d.cfg.AttachRequired {
 		types = append(types,
@@ -75,6 +77,23 @@ func checkCapability(c *csi.VolumeCapability) error {
 		}
 	default:
 		return errors.New("volume capability has no access type")
+	}
+	return nil
+}
+
+// checkAccessMode is checkCapability for the node and publish calls, which
+// a CO makes with the access modes the driver says it knows: without
+// SINGLE_NODE_MULTI_WRITER, the single-node modes that replace
+// SINGLE_NODE_WRITER are refused, as a driver that predates them would.
+func (d *Driver) checkAccessMode(c *csi.VolumeCapability) error {
+	if err := checkCapability(c); err != nil {
+		return err
+	}
+	switch m := c.GetAccessMode().GetMode(); m {
+	case csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER, csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:
+		if d.cfg.DisableSingleNodeMultiWriter {
+			return fmt.Errorf("access mode %v needs the SINGLE_NODE_MULTI_WRITER capability, which this driver does not have", m)
+		}
 	}
 	return nil
 }
@@ -306,7 +325,7 @@ func (s *controllerServer) ControllerPublishVolume(_ context.Context, req *csi.C
 	case node == "":
 		return nil, status.Error(codes.InvalidArgument, "node ID is missing")
 	}
-	if err := checkCapability(req.GetVolumeCapability()); err != nil {
+	if err := d.checkAccessMode(req.GetVolumeCapability()); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	unlock := d.locks.lock(id)

@@ -80,6 +80,10 @@ type Config struct {
 	// DisableStaging drops STAGE_UNSTAGE_VOLUME, making the driver
 	// publish-only: NodePublishVolume does all the work.
 	DisableStaging bool
+	// DisableSingleNodeMultiWriter drops SINGLE_NODE_MULTI_WRITER (node and
+	// controller): the driver then knows SINGLE_NODE_WRITER only, and
+	// refuses SINGLE_NODE_SINGLE_WRITER and SINGLE_NODE_MULTI_WRITER.
+	DisableSingleNodeMultiWriter bool
 	// Topology advertises VOLUME_ACCESSIBILITY_CONSTRAINTS with the single
 	// segment TopologyKey(Name)=NodeID.
 	Topology bool

@@ -41,7 +41,9 @@ func (s *nodeServer) NodeGetCapabilities(context.Context, *csi.NodeGetCapabiliti
 	types := []csi.NodeServiceCapability_RPC_Type{
 		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
 		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
-		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	}
+	if !s.d.cfg.DisableSingleNodeMultiWriter {
+		types = append(types, csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER)
 	}
 	if !s.d.cfg.DisableStaging {
 		types = append(types, csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME)
@@ -212,7 +214,7 @@ func (s *nodeServer) NodeStageVolume(_ context.Context, req *csi.NodeStageVolume
 	case req.GetStagingTargetPath() == "":
 		return nil, status.Error(codes.InvalidArgument, "staging target path is missing")
 	}
-	if err := checkCapability(c); err != nil {
+	if err := s.d.checkAccessMode(c); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	path, err := canonicalPath(req.GetStagingTargetPath())
@@ -344,7 +346,7 @@ func (s *nodeServer) NodePublishVolume(_ context.Context, req *csi.NodePublishVo
 	case req.GetTargetPath() == "":
 		return nil, status.Error(codes.InvalidArgument, "target path is missing")
 	}
-	if err := checkCapability(c); err != nil {
+	if err := s.d.checkAccessMode(c); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	target, err := canonicalPath(req.GetTargetPath())
@@ -667,7 +669,7 @@ func (s *nodeServer) NodeExpandVolume(_ context.Context, req *csi.NodeExpandVolu
 		return nil, status.Error(codes.InvalidArgument, "volume path is missing")
 	}
 	if c := req.GetVolumeCapability(); c != nil {
-		if err := checkCapability(c); err != nil {
+		if err := s.d.checkAccessMode(c); err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
 	}

@@ -574,3 +574,40 @@ func TestVolumeCondition(t *testing.T) {
 		})
 	}
 }
+
+// Without SINGLE_NODE_MULTI_WRITER the driver does not advertise it (node or
+// controller) and refuses the single-node modes that replace
+// SINGLE_NODE_WRITER, so a CO that sends them anyway is caught.
+func TestWithoutSingleNodeMultiWriter(t *testing.T) {
+	e := newNodeEnv(t, Config{DisableSingleNodeMultiWriter: true, AttachRequired: true})
+	nc, err := e.node.NodeGetCapabilities(testCtx(t), &csi.NodeGetCapabilitiesRequest{})
+	mustOK(t, err)
+	for _, c := range nc.GetCapabilities() {
+		if c.GetRpc().GetType() == csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER {
+			t.Errorf("node capabilities list SINGLE_NODE_MULTI_WRITER")
+		}
+	}
+	cc, err := e.ctrl.ControllerGetCapabilities(testCtx(t), &csi.ControllerGetCapabilitiesRequest{})
+	mustOK(t, err)
+	for _, c := range cc.GetCapabilities() {
+		if c.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER {
+			t.Errorf("controller capabilities list SINGLE_NODE_MULTI_WRITER")
+		}
+	}
+	id := createVolume(t, e.conn, "snw", 0).GetVolumeId()
+	for _, mode := range []csi.VolumeCapability_AccessMode_Mode{csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER, csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER} {
+		_, err := e.ctrl.ControllerPublishVolume(testCtx(t), &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: e.d.NodeID(), VolumeCapability: mountCap("", mode)})
+		expectCode(t, err, codes.InvalidArgument)
+		expectCode(t, e.stage(id, mountCap("", mode)), codes.InvalidArgument)
+	}
+	_, err = e.ctrl.ControllerPublishVolume(testCtx(t), &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: e.d.NodeID(), VolumeCapability: rwo})
+	mustOK(t, err)
+	mustOK(t, e.stage(id, rwo))
+	mustOK(t, e.publish(id, e.target, rwo, false, nil))
+	mustOK(t, e.unpublish(id, e.target))
+	mustOK(t, e.unstage(id))
+	_, err = e.ctrl.ControllerUnpublishVolume(testCtx(t), &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: e.d.NodeID()})
+	mustOK(t, err)
+	e.deleteVolume(id)
+	expectClean(t, e.dir)
+}

@@ -310,6 +310,11 @@ func (ix *indexed) desiredVolume(dp *cache.DesiredPod, dv *cache.DesiredVolume, 
 	if failed == nil || failed.State != "backoff" {
 		failed = volOp
 	}
+	if failed != nil && failed.Waiting {
+		// A normal wait (for the attach/detach controller) is no error:
+		// the volume stays desired, and says what it waits for.
+		failed = nil
+	}
 	switch {
 	case m != nil && m.State == cache.Mounted:
 		v.State, v.Since = Mounted, m.Since
@@ -337,6 +342,9 @@ func (ix *indexed) desiredVolume(dp *cache.DesiredPod, dv *cache.DesiredVolume, 
 			}
 			if v.State == Desired && v.Reason == "" {
 				v.Reason = o.Operation + " " + o.State
+				if o.Waiting {
+					v.Reason = o.LastError
+				}
 			}
 			break
 		}

@@ -234,3 +234,25 @@ func TestDescribe(t *testing.T) {
 		}
 	}
 }
+
+// A normal wait (the attach/detach controller's attachment) is no error:
+// the volume stays desired and says what it waits for, and its pod waits.
+func TestBuildWaitIsNoError(t *testing.T) {
+	in := fixture.Input()
+	delete(in.ASW.Volumes, fixture.DBData) // not attached yet
+	const wait = "waiting for VolumeAttachment csi-1 (driver csi.example.com, volume vol-1) to be attached"
+	for i := range in.Operations {
+		if o := &in.Operations[i]; o.Volume == fixture.DBData {
+			o.Operation, o.LastError, o.Waiting = "verify_attached", wait, true
+		}
+	}
+	page := model.Build(in)
+	p := findPod(t, page, fixture.DB)
+	v := findVolume(t, p, "data")
+	if v.State != model.Desired || v.Reason != wait {
+		t.Errorf("volume %s %q, want no error and the reason %q", v.State, v.Reason, wait)
+	}
+	if p.State != model.PodWaiting {
+		t.Errorf("pod %s %q, want waiting", p.State, p.Reason)
+	}
+}

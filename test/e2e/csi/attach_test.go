@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/utils/ptr"
 
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
@@ -68,6 +70,9 @@ func TestAttachByController(t *testing.T) {
 		return ok && op.State == "backoff" && e2eutil.ContainsAll(op.LastError, "waiting for VolumeAttachment "+vaName), fmt.Sprintf("%+v", op)
 	})
 	d.checkCalls(t, map[string]int{"NodeStageVolume": 0, "ControllerPublishVolume": 0})
+	// Waiting for the controller is normal: no event, an info line, no
+	// stack trace (the kubelet says nothing at all).
+	e.checkQuietWait(a, "app")
 
 	// The controller's part: attach, then record it.
 	ctx := t.Context()
@@ -96,6 +101,15 @@ func TestAttachByController(t *testing.T) {
 	t.Cleanup(func() {
 		_ = suite.Admin.StorageV1().VolumeAttachments().Delete(context.Background(), vaName, metav1.DeleteOptions{})
 	})
+	// An attach error is a failure: a Warning on the pod.
+	va.Status = storagev1.VolumeAttachmentStatus{AttachError: &storagev1.VolumeError{Message: "e2e: no such disk", Time: metav1.Now()}}
+	if va, err = suite.Admin.StorageV1().VolumeAttachments().UpdateStatus(ctx, va, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("set the VolumeAttachment's attach error: %v", err)
+	}
+	ev := e.waitEvent("app", "FailedAttachVolume", "attach failed: e2e: no such disk")
+	if ev.Type != corev1.EventTypeWarning {
+		t.Errorf("attach error event %+v, want a Warning", ev)
+	}
 	va.Status = storagev1.VolumeAttachmentStatus{Attached: true, AttachmentMetadata: metadata}
 	if _, err := suite.Admin.StorageV1().VolumeAttachments().UpdateStatus(ctx, va, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("mark VolumeAttachment attached: %v", err)
@@ -121,6 +135,38 @@ func TestAttachByController(t *testing.T) {
 	}
 	d.checkCalls(t, map[string]int{"ControllerUnpublishVolume": 0})
 	d.waitNoLoopDevices()
+}
+
+// checkQuietWait checks that while the agent waits for the attach/detach
+// controller the pod has no Warning event and the agent logs the wait at
+// info level, without a stack trace.
+func (e *env) checkQuietWait(a *e2eutil.Agent, pod string) {
+	e.t.Helper()
+	evs, _, err := suite.FindEvents(e.t.Context(), e.ns, fields.Set{"involvedObject.name": pod, "type": corev1.EventTypeWarning})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, ev := range evs {
+		e.t.Errorf("Warning event while waiting for the attachment: %s: %s", ev.Reason, ev.Message)
+	}
+	var lines []string
+	// The log is written in batches: wait for the line.
+	e2eutil.Poll(e.t, 10*time.Second, "the wait logged at info level", func(context.Context) (bool, string) {
+		lines = nil
+		waiting := false
+		for _, line := range strings.Split(a.Process().Log(), "\n") {
+			if strings.Contains(line, `"operation":"verify_attached"`) {
+				lines = append(lines, line)
+				waiting = waiting || strings.Contains(line, `"msg":"operation waiting"`) && strings.Contains(line, `"level":"info"`)
+			}
+		}
+		return waiting, fmt.Sprintf("verify_attached lines: %q", lines)
+	})
+	for _, line := range lines {
+		if strings.Contains(line, `"level":"error"`) || strings.Contains(line, `"stacktrace"`) {
+			e.t.Errorf("the wait was logged as an error or with a stack trace: %s", line)
+		}
+	}
 }
 
 // --attach-mode=self, with deploy/self-attach's RBAC: the agent creates the

@@ -132,20 +132,23 @@ func (d *csiDriver) waitNoLoopDevices() {
 // --- the recording proxy ---
 
 // recorder is a CSI endpoint that forwards every call the agent makes to
-// the driver and records the node requests, so that a test can check what
-// reached the driver (secrets, publish context), which the driver does not
-// keep. It can also hold NodeStageVolume calls of chosen volumes, to hang
-// one volume while the driver serves the others.
+// the driver and records the stage, publish and expand requests, so that a
+// test can check what reached the driver (secrets, tokens, publish context,
+// access modes), which the driver does not keep. It can also hold
+// NodeStageVolume calls of chosen volumes, to hang one volume while the
+// driver serves the others.
 type recorder struct {
-	sock   string
-	srv    *grpc.Server
-	ident  csi.IdentityClient
-	node   csi.NodeClient
-	ctrl   csi.ControllerClient
-	mu     sync.Mutex
-	stages []*csi.NodeStageVolumeRequest
-	held   map[string]chan struct{} // volume ID -> closed to release
-	inHold map[string]int           // NodeStageVolume calls being held, by volume ID
+	sock      string
+	srv       *grpc.Server
+	ident     csi.IdentityClient
+	node      csi.NodeClient
+	ctrl      csi.ControllerClient
+	mu        sync.Mutex
+	stages    []*csi.NodeStageVolumeRequest
+	publishes []*csi.NodePublishVolumeRequest
+	expands   []*csi.NodeExpandVolumeRequest
+	held      map[string]chan struct{} // volume ID -> closed to release
+	inHold    map[string]int           // NodeStageVolume calls being held, by volume ID
 }
 
 func startRecorder(t *testing.T, target *grpc.ClientConn, sock string) *recorder {
@@ -216,6 +219,32 @@ func (r *recorder) stageRequests(volumeID string) []*csi.NodeStageVolumeRequest 
 	return out
 }
 
+// publishRequests returns the NodePublishVolume requests of a volume so far.
+func (r *recorder) publishRequests(volumeID string) []*csi.NodePublishVolumeRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*csi.NodePublishVolumeRequest
+	for _, p := range r.publishes {
+		if p.GetVolumeId() == volumeID {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// expandRequests returns the NodeExpandVolume requests of a volume so far.
+func (r *recorder) expandRequests(volumeID string) []*csi.NodeExpandVolumeRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*csi.NodeExpandVolumeRequest
+	for _, x := range r.expands {
+		if x.GetVolumeId() == volumeID {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
 type proxyIdentity struct {
 	csi.UnimplementedIdentityServer
 	r *recorder
@@ -267,6 +296,9 @@ func (p *proxyNode) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageV
 }
 
 func (p *proxyNode) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	p.r.mu.Lock()
+	p.r.publishes = append(p.r.publishes, proto.Clone(req).(*csi.NodePublishVolumeRequest))
+	p.r.mu.Unlock()
 	return p.r.node.NodePublishVolume(ctx, req)
 }
 
@@ -287,6 +319,9 @@ func (p *proxyNode) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolu
 }
 
 func (p *proxyNode) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	p.r.mu.Lock()
+	p.r.expands = append(p.r.expands, proto.Clone(req).(*csi.NodeExpandVolumeRequest))
+	p.r.mu.Unlock()
 	return p.r.node.NodeExpandVolume(ctx, req)
 }
 

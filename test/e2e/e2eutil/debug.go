@@ -223,6 +223,15 @@ type Driver struct {
 	NodeCapabilities   []string          `json:"nodeCapabilities"`
 	StageUnstage       bool              `json:"stageUnstage"`
 	ControllerPublish  bool              `json:"controllerPublish"`
+	// SingleNodeMultiWriter: the node service has the capability.
+	SingleNodeMultiWriter bool `json:"singleNodeMultiWriter"`
+	// Policy is what the driver's CSIDriver object makes the agent do.
+	Policy struct {
+		CSIDriverObject   bool     `json:"csiDriverObject"`
+		AttachRequired    bool     `json:"attachRequired"`
+		RequiresRepublish bool     `json:"requiresRepublish"`
+		TokenAudiences    []string `json:"tokenAudiences"`
+	} `json:"policy"`
 }
 
 // Driver returns the driver of that name, nil if it is not registered.
@@ -260,6 +269,7 @@ type APIVolumes struct {
 	Tokens []struct {
 		Namespace      string    `json:"namespace"`
 		ServiceAccount string    `json:"serviceAccount"`
+		Audience       string    `json:"audience"`
 		PodUID         string    `json:"podUID"`
 		Expires        time.Time `json:"expires"`
 		RefreshAt      time.Time `json:"refreshAt"`

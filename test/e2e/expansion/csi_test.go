@@ -248,6 +248,31 @@ func TestCSIExpandFailureRetriedWithBackoff(t *testing.T) {
 	f.checkExpansionReported("data", "app", f.vol, "400Mi")
 }
 
+// (d) OutOfRange (InvalidArgument, NotFound): the expansion is infeasible.
+// As the kubelet does, the agent marks the claim NodeResizeInfeasible with
+// the NodeResizeError condition, and stops retrying: the resize controller
+// lets the user ask for less.
+func TestCSIExpandInfeasibleStops(t *testing.T) {
+	t.Parallel()
+	f := newCSIFixture(t, "csi-infeasible")
+	f.createPod("app", "data", false)
+	f.drv.setFault(t, "NodeExpandVolume", codes.OutOfRange)
+	f.grow(400*mib, "400Mi")
+	e2eutil.Poll(t, 60*time.Second, "PVC data: NodeResizeInfeasible with NodeResizeError", func(context.Context) (bool, string) {
+		pvc := f.claim("data")
+		c := pvcCondition(pvc, corev1.PersistentVolumeClaimNodeResizeError)
+		return c != nil && c.Status == corev1.ConditionTrue && strings.Contains(c.Message, "OutOfRange") &&
+			pvc.Status.AllocatedResourceStatuses[corev1.ResourceStorage] == corev1.PersistentVolumeClaimNodeResizeInfeasible, describeClaimStatus(pvc)
+	})
+	f.waitEvent("PersistentVolumeClaim", "data", corev1.EventTypeWarning, "VolumeResizeFailed", "infeasible")
+	calls := f.drv.calls(t, "NodeExpandVolume")
+	// Retries would come within 0.5, 1, 2 s...
+	consistently(t, 5*time.Second, "no NodeExpandVolume after the claim is infeasible", func(context.Context) (bool, string) {
+		n := f.drv.calls(t, "NodeExpandVolume")
+		return n == calls, fmt.Sprintf("%d calls, %d when the claim was marked", n, calls)
+	})
+}
+
 // (d) Unimplemented: the driver has nothing to do on the node; the agent
 // counts the expansion as done and reports the size, without retrying.
 func TestCSIExpandUnimplementedIsDone(t *testing.T) {

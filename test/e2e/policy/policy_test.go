@@ -209,10 +209,10 @@ func deleteVA(name string) func(context.Context, kubernetes.Interface, []string)
 	}
 }
 
-func token(ns, sa string, bound *authenticationv1.BoundObjectReference) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+func token(ns, sa string, bound *authenticationv1.BoundObjectReference, audiences ...string) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
 	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
 		return c.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-			Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: bound},
+			Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: bound, Audiences: audiences},
 		}, metav1.CreateOptions{DryRun: dry})
 	}
 }
@@ -567,6 +567,8 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 
 		// Tokens.
 		{name: "a token of a pod's account, bound to the pod", do: token(f.ns, "default", boundTo("Pod", f.podA))},
+		{name: "a token of a pod's account for a CSI driver's audience (tokenRequests), bound to the pod",
+			do: token(f.ns, "default", boundTo("Pod", f.podA), "vault.example.com")},
 		{name: "a token of its own account, bound to its own pod (its kube-api-access volume)",
 			do: token(suite.ServiceAccount.Namespace, suite.ServiceAccount.Name, boundTo("Pod", f.agentPodA))},
 		{name: "a token of its own account, bound to the other node's agent pod", refusedBy: tokensPolicy, msg: "only bound to its own pod",

@@ -54,6 +54,8 @@ func run() error {
 	fs.StringVar(&cfg.ControlSocket, "control-socket", "", "serve the HTTP control API (faults, call counts) on this unix socket")
 	fs.BoolVar(&cfg.AttachRequired, "attach-required", false, "enable ControllerPublishVolume/ControllerUnpublishVolume and require them before staging")
 	fs.BoolVar(&cfg.DisableStaging, "disable-staging", false, "drop STAGE_UNSTAGE_VOLUME: NodePublishVolume does all the node work")
+	fs.BoolVar(&cfg.DisableSingleNodeMultiWriter, "disable-single-node-multi-writer", false,
+		"drop SINGLE_NODE_MULTI_WRITER (node and controller) and refuse the SINGLE_NODE_SINGLE_WRITER and SINGLE_NODE_MULTI_WRITER access modes")
 	fs.BoolVar(&cfg.Topology, "topology", false, "advertise VOLUME_ACCESSIBILITY_CONSTRAINTS with "+csidriver.TopologyKey("<name>")+"=<node-id>")
 	fs.BoolVar(&cfg.VolumeCondition, "volume-condition", false, "advertise VOLUME_CONDITION (value 4, removed in CSI 1.13) and report volume_condition in NodeGetVolumeStats, as a driver built with CSI 1.12 does (see the control API's /conditions)")
 	fs.Int64Var(&cfg.MaxVolumesPerNode, "max-volumes-per-node", 0, "max_volumes_per_node reported by NodeGetInfo and enforced by ControllerPublishVolume (0: no limit)")

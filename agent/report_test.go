@@ -1,0 +1,179 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/status/events"
+	"github.com/volume-agent/volume-agent/volume"
+)
+
+type recordedEvent struct {
+	pod, typ, reason, msg string
+}
+
+type fakeRecorder struct {
+	mu     sync.Mutex
+	events []recordedEvent
+}
+
+func (f *fakeRecorder) Event(obj events.Object, typ, reason, msg string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = append(f.events, recordedEvent{obj.Namespace + "/" + obj.Name, typ, reason, msg})
+}
+
+func (f *fakeRecorder) take() []recordedEvent {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := f.events
+	f.events = nil
+	return out
+}
+
+// What people hear of operations: a normal wait (the attach/detach
+// controller's attachment) is logged at info level, then debug while
+// nothing changes, with no event, until it has lasted the kubelet's 2m3s:
+// then one Warning FailedMount names the volume and what it waits for. A
+// real failure (an attach error) is logged at error level and gives a
+// Warning event each time. A success or a failure ends the wait, so the
+// next one is timed from its own start. No line carries a stack trace.
+func TestReporterWaits(t *testing.T) {
+	waitingErr := volume.Waitingf("waiting for VolumeAttachment csi-1 (driver d, volume v) to be attached")
+	attachErr := errors.New("VolumeAttachment csi-1: attach failed: no such disk")
+	type step struct {
+		after time.Duration // since the previous step
+		err   error
+		// want
+		level  zapcore.Level
+		events []string // "Warning FailedMount" ...
+		inMsg  string   // in every event's message
+	}
+	cases := []struct {
+		name  string
+		steps []step
+	}{{
+		name: "a wait that ends in time is quiet",
+		steps: []step{
+			{err: waitingErr, level: zapcore.InfoLevel},
+			{after: 30 * time.Second, err: waitingErr, level: zapcore.DebugLevel},
+			{after: 90 * time.Second, err: waitingErr, level: zapcore.DebugLevel},
+			{after: 2 * time.Second, level: zapcore.InfoLevel},
+		},
+	}, {
+		name: "a long wait gives one Warning",
+		steps: []step{
+			{err: waitingErr, level: zapcore.InfoLevel},
+			{after: 2*time.Minute + 3*time.Second, err: waitingErr, level: zapcore.WarnLevel,
+				events: []string{"Warning FailedMount"}, inMsg: `Unable to attach or mount volumes: volume "data (PVC ns/claim)" not ready after 2m3s: waiting for VolumeAttachment csi-1`},
+			{after: 2 * time.Minute, err: waitingErr, level: zapcore.DebugLevel},
+			{after: 10 * time.Minute, err: waitingErr, level: zapcore.DebugLevel},
+		},
+	}, {
+		name: "an attach error is a failure, every time",
+		steps: []step{
+			{err: waitingErr, level: zapcore.InfoLevel},
+			{after: time.Second, err: attachErr, level: zapcore.ErrorLevel, events: []string{"Warning FailedAttachVolume"}, inMsg: "no such disk"},
+			{after: time.Second, err: attachErr, level: zapcore.DebugLevel, events: []string{"Warning FailedAttachVolume"}, inMsg: "no such disk"},
+		},
+	}, {
+		name: "a failure ends the wait: the next one is timed afresh",
+		steps: []step{
+			{err: waitingErr, level: zapcore.InfoLevel},
+			{after: 2 * time.Minute, err: attachErr, level: zapcore.ErrorLevel, events: []string{"Warning FailedAttachVolume"}},
+			{after: time.Second, err: waitingErr, level: zapcore.InfoLevel},
+			{after: time.Minute, err: waitingErr, level: zapcore.DebugLevel},
+			{after: 64 * time.Second, err: waitingErr, level: zapcore.WarnLevel, events: []string{"Warning FailedMount"}},
+		},
+	}, {
+		name: "a success ends the wait",
+		steps: []step{
+			{err: waitingErr, level: zapcore.InfoLevel},
+			{after: 2 * time.Minute, level: zapcore.InfoLevel},
+			{after: time.Minute, err: waitingErr, level: zapcore.InfoLevel},
+			{after: time.Minute, err: waitingErr, level: zapcore.DebugLevel},
+		},
+	}}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			core, logs := observer.New(zapcore.DebugLevel)
+			// The agent's logger adds stack traces at error level.
+			log := zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel))
+			rec := &fakeRecorder{}
+			now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+			r := &reporter{log: operationsLogger(log), events: rec, metrics: NewMetrics(), trimmer: &memoryTrimmer{}, now: func() time.Time { return now }}
+			key := operations.Key{Volume: "kubernetes.io/csi/d^v"}
+			pods := []volume.PodRef{{Namespace: "ns", Name: "app", UID: "uid-1"}, {Namespace: "ns", Name: "other", UID: "uid-2"}}
+			op := &operations.Operation{Name: operations.OpVerifyAttached, Plugin: "kubernetes.io/csi", Waiting: pods, Spec: claimSpec()}
+			for i, s := range c.steps {
+				now = now.Add(s.after)
+				r.OperationFinished(key, op, time.Millisecond, s.err, time.Second)
+				entries := logs.TakeAll()
+				if len(entries) != 1 || entries[0].Level != s.level {
+					t.Fatalf("step %d (%v): logged %v, want one line at %s", i, s.err, levels(entries), s.level)
+				}
+				if entries[0].Stack != "" {
+					t.Errorf("step %d: the line has a stack trace:\n%s", i, entries[0].Stack)
+				}
+				var got []string
+				for _, ev := range rec.take() {
+					got = append(got, ev.typ+" "+ev.reason)
+					if !strings.Contains(ev.msg, s.inMsg) {
+						t.Errorf("step %d: event message %q does not say %q", i, ev.msg, s.inMsg)
+					}
+				}
+				// Every event goes to each of the two pods.
+				var want []string
+				for _, e := range s.events {
+					want = append(want, e, e)
+				}
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Errorf("step %d (%v): events %v, want %v", i, s.err, got, want)
+				}
+			}
+		})
+	}
+}
+
+// Waits are counted as such in the operation metrics, not as failures.
+func TestResultOf(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{nil, "success"},
+		{volume.Waitingf("waiting"), "waiting"},
+		{fmt.Errorf("wrapped: %w", volume.Waitingf("waiting")), "waiting"},
+		{volume.Uncertainf("timed out"), "uncertain"},
+		{errors.New("attach failed"), "failure"},
+		{operations.ErrStale, "stale"},
+	} {
+		if got := resultOf(c.err); got != c.want {
+			t.Errorf("resultOf(%v) = %s, want %s", c.err, got, c.want)
+		}
+	}
+}
+
+// claimSpec is a volume "data" reached through claim ns/claim.
+func claimSpec() *volume.Spec {
+	return &volume.Spec{Name: "data", PVC: &v1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "claim"}}}
+}
+
+func levels(entries []observer.LoggedEntry) []string {
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Level.String()+" "+e.Message)
+	}
+	return out
+}
