@@ -115,6 +115,7 @@ func newCSI(cfg Config, host plugins.Host, m *mode, deps csiDeps) *csiParts {
 		if cfg.CSINodeInfo || cfg.AttachDetachAnnotation {
 			p.nodeInfo = p.newNodeInfo(cfg, c, pcfg.AttachMode, deps.events)
 			notifyNodeInfo = p.nodeInfo.Notify
+			pcfg.OutOfAttachSlots = p.nodeInfo.RefreshAllocatable
 		}
 	}
 	p.plugin = csiplugin.New(pcfg)

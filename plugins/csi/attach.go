@@ -7,6 +7,7 @@ import (
 	"io/fs"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -65,6 +66,9 @@ func (p *Plugin) waitForController(volName volume.UniqueName, name string, src s
 		return nil, volume.Waitingf("waiting for VolumeAttachment %s (driver %s, volume %s) to be created", name, src.driver, src.handle)
 	}
 	if e := va.Status.AttachError; e != nil {
+		if e.ErrorCode != nil && codes.Code(*e.ErrorCode) == codes.ResourceExhausted && p.cfg.OutOfAttachSlots != nil {
+			p.cfg.OutOfAttachSlots(src.driver)
+		}
 		return nil, fmt.Errorf("VolumeAttachment %s: attach failed: %s", name, e.Message)
 	}
 	if !va.Status.Attached {

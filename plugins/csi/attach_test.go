@@ -4,14 +4,17 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"go.uber.org/mock/gomock"
+	"google.golang.org/grpc/codes"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/volume-agent/volume-agent/plugins"
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
@@ -63,6 +66,19 @@ func TestAttachController(t *testing.T) {
 		Status: storagev1.VolumeAttachmentStatus{AttachError: &storagev1.VolumeError{Message: "no such disk"}}})
 	if _, err := attach(); err == nil || !strings.Contains(err.Error(), "no such disk") || volume.IsUncertain(err) {
 		t.Errorf("Attach with an attach error: %v", err)
+	}
+	// Out of attach slots: the driver's allocatable count is out of date,
+	// and the node-info manager hears of it (another error does not tell).
+	var outOfSlots []string
+	f.outOfAttachSlots = func(driver string) { outOfSlots = append(outOfSlots, driver) }
+	p = f.plugin()
+	if _, err := attach(); err == nil || len(outOfSlots) != 0 {
+		t.Errorf("Attach with another attach error: %v; out of slots %v", err, outOfSlots)
+	}
+	f.attachments.put(&storagev1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: storagev1.VolumeAttachmentStatus{AttachError: &storagev1.VolumeError{Message: "too many volumes", ErrorCode: ptr.To(int32(codes.ResourceExhausted))}}})
+	if _, err := attach(); err == nil || !slices.Equal(outOfSlots, []string{testDriver}) {
+		t.Errorf("Attach out of slots: %v; out of slots %v", err, outOfSlots)
 	}
 	meta := map[string]string{"lun": "3"}
 	f.attachments.put(&storagev1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: name},

@@ -76,6 +76,10 @@ type Config struct {
 	// why in the error of every volume that needs one.
 	Tokens         TokenIssuer
 	NoTokensReason string
+	// OutOfAttachSlots, if set, is told the driver whose attachment failed
+	// with ResourceExhausted: its allocatable count is out of date (the
+	// node-info manager asks the driver again, as the kubelet does).
+	OutOfAttachSlots func(driver string)
 }
 
 // Plugin is the CSI volume plugin.

@@ -7,6 +7,7 @@ package csi_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -74,8 +75,64 @@ type mockDriver struct {
 	identity   *driver.MockIdentityServer
 	node       *driver.MockNodeServer
 	controller *driver.MockControllerServer
-	server     *driver.MockCSIDriver
+	server     *driver.CSIDriver
 	stopOnce   sync.Once
+}
+
+// publishingNode is the mock's node service plus what a real driver does
+// when it answers success: a published target is a mount point, an
+// unpublished one no longer (recorded in the fixture, whose mounter the
+// plugin asks). What the driver answers is the mock's.
+type publishingNode struct {
+	csi.UnsafeNodeServer
+	*driver.MockNodeServer
+	f *fixture
+}
+
+func (n publishingNode) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	resp, err := n.MockNodeServer.NodePublishVolume(ctx, req)
+	if err == nil && req.GetVolumeCapability().GetBlock() == nil && !n.f.unseenMounts {
+		n.f.setPublished(req.GetTargetPath(), true)
+	}
+	return resp, err
+}
+
+func (n publishingNode) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	resp, err := n.MockNodeServer.NodeUnpublishVolume(ctx, req)
+	if err == nil {
+		n.f.setPublished(req.GetTargetPath(), false)
+	}
+	return resp, err
+}
+
+// fixtureMounter is the node's mounter, which also sees the mock drivers'
+// publishes as mounts.
+type fixtureMounter struct {
+	plugins.Mounter
+	f *fixture
+}
+
+func (m fixtureMounter) IsMountPoint(path string) (bool, error) {
+	if m.f.isPublished(path) {
+		return true, nil
+	}
+	return m.Mounter.IsMountPoint(path)
+}
+
+func (f *fixture) setPublished(path string, on bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if on {
+		f.published[filepath.Clean(path)] = true
+	} else {
+		delete(f.published, filepath.Clean(path))
+	}
+}
+
+func (f *fixture) isPublished(path string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.published[filepath.Clean(path)]
 }
 
 func (m *mockDriver) stop() { m.stopOnce.Do(func() { m.server.Stop() }) }
@@ -97,6 +154,13 @@ type fixture struct {
 	noSecrets   bool
 	// tokens issues service-account tokens; nil is standalone mode.
 	tokens csiplugin.TokenIssuer
+	// published are the targets the mock drivers published (mounted, for
+	// the plugin); with unseenMounts the drivers' mounts do not reach the
+	// plugin (a driver container without mount propagation).
+	published    map[string]bool
+	unseenMounts bool
+	// outOfAttachSlots is the plugin's OutOfAttachSlots.
+	outOfAttachSlots func(driver string)
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -110,6 +174,7 @@ func newFixture(t *testing.T) *fixture {
 		secrets:     map[string]map[string][]byte{},
 		attachments: newFakeAttachments(),
 		attachMode:  csiplugin.AttachController,
+		published:   map[string]bool{},
 	}
 	return f
 }
@@ -121,7 +186,7 @@ func (f *fixture) plugin() *csiplugin.Plugin { return csiplugin.New(f.config()) 
 func (f *fixture) config() csiplugin.Config {
 	cfg := csiplugin.Config{
 		Host: plugins.Host{
-			Paths: f.paths, Mounter: mountutil.New(), NodeName: nodeName, HostRoot: "/",
+			Paths: f.paths, Mounter: fixtureMounter{Mounter: mountutil.New(), f: f}, NodeName: nodeName, HostRoot: "/",
 			Log: zaptest.NewLogger(f.t),
 		},
 		Drivers:    f.drivers,
@@ -129,6 +194,7 @@ func (f *fixture) config() csiplugin.Config {
 		Secrets:    f.secret,
 		AttachMode: f.attachMode,
 		Tokens:     f.tokens, NoTokensReason: "this test runs in standalone mode",
+		OutOfAttachSlots: f.outOfAttachSlots,
 	}
 	if f.attachments != nil {
 		cfg.Attachments = f.attachments
@@ -244,8 +310,23 @@ func (f *fixture) startDriver(name string, c caps) *mockDriver {
 	m.node.EXPECT().NodeGetCapabilities(gomock.Any(), gomock.Any()).Return(
 		&csi.NodeGetCapabilitiesResponse{Capabilities: nodeCaps}, nil).AnyTimes()
 
-	m.server = driver.NewMockCSIDriver(&driver.MockCSIDriverServers{Identity: m.identity, Node: m.node, Controller: m.controller})
-	if err := m.server.StartOnAddress("unix", filepath.Join(dir, "csi.sock")); err != nil {
+	m.server = driver.NewCSIDriver(&driver.CSIDriverServers{
+		Identity: struct {
+			csi.UnsafeIdentityServer
+			*driver.MockIdentityServer
+		}{MockIdentityServer: m.identity},
+		Node: publishingNode{MockNodeServer: m.node, f: f},
+		Controller: struct {
+			csi.UnsafeControllerServer
+			*driver.MockControllerServer
+		}{MockControllerServer: m.controller},
+	})
+	l, err := net.Listen("unix", filepath.Join(dir, "csi.sock"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := m.server.Start(l); err != nil {
+		l.Close()
 		f.t.Fatalf("starting the mock driver: %v", err)
 	}
 	f.t.Cleanup(m.stop)

@@ -513,6 +513,15 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 		}
 		return nil
 	}
+	// A driver in a container whose mounts do not reach the agent's mount
+	// namespace (its mount of the root directory is not Bidirectional, or
+	// the root directory is not a shared mount) reports success with
+	// nothing at the target here: the pod would write to the node's disk.
+	if mounted, err := p.cfg.Host.Mounter.IsMountPoint(req.Dir); err != nil || !mounted {
+		return volume.Uncertain(fmt.Errorf("driver %s published %s at %s, but nothing is mounted there in the agent's mount namespace (%v): "+
+			"a driver in a container needs the root directory mounted with Bidirectional propagation, and the root directory must be a shared mount (--shared-root-dir)",
+			src.driver, src.handle, req.Dir, err))
+	}
 	if mountGroup == "" && applyFSGroup(policy, src) {
 		if err := plugins.ApplyFSGroup(ctx, req.Dir, req.Pod, src.readOnly); err != nil {
 			return volume.Uncertain(fmt.Errorf("applying fsGroup: %w", err))

@@ -442,3 +442,21 @@ func TestSecretErrors(t *testing.T) {
 		t.Errorf("MountDevice without a secret reader: %v", err)
 	}
 }
+
+// A driver whose mounts do not reach the agent's mount namespace (a
+// container without Bidirectional propagation, a root directory that is not
+// shared) answers NodePublishVolume with success and leaves nothing at the
+// target: the pod would write to the node's disk. The publish is uncertain
+// (unpublished if the pod goes, retried while it stays) and says why.
+func TestPublishedButNotMounted(t *testing.T) {
+	spec := pvSpec("pv-1", "vol-1")
+	f := newFixture(t)
+	f.unseenMounts = true
+	m := f.startRegistered(testDriver, caps{})
+	m.node.EXPECT().NodePublishVolume(gomock.Any(), gomock.Any()).Return(&csi.NodePublishVolumeResponse{}, nil)
+	err := f.plugin().SetUp(ctx(t), f.setUpRequest(spec, pod("uid-1"), nil))
+	if err == nil || !volume.IsUncertain(err) || !strings.Contains(err.Error(), "nothing is mounted there") ||
+		!strings.Contains(err.Error(), "Bidirectional") {
+		t.Errorf("SetUp = %v; want an uncertain error about mount propagation", err)
+	}
+}
