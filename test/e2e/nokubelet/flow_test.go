@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -220,6 +221,14 @@ func TestNoKubeletFlow(t *testing.T) {
 	s.run("staged and published (agent)", func() {
 		e.waitMounted(60*time.Second, staging, target)
 	})
+	// With --root-dir=/var/lib/kubelet, what a driver DaemonSet mounts
+	// (/var/lib/kubelet/plugins and /var/lib/kubelet/pods) covers every
+	// path the agent handed the driver (and the driver mounted there).
+	for path, under := range map[string]string{staging: "plugins", target: "pods"} {
+		if !strings.HasPrefix(path, filepath.Join(e.root, under)+"/") {
+			t.Errorf("%s is not under the root directory's %s/", path, under)
+		}
+	}
 	s.run("VolumesReady condition True", func() {
 		e.waitVolumesReady(pod)
 	})
