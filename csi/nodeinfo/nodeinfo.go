@@ -309,7 +309,10 @@ func (m *Manager) Sync(ctx context.Context) error {
 	var failed []DriverError
 	var err error
 	m.node = nil
-	if m.opts.Node != nil {
+	// The first sync reads the Node from the API server, as the kubelet
+	// does at start: the informer may not have it yet, and a stale copy
+	// would cost a conflict.
+	if m.opts.Node != nil && m.syncCount() > 0 {
 		if n, ok := m.opts.Node(); ok {
 			m.node = n
 		}
@@ -352,6 +355,12 @@ func (m *Manager) Sync(ctx context.Context) error {
 	m.setStatuses(d, failed, nil)
 	m.markSynced()
 	return nil
+}
+
+func (m *Manager) syncCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.syncs
 }
 
 func (m *Manager) markSynced() {

@@ -311,15 +311,22 @@ func TestManagerRetriesConflicts(t *testing.T) {
 	}
 }
 
-// A stale Node from the informer costs a conflict and a fresh read.
+// A stale Node from the informer costs a conflict and a fresh read, never
+// another writer's change. (The first sync reads the Node itself.)
 func TestManagerStaleInformerNode(t *testing.T) {
 	api := newFakeAPI(node(nil, nil))
-	stale := api.node.DeepCopy()
-	api.bump(&api.node.ObjectMeta) // someone else wrote since
-	api.node.Annotations = map[string]string{AnnotationNodeID: `{"other.csi":"o"}`}
-	w := &world{registered: []Driver{drvA}, present: []string{"a.csi"}}
+	w := &world{}
 	m := newManager(api, w, nil)
+	if err := m.Sync(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	stale, _ := api.GetNode(t.Context(), "n1")
+	api.mu.Lock()
+	api.bump(&api.node.ObjectMeta) // someone else writes since
+	api.node.Annotations[AnnotationNodeID] = `{"other.csi":"o"}`
+	api.mu.Unlock()
 	m.opts.Node = func() (*v1.Node, bool) { return stale.DeepCopy(), true }
+	w.registered, w.present = []Driver{drvA}, []string{"a.csi"}
 	if err := m.Sync(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -342,6 +342,22 @@ func TestNodeCredentials(t *testing.T) {
 		return nil
 	})
 	checkNoBroadReads(t, nodeUser)
+	// The node's CSINode and its Node's attach/detach annotation are
+	// written as the node too (the Node authorizer and NodeRestriction
+	// allow a node its own, as for the kubelet).
+	e2eutil.PollErr(t, 30*time.Second, "the node's CSINode, created as the node", func() error {
+		events, err := suite.Cluster.AuditEvents()
+		if err != nil {
+			return err
+		}
+		for _, ev := range events {
+			if ev.User.Username == nodeUser && ev.Verb == "create" && ev.ObjectRef != nil && ev.ObjectRef.Resource == "csinodes" &&
+				ev.ObjectRef.Name == e.node && ev.ResponseStatus != nil && ev.ResponseStatus.Code == 201 {
+				return nil
+			}
+		}
+		return fmt.Errorf("no CSINode %s created by %s", e.node, nodeUser)
+	})
 	// The agent's own identity made none of these requests, so
 	// deploy/node-credentials, whose ClusterRole has no grant for them,
 	// suffices.
@@ -352,7 +368,8 @@ func TestNodeCredentials(t *testing.T) {
 	claimWatches := 0
 	for _, ev := range events {
 		if ev.User.Username == suite.User && ev.UserAgent == "volume-agent/"+e.node && ev.ObjectRef != nil &&
-			(ev.ObjectRef.Resource == "secrets" || ev.ObjectRef.Resource == "configmaps" || ev.ObjectRef.Subresource == "token") {
+			(ev.ObjectRef.Resource == "secrets" || ev.ObjectRef.Resource == "configmaps" || ev.ObjectRef.Subresource == "token" ||
+				ev.ObjectRef.Resource == "csinodes" || (ev.ObjectRef.Resource == "nodes" && ev.Verb != "list" && ev.Verb != "watch" && ev.ObjectRef.Subresource == "")) {
 			t.Errorf("with --node-kubeconfig the agent still used its own credentials: %s %s", ev.Verb, ev.RequestURI)
 		}
 		// The Node authorizer lets a node only GET claims and volumes
