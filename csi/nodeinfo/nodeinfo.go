@@ -144,8 +144,8 @@ type Manager struct {
 	// refreshNow are drivers whose count is to be asked for at once (an
 	// attachment failed for want of attach slots).
 	refreshNow map[string]bool
-	synced   chan struct{} // closed after the first successful sync
-	syncs    int
+	synced     chan struct{} // closed after the first successful sync
+	syncs      int
 }
 
 // New returns a manager; nothing is written until Run.

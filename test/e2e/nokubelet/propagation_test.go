@@ -58,7 +58,9 @@ func TestDriverMountsNeedASharedRoot(t *testing.T) {
 	if _, err := suite.Admin.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = suite.Admin.CoreV1().PersistentVolumes().Delete(context.Background(), pvName, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = suite.Admin.CoreV1().PersistentVolumes().Delete(context.Background(), pvName, metav1.DeleteOptions{})
+	})
 	claim := e2eutil.PVC("data", pvName)
 	claim.Namespace = e.ns
 	claim.Spec.StorageClassName = ptr.To("")
