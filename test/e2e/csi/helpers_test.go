@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -50,7 +49,7 @@ type env struct {
 func newEnv(t *testing.T, name string) *env {
 	t.Helper()
 	suite.Require(t)
-	name = uniqueEnvName(name)
+	name = e2eutil.UniqueName(name)
 	e := &env{t: t, node: name + "-node", ns: name, logs: t.TempDir(), data: mounttest.Real(t.TempDir())}
 	mounttest.CleanupMounts(t, e.data)
 	e.root = mounttest.TempDir(t)
@@ -84,23 +83,6 @@ func (e *env) startAgent(o agentOptions) *e2eutil.Agent {
 		Args: append([]string{"--shutdown-grace-period=10s"}, o.args...),
 	})
 	return e.agent
-}
-
-var envNames = struct {
-	sync.Mutex
-	used map[string]int
-}{used: map[string]int{}}
-
-// uniqueEnvName makes names unique within the suite's cluster when a test
-// runs more than once (-count).
-func uniqueEnvName(name string) string {
-	envNames.Lock()
-	defer envNames.Unlock()
-	envNames.used[name]++
-	if n := envNames.used[name]; n > 1 {
-		return fmt.Sprintf("%s-%d", name, n)
-	}
-	return name
 }
 
 // --- API objects ---

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -172,4 +173,47 @@ func ControlPlaneSkipReason() string {
 		return fmt.Sprintf("control-plane binaries unavailable: %v", err)
 	}
 	return ""
+}
+
+// CheckNothingRefused reads every request the suite's ServiceAccount made:
+// none may have been refused, and claims, volumes and attachments were read
+// one by one, by name. It prints what it found and is meant as a suite's
+// Check.
+func (s *Suite) CheckNothingRefused() bool {
+	evs, err := s.Cluster.AuditEvents()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "RBAC check: %v\n", err)
+		return false
+	}
+	counts, refused := Requests(evs, s.User)
+	for _, e := range refused {
+		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: %s %s by %s was forbidden\n", e.Verb, e.RequestURI, e.UserAgent)
+	}
+	PrintRequests(s.User, counts, nil)
+	bad := UnscopedReads(evs, s.User, "volume-agent/")
+	if len(bad) > 0 {
+		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: listed or watched without a name selector: %v\n", bad)
+	}
+	if len(refused) > 0 || len(bad) > 0 {
+		return false
+	}
+	fmt.Fprintln(os.Stderr, "RBAC check: ok: no request refused")
+	return true
+}
+
+var uniqueNames = struct {
+	sync.Mutex
+	used map[string]int
+}{used: map[string]int{}}
+
+// UniqueName makes a name unique within the suite's cluster when a test
+// runs more than once (-count): name, name-2, name-3...
+func UniqueName(name string) string {
+	uniqueNames.Lock()
+	defer uniqueNames.Unlock()
+	uniqueNames.used[name]++
+	if n := uniqueNames.used[name]; n > 1 {
+		return fmt.Sprintf("%s-%d", name, n)
+	}
+	return name
 }

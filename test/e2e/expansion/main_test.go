@@ -57,7 +57,7 @@ func TestMain(m *testing.M) {
 			{Verb: "patch", Resource: "persistentvolumeclaims", Subresource: "status"},
 		}},
 		Setup: createStorageClass,
-		Check: checkNothingRefused,
+		Check: suite.CheckNothingRefused,
 	}))
 }
 
@@ -73,31 +73,4 @@ func createStorageClass(ctx context.Context, s *e2eutil.Suite) error {
 		return fmt.Errorf("creating StorageClass %s: %w", storageClass, err)
 	}
 	return nil
-}
-
-// checkNothingRefused reads every request the agents' ServiceAccount made
-// and fails if the API server refused any (403) — the claim status patches
-// are new in the ClusterRole — or if a claim, volume or attachment was
-// listed or watched other than by name. (Whether every grant is used is the cluster
-// suite's business; these tests use only some.)
-func checkNothingRefused() bool {
-	evs, err := suite.Cluster.AuditEvents()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "RBAC check: %v\n", err)
-		return false
-	}
-	counts, refused := e2eutil.Requests(evs, suite.User)
-	for _, e := range refused {
-		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: %s %s by %s was forbidden\n", e.Verb, e.RequestURI, e.UserAgent)
-	}
-	e2eutil.PrintRequests(suite.User, counts, nil)
-	bad := e2eutil.UnscopedReads(evs, suite.User, "volume-agent/")
-	if len(bad) > 0 {
-		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: listed or watched without a name selector: %v\n", bad)
-	}
-	if len(refused) > 0 || len(bad) > 0 {
-		return false
-	}
-	fmt.Fprintln(os.Stderr, "RBAC check: ok: no request refused")
-	return true
 }

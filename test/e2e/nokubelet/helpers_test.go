@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -42,7 +41,7 @@ type env struct {
 func newEnv(t *testing.T, name string) *env {
 	t.Helper()
 	suite.Require(t)
-	name = uniqueName(name)
+	name = e2eutil.UniqueName(name)
 	e := &env{t: t, node: name + "-node", ns: name, logs: t.TempDir(), root: mounttest.TempDir(t)}
 	sock, err := os.MkdirTemp("", "nokubelet")
 	if err != nil {
@@ -52,23 +51,6 @@ func newEnv(t *testing.T, name string) *env {
 	e.sock = sock
 	suite.CreateNodeAndNamespace(t, e.node, e.ns, nil)
 	return e
-}
-
-var names = struct {
-	sync.Mutex
-	used map[string]int
-}{used: map[string]int{}}
-
-// uniqueName makes names unique within the suite's cluster when a test
-// runs more than once (-count).
-func uniqueName(name string) string {
-	names.Lock()
-	defer names.Unlock()
-	names.used[name]++
-	if n := names.used[name]; n > 1 {
-		return fmt.Sprintf("%s-%d", name, n)
-	}
-	return name
 }
 
 // attachmentName is the VolumeAttachment name the attach/detach controller

@@ -23,7 +23,6 @@
 package nokubelet_test
 
 import (
-	"fmt"
 	"os"
 	"slices"
 	"testing"
@@ -49,31 +48,6 @@ func TestMain(m *testing.M) {
 				{Verb: "patch", Resource: "persistentvolumeclaims", Subresource: "status"},
 			},
 		},
-		Check: checkNothingRefused,
+		Check: suite.CheckNothingRefused,
 	}))
-}
-
-// checkNothingRefused reads every request the agent's ServiceAccount made:
-// none may have been refused, and claims, volumes and attachments were read
-// one by one, by name.
-func checkNothingRefused() bool {
-	evs, err := suite.Cluster.AuditEvents()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "RBAC check: %v\n", err)
-		return false
-	}
-	counts, refused := e2eutil.Requests(evs, suite.User)
-	for _, e := range refused {
-		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: %s %s by %s was forbidden\n", e.Verb, e.RequestURI, e.UserAgent)
-	}
-	e2eutil.PrintRequests(suite.User, counts, nil)
-	bad := e2eutil.UnscopedReads(evs, suite.User, "volume-agent/")
-	if len(bad) > 0 {
-		fmt.Fprintf(os.Stderr, "RBAC check: FAIL: listed or watched without a name selector: %v\n", bad)
-	}
-	if len(refused) > 0 || len(bad) > 0 {
-		return false
-	}
-	fmt.Fprintln(os.Stderr, "RBAC check: ok: no request refused")
-	return true
 }
