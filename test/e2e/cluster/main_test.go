@@ -170,9 +170,11 @@ func checkRBAC() bool {
 }
 
 // usedElsewhere are grants another suite exercises and checks: an agent
-// watches a VolumeAttachment only for a CSI volume whose driver requires
-// attaching, which only the CSI suite has.
+// watches a VolumeAttachment, and reports the node's volumesInUse, only for
+// a CSI volume whose driver requires attaching, which only the CSI suite
+// has.
 var usedElsewhere = map[string]string{
+	"patch nodes/status":                     "test/e2e/csi checks that its agents use it",
 	"list volumeattachments.storage.k8s.io":  "test/e2e/csi checks that its agents use it",
 	"watch volumeattachments.storage.k8s.io": "test/e2e/csi checks that its agents use it",
 }

@@ -157,6 +157,12 @@ func checkRBAC() bool {
 			fmt.Fprintln(os.Stderr, "RBAC check: FAIL: no agent watched a VolumeAttachment (the attach tests should have)")
 			ok = false
 		}
+		// The node's volumesInUse, for attach-required volumes: the
+		// cluster suite leaves this grant to this one too.
+		if used[suite.User]["patch nodes/status"] == 0 {
+			fmt.Fprintln(os.Stderr, "RBAC check: FAIL: no agent reported the node's volumesInUse (the attach tests should have)")
+			ok = false
+		}
 		if used[suite.User]["get secrets"] == 0 {
 			fmt.Fprintln(os.Stderr, "RBAC check: FAIL: no agent read a secret (TestNodeStageSecret should have)")
 			ok = false
