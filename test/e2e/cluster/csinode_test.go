@@ -19,13 +19,15 @@ import (
 	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
-// The node's CSINode was left by an earlier Node of the same name (the
-// machine was deleted from the cluster and joined again): its entries
-// describe another life of the node. The agent deletes it and makes the
-// node's own, owned by the Node, with the entry of the driver that is
-// there now (its node ID, topology key, volume limit); the Node gets the
-// node ID annotation, the topology label and the attach/detach annotation,
-// and keeps its other annotations.
+// The node's CSINode does not belong to its Node: it was left by an earlier
+// Node of the same name (the machine was deleted from the cluster and
+// joined again; the garbage collector removes those too, in its own time)
+// or made by someone else without an owner, as here. Its entries describe
+// another life of the node. The agent deletes it and makes the node's own,
+// owned by the Node, with the entry of the driver that is there now (its
+// node ID, topology key, volume limit); the Node gets the node ID
+// annotation, the topology label and the attach/detach annotation, and
+// keeps its other annotations.
 func TestCSINodeOfAnEarlierNode(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "csinode")
@@ -40,12 +42,11 @@ func TestCSINodeOfAnEarlierNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	stale := &storagev1.CSINode{
-		ObjectMeta: metav1.ObjectMeta{Name: e.node, OwnerReferences: []metav1.OwnerReference{{
-			APIVersion: "v1", Kind: "Node", Name: e.node, UID: "00000000-0000-0000-0000-00000000e411",
-		}}},
-		Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: "gone.csi.volume-agent.io", NodeID: "old"}}},
+		ObjectMeta: metav1.ObjectMeta{Name: e.node},
+		Spec:       storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: "gone.csi.volume-agent.io", NodeID: "old"}}},
 	}
-	if _, err := admin.StorageV1().CSINodes().Create(ctx, stale, metav1.CreateOptions{}); err != nil {
+	stale, err = admin.StorageV1().CSINodes().Create(ctx, stale, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = admin.StorageV1().CSINodes().Delete(context.Background(), e.node, metav1.DeleteOptions{}) })
@@ -87,6 +88,19 @@ func TestCSINodeOfAnEarlierNode(t *testing.T) {
 		return maps.Equal(ids, map[string]string{driverName: "id-" + e.node}) && maps.Equal(labels, wantTopology) &&
 				n.Annotations[nodeinfo.AnnotationControllerAttachDetach] == "true" && n.Annotations["example.com/owner"] == "team-a",
 			fmt.Sprintf("annotations %v, labels %v", n.Annotations, n.Labels)
+	})
+	e2eutil.Poll(t, 30*time.Second, "the agent's delete of the CSINode in the audit log", func(context.Context) (bool, string) {
+		events, err := suite.Cluster.AuditEvents()
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, ev := range events {
+			if ev.User.Username == suite.User && ev.Verb == "delete" && ev.ObjectRef != nil && ev.ObjectRef.Resource == "csinodes" &&
+				ev.ObjectRef.Name == e.node && ev.ResponseStatus != nil && ev.ResponseStatus.Code == 200 {
+				return true, ""
+			}
+		}
+		return false, "no delete of CSINode " + e.node + " (uid " + string(stale.UID) + ") by the agent"
 	})
 	drivers, err := e.agent.Drivers()
 	if err != nil {
