@@ -28,6 +28,9 @@ func (a *Agent) pageInput() model.Input {
 	if a.mode.cluster != nil {
 		in.Mode = "cluster"
 	}
+	if a.csi.nodeInfo != nil {
+		in.NodeInfo = a.csi.nodeInfo.Statuses()
+	}
 	if a.localPV != nil {
 		doc := a.localPV.Status()
 		in.LocalVolumes = &doc

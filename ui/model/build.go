@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/csi/nodeinfo"
 	"github.com/volume-agent/volume-agent/csi/registration"
 	"github.com/volume-agent/volume-agent/csi/registry"
 	"github.com/volume-agent/volume-agent/localpv"
@@ -33,6 +34,8 @@ type Input struct {
 	Operations   []operations.OperationStatus
 	Drivers      []registry.Driver
 	Sockets      []registration.SocketStatus
+	// NodeInfo is what the cluster knows of each driver (cluster mode).
+	NodeInfo []nodeinfo.DriverStatus
 	// ProbePeriod is how often drivers are probed (for their health).
 	ProbePeriod time.Duration
 	Orphans     []reconciler.OrphanStatus
@@ -457,6 +460,11 @@ func drivers(in Input) ([]Driver, []Socket) {
 		dr := Driver{
 			Name: d.Name, Endpoint: d.Endpoint, Source: d.Source, Version: d.VendorVersion, Health: healthy,
 			RegisteredAt: d.RegisteredAt, LastProbe: d.LastProbe, Capabilities: d.NodeCapabilities,
+		}
+		for _, n := range in.NodeInfo {
+			if n.Driver == d.Name {
+				dr.InCluster, dr.InClusterError = string(n.State), n.LastError
+			}
 		}
 		last := d.LastProbe
 		if last.IsZero() {

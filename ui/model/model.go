@@ -172,6 +172,12 @@ type Driver struct {
 	RegisteredAt time.Time `json:"registeredAt,omitzero"`
 	LastProbe    time.Time `json:"lastProbe,omitzero"`
 	Capabilities []string  `json:"capabilities,omitempty"`
+	// InCluster says whether the cluster knows the driver is on the node
+	// (its CSINode entry, node ID annotation and topology labels):
+	// installed, pending or failed (InClusterError says why); empty in
+	// standalone mode.
+	InCluster      string `json:"inCluster,omitempty"`
+	InClusterError string `json:"inClusterError,omitempty"`
 }
 
 // Socket is a registration socket that did not register a driver.

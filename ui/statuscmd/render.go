@@ -170,9 +170,10 @@ func (o options) page(w io.Writer, p *model.Page) error {
 	o.operations(w, p.Operations, now)
 	if len(p.Drivers) > 0 {
 		fmt.Fprintln(w, "\nCSI DRIVERS")
-		t := newTable(w, "NAME", "HEALTH", "ENDPOINT", "SOURCE", "VERSION", "REGISTERED", "LAST PROBE")
+		t := newTable(w, "NAME", "HEALTH", "IN CLUSTER", "ENDPOINT", "SOURCE", "VERSION", "REGISTERED", "LAST PROBE", "LAST ERROR")
 		for _, d := range p.Drivers {
-			t.row(sanitize(d.Name), d.Health, sanitize(d.Endpoint), d.Source, cellOr(sanitize(d.Version), "-"), age(now, d.RegisteredAt), age(now, d.LastProbe))
+			t.row(sanitize(d.Name), d.Health, cellOr(d.InCluster, "-"), sanitize(d.Endpoint), d.Source, cellOr(sanitize(d.Version), "-"),
+				age(now, d.RegisteredAt), age(now, d.LastProbe), cellOr(o.text(d.InClusterError), "-"))
 		}
 		t.flush()
 	}
