@@ -122,7 +122,7 @@ func (a *Agent) dswDocument() DSWDocument {
 			dv.PVC = v.Spec.ClaimRef()
 		}
 		if v.DesiredSize != nil {
-			dv.DesiredSize = v.DesiredSize.String()
+			dv.DesiredSize = volume.SizeString(v.DesiredSize)
 		}
 		for _, p := range v.Pods {
 			dv.Pods = append(dv.Pods, DSWVolumePod{PodRef: p.Pod.PodRef, OuterVolumeNames: p.OuterNames, ReadOnly: p.Spec.ReadOnly, SubPaths: p.SubPaths, Since: p.Since})
@@ -160,7 +160,7 @@ func (a *Agent) aswDocument() ASWDocument {
 			ResizeBlocked: v.ResizeBlocked, Pods: []ASWPod{},
 		}
 		if v.Size != nil {
-			av.Size = v.Size.String()
+			av.Size = volume.SizeString(v.Size)
 		}
 		for _, m := range v.Pods {
 			av.Pods = append(av.Pods, ASWPod{

@@ -439,7 +439,7 @@ func sameSize(a, b *resource.Quantity) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
-	return a.Cmp(*b) == 0
+	return volume.SizeCmp(a, b) == 0
 }
 
 // HasVolume reports whether any pod wants the volume.

@@ -90,7 +90,7 @@ func ExpansionNeeded(desired *resource.Quantity, attrs volume.Attributes, av *Ac
 	if desired == nil || av == nil || av.ResizeBlocked != "" {
 		return false
 	}
-	if av.Size != nil && desired.Cmp(*av.Size) <= 0 {
+	if av.Size != nil && volume.SizeCmp(desired, av.Size) <= 0 {
 		return false
 	}
 	if attrs.DeviceMountable && !attrs.Block && !av.ExpandAfterPublish {

@@ -285,9 +285,9 @@ func subPathsReason(dp *cache.DesiredPodVolume, m *cache.ActualPodMount) string 
 func expansionReason(dv *cache.DesiredVolume, av *cache.ActualVolume) string {
 	have := "unknown"
 	if av.Size != nil {
-		have = av.Size.String()
+		have = volume.SizeString(av.Size)
 	}
-	return "filesystem must grow to " + dv.DesiredSize.String() + " (node made it fit " + have + ")"
+	return "filesystem must grow to " + volume.SizeString(dv.DesiredSize) + " (node made it fit " + have + ")"
 }
 
 // planDeviceTeardown: phase 3. A volume no pod wants and no pod has mounted
