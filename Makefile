@@ -9,7 +9,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # build takes minutes.
 TOOLS_BIN    = $(shell test/tools/build.sh)
 
-.PHONY: all build run test unit e2e lint bench bench-scale fuzz tools cluster-up cluster-down clean
+.PHONY: all build run test deps unit e2e lint bench bench-scale fuzz tools cluster-up cluster-down clean
 
 all: build
 
@@ -27,8 +27,13 @@ run: build
 # Every test: lint, unit, real-mount integration, CSI conformance, the
 # end-to-end suites against a real etcd + kube-apiserver, and the operator
 # page in headless Chromium (required here: .ci/run installs it).
-test: lint tools
+test: deps lint tools
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) VOLUME_AGENT_REQUIRE_BROWSER=1 $(GO) test -race -timeout 30m ./...
+
+# What the tests need from the machine (Debian packages, Chromium, loop
+# devices), installed when run as root: hack/test-deps.sh.
+deps:
+	@hack/test-deps.sh
 
 # Tests that need neither root nor a control plane.
 unit:
