@@ -27,6 +27,11 @@ if [ "$(id -u)" -ne 0 ]; then
 	echo "run as root: the agent mounts filesystems" >&2
 	exit 1
 fi
+# curl talks to the agent's debug endpoint; minimal Debian images lack it.
+if ! command -v curl >/dev/null; then
+	echo "installing curl (Debian's package) to talk to the agent's debug endpoint" >&2
+	apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends curl >&2
+fi
 mkdir -p "$base/local/content" "$base/host"
 echo "<h1>served from a local PersistentVolume</h1>" >"$base/local/content/index.html"
 rm -f "$base/local/content/from-worker.txt"
