@@ -119,3 +119,26 @@ func (l *Log) Recent() []Event {
 	out = append(out, l.recent[:l.next]...)
 	return out
 }
+
+// Memory is a Recorder that only keeps what it is told, for tests of the
+// parts that report events.
+type Memory struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+// Event implements Recorder.
+func (m *Memory) Event(obj Object, eventType, reason, message string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.events = append(m.events, Event{Time: time.Now(), Object: obj, Type: eventType, Reason: reason, Message: message})
+}
+
+// Take returns the events recorded since the last Take, oldest first.
+func (m *Memory) Take() []Event {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := m.events
+	m.events = nil
+	return out
+}

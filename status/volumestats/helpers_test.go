@@ -28,7 +28,6 @@ import (
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/plugins/local"
-	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/test/csidriver"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -434,32 +433,6 @@ func localVolume(pv, ns, pvc string, block bool, pod types.UID, path string) *ca
 	}
 	addPod(v, pod, path, cache.Mounted)
 	return v
-}
-
-// recorder is an events.Recorder that keeps what it gets.
-type recorder struct {
-	mu     sync.Mutex
-	events []recordedEvent
-}
-
-type recordedEvent struct {
-	obj                     events.Object
-	eventType, reason, text string
-}
-
-func (r *recorder) Event(obj events.Object, eventType, reason, message string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.events = append(r.events, recordedEvent{obj, eventType, reason, message})
-}
-
-// take returns the events recorded since the last take.
-func (r *recorder) take() []recordedEvent {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.events
-	r.events = nil
-	return out
 }
 
 func usage(capacity, avail, used, inodes, ifree, iused int64) *csi.NodeGetVolumeStatsResponse {

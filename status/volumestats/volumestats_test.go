@@ -502,7 +502,7 @@ func TestVolumeHealth(t *testing.T) {
 	dsw := &cache.DesiredSnapshot{Volumes: map[volume.UniqueName]*cache.DesiredVolume{v.Name: {
 		Name: v.Name, Pods: map[types.UID]*cache.DesiredPodVolume{"pod-a": {OuterNames: []string{"data"}}},
 	}}}
-	rec := &recorder{}
+	rec := &events.Memory{}
 	core, logs := observer.New(zap.InfoLevel)
 	c := New(Options{Registry: reg, ASW: w.snapshot, DSW: func() *cache.DesiredSnapshot { return dsw }, Events: rec, Log: zap.New(core)})
 
@@ -544,11 +544,11 @@ func TestVolumeHealth(t *testing.T) {
 			t.Errorf("%s: health_status_abnormal = %v (present %v), want %v", s.name, got, ok, s.abnormal)
 		}
 		var evs []ev
-		for _, e := range rec.take() {
-			if e.obj.Kind != "Pod" || e.obj.Namespace != "ns" || e.eventType != events.Warning || e.reason != "VolumeConditionAbnormal" {
+		for _, e := range rec.Take() {
+			if e.Object.Kind != "Pod" || e.Object.Namespace != "ns" || e.Type != events.Warning || e.Reason != "VolumeConditionAbnormal" {
 				t.Errorf("%s: event %+v", s.name, e)
 			}
-			evs = append(evs, ev{string(e.obj.UID), e.text})
+			evs = append(evs, ev{string(e.Object.UID), e.Message})
 		}
 		slices.SortFunc(evs, func(a, b ev) int { return strings.Compare(a.pod, b.pod) })
 		if !slices.Equal(evs, s.events) {
@@ -578,7 +578,7 @@ kubelet_volume_stats_health_status_abnormal{namespace="ns",persistentvolumeclaim
 	}
 	w.put(v)
 	c.Refresh(testCtx(t))
-	if n := len(rec.take()); n != 3 {
+	if n := len(rec.Take()); n != 3 {
 		t.Errorf("%d events when the abnormal volume came back, want 3", n)
 	}
 }

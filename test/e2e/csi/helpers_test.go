@@ -204,17 +204,7 @@ func (e *env) waitMounted(paths ...string) {
 // paths no longer exist.
 func (e *env) waitGone(paths ...string) {
 	e.t.Helper()
-	e2eutil.Poll(e.t, 60*time.Second, "unmounted and removed", func(context.Context) (bool, string) {
-		for _, p := range paths {
-			if n := len(mounttest.MountsUnder(e.t, p)); n > 0 {
-				return false, fmt.Sprintf("%d mounts left at or under %s", n, p)
-			}
-			if mounttest.Exists(e.t, p) {
-				return false, p + " still exists"
-			}
-		}
-		return true, ""
-	})
+	e2eutil.WaitGone(e.t, 60*time.Second, paths...)
 }
 
 // checkExt4FromLoop checks that path is an ext4 filesystem of a loop

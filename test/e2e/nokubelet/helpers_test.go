@@ -126,31 +126,14 @@ func xfsFromLoop(t *testing.T, path string) {
 // waitMounted waits until every path is a mount point.
 func (e *env) waitMounted(timeout time.Duration, paths ...string) {
 	e.t.Helper()
-	e2eutil.Poll(e.t, timeout, "mounted", func(context.Context) (bool, string) {
-		for _, p := range paths {
-			if len(mounttest.MountsAt(e.t, p)) == 0 {
-				return false, p + " is not a mount point"
-			}
-		}
-		return true, ""
-	})
+	e2eutil.WaitMounted(e.t, timeout, paths...)
 }
 
 // waitGone waits until nothing is mounted at or under any path and the
 // paths no longer exist.
 func (e *env) waitGone(timeout time.Duration, paths ...string) {
 	e.t.Helper()
-	e2eutil.Poll(e.t, timeout, "unmounted and removed", func(context.Context) (bool, string) {
-		for _, p := range paths {
-			if n := len(mounttest.MountsUnder(e.t, p)); n > 0 {
-				return false, fmt.Sprintf("%d mounts left at or under %s", n, p)
-			}
-			if mounttest.Exists(e.t, p) {
-				return false, p + " still exists"
-			}
-		}
-		return true, ""
-	})
+	e2eutil.WaitGone(e.t, timeout, paths...)
 }
 
 // steps times the steps of a flow and logs them as a table when the test
