@@ -11,7 +11,7 @@ import (
 // plan lists its actions phase by phase, in the kubelet's order: a pod's
 // old mount goes before anything is set up, and a device is released only
 // after every pod let go of it.
-type Phase int
+type Phase uint8
 
 const (
 	// PhaseUnmount tears down the pods' mounts no pod wants any more.

@@ -108,15 +108,17 @@ func sortActions(actions []Action) []Action {
 	if len(actions) < 2 {
 		return actions
 	}
-	idx := make([]int32, len(actions))
+	// Each action's phase is looked up in the table once, not in every
+	// comparison.
+	idx, phases := make([]int32, len(actions)), make([]operations.Phase, len(actions))
 	for i := range idx {
-		idx[i] = int32(i)
+		idx[i], phases[i] = int32(i), phase(actions[i].Op)
 	}
 	slices.SortFunc(idx, func(i, j int32) int {
-		a, b := &actions[i], &actions[j]
-		if c := cmp.Compare(phase(a.Op), phase(b.Op)); c != 0 {
+		if c := cmp.Compare(phases[i], phases[j]); c != 0 {
 			return c
 		}
+		a, b := &actions[i], &actions[j]
 		if c := cmp.Compare(a.Volume, b.Volume); c != 0 {
 			return c
 		}
