@@ -114,9 +114,10 @@ func (o *Operator) pin(path string) error {
 	return o.Pins.Pin(path)
 }
 
-// UnmapVolume releases the pin of one pod's access point, then has the plugin
-// remove the access point, then removes the pod's directories left empty.
-func (o *Operator) UnmapVolume(ctx context.Context, t *Target, accessPoint string) error {
+// UnmapVolume releases the pin of one pod's access point (t.MountPath), then
+// has the plugin remove the access point, then removes the pod's directories
+// left empty.
+func (o *Operator) UnmapVolume(ctx context.Context, t *Target) error {
 	av, needed := o.needed(OpUnmapVolume, t)
 	if !needed {
 		return ErrStale
@@ -125,7 +126,7 @@ func (o *Operator) UnmapVolume(ctx context.Context, t *Target, accessPoint strin
 	if err != nil {
 		return err
 	}
-	prev := podMount(av, t)
+	prev, accessPoint := podMount(av, t), t.MountPath
 	fail := func(err error) error {
 		if prev.State != cache.MountUncertain {
 			m := *prev

@@ -26,14 +26,10 @@ type Key struct {
 type Operation struct {
 	// Name is the operation kind, used for backoff bookkeeping (a
 	// different name resets the backoff) and metrics.
-	Name   Op
-	Plugin string
-	Pod    volume.PodRef
-	// Waiting are the pods a volume-wide operation works for, so its
-	// failures can be reported to them.
-	Waiting []volume.PodRef
-	// Spec is the volume's spec, for reporting (may be nil).
-	Spec *volume.Spec
+	Name Op
+	// Target is what it works on; observers report from it (its Spec may
+	// be nil).
+	Target
 	// Fn does the work. It must be idempotent and honour ctx.
 	Fn func(ctx context.Context) error
 }
@@ -557,7 +553,7 @@ func (e *Executor) Status() []OperationStatus {
 		for _, en := range entries {
 			s := OperationStatus{Volume: en.key.Volume, Operation: string(en.op.Name), Plugin: en.op.Plugin, Since: en.started}
 			if en.key.Pod != "" {
-				pod := en.op.Pod
+				pod := en.op.Pod.PodRef
 				s.Pod = &pod
 			}
 			switch {

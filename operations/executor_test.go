@@ -57,7 +57,7 @@ func newTestExecutor(t *testing.T, opts ExecutorOptions) (*Executor, *clocktesti
 }
 
 func op(name Op, fn func(context.Context) error) *Operation {
-	return &Operation{Name: name, Plugin: "test", Fn: fn}
+	return &Operation{Name: name, Target: Target{Plugin: "test"}, Fn: fn}
 }
 
 func noop(context.Context) error { return nil }
@@ -303,7 +303,7 @@ func TestExecutorExactMatchReused(t *testing.T) {
 // podOp is an operation for one pod (Status shows its pod).
 func podOp(name Op, pod types.UID, fn func(context.Context) error) *Operation {
 	o := op(name, fn)
-	o.Pod = volume.PodRef{UID: pod}
+	o.Pod.UID = pod
 	return o
 }
 
@@ -392,7 +392,7 @@ func TestExecutorStatusAndWait(t *testing.T) {
 	e, _, obs := newTestExecutor(t, ExecutorOptions{})
 	release := make(chan struct{})
 	pod := volume.PodRef{UID: "pod", Namespace: "ns", Name: "p"}
-	if err := e.Run(Key{"plugin/a", "pod"}, &Operation{Name: "mount_volume", Plugin: "test", Pod: pod, Fn: blocking(release)}); err != nil {
+	if err := e.Run(Key{"plugin/a", "pod"}, &Operation{Name: "mount_volume", Target: Target{Plugin: "test", Pod: volume.PodInfo{PodRef: pod}}, Fn: blocking(release)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Run(Key{"plugin/b", ""}, op("mount_device", failing)); err != nil {

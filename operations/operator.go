@@ -84,7 +84,8 @@ func (o *Operator) subPaths() SubPaths {
 	return o.SubPaths
 }
 
-// Target is a volume (and, for pod operations, a pod) an operation is about.
+// Target is a volume (and, for pod operations, a pod) an operation is about:
+// what the planner decided it from and the body needs.
 type Target struct {
 	Volume     volume.UniqueName
 	Plugin     string
@@ -98,9 +99,16 @@ type Target struct {
 	// SubPaths are the sub-paths the pod's containers mount, for
 	// prepare_subpaths.
 	SubPaths []volume.SubPath
-	// Waiting are the pods a volume-wide operation works for.
+	// Waiting are the pods a volume-wide operation works for, so its
+	// failures can be reported to them.
 	Waiting []volume.PodRef
+	// MountPath is the pod's recorded mount (a block volume's access
+	// point), for unmount_volume and unmap_volume.
+	MountPath string
 }
+
+// Key is the executor key of an operation on t.
+func (t *Target) Key() Key { return Key{Volume: t.Volume, Pod: t.Pod.UID} }
 
 func (t *Target) identity() cache.VolumeIdentity {
 	return cache.VolumeIdentity{Name: t.Volume, Plugin: t.Plugin, Attributes: t.Attributes, Spec: t.Spec}
@@ -243,9 +251,9 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 	return err
 }
 
-// UnmountVolume tears a volume down for one pod and removes the pod's
-// directories that are left empty.
-func (o *Operator) UnmountVolume(ctx context.Context, t *Target, mountPath string) error {
+// UnmountVolume tears a volume down for one pod (its mount at t.MountPath)
+// and removes the pod's directories that are left empty.
+func (o *Operator) UnmountVolume(ctx context.Context, t *Target) error {
 	av, needed := o.needed(OpUnmountVolume, t)
 	if !needed {
 		return ErrStale
@@ -260,7 +268,7 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target, mountPath strin
 		return err
 	}
 	req := &plugins.TearDownRequest{
-		VolumeName: t.Volume, Spec: prev.Spec, Pod: t.Pod.PodRef, Dir: mountPath,
+		VolumeName: t.Volume, Spec: prev.Spec, Pod: t.Pod.PodRef, Dir: t.MountPath,
 		DeviceMountPath: av.DeviceMountPath, Log: o.logger(t, OpUnmountVolume),
 	}
 	if err := p.TearDown(ctx, req); err != nil {

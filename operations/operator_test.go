@@ -255,6 +255,13 @@ func (w *opWorld) podTarget() *Target {
 	return t
 }
 
+// unmountTarget is what the planner hands the pod's unmount.
+func (w *opWorld) unmountTarget() *Target {
+	t := w.podTarget()
+	t.MountPath = w.podDir()
+	return t
+}
+
 func (w *opWorld) deviceMountPath() string {
 	return w.paths.DeviceMountPath(w.pluginName, w.attrs.Identity)
 }
@@ -583,7 +590,7 @@ func TestOperatorUnmountVolume(t *testing.T) {
 	runOpCases(t, "TearDown", cases, func(w *opWorld) error {
 		podDir := w.paths.PodDir(opPod)
 		existed := dirExists(podDir)
-		err := w.op.UnmountVolume(t.Context(), w.podTarget(), w.podDir())
+		err := w.op.UnmountVolume(t.Context(), w.unmountTarget())
 		// The pod's directories go with its last volume, and only then.
 		switch gone := existed && !dirExists(podDir); {
 		case err == nil && existed && !gone:
@@ -689,7 +696,7 @@ func TestOperatorMissingCapability(t *testing.T) {
 	attach := func(w *opWorld) error { return w.op.VerifyAttached(t.Context(), w.target()) }
 	detach := func(w *opWorld) error { return w.op.DetachVolume(t.Context(), w.target()) }
 	mountVolume := func(w *opWorld) error { return w.op.MountVolume(t.Context(), w.podTarget()) }
-	unmountVolume := func(w *opWorld) error { return w.op.UnmountVolume(t.Context(), w.podTarget(), w.podDir()) }
+	unmountVolume := func(w *opWorld) error { return w.op.UnmountVolume(t.Context(), w.unmountTarget()) }
 	cases := []struct {
 		name    string
 		plugin  string
@@ -765,9 +772,9 @@ func TestOperatorPassesRecordedState(t *testing.T) {
 	}
 
 	// The pod goes away: the planner's target for it no longer has a spec.
-	gone := w.podTarget()
+	gone := w.unmountTarget()
 	gone.Spec = nil
-	if err := w.op.UnmountVolume(ctx, gone, w.podDir()); err != nil {
+	if err := w.op.UnmountVolume(ctx, gone); err != nil {
 		t.Fatal(err)
 	}
 	treq := w.plugin.last(t, "TearDown").(plugins.TearDownRequest)

@@ -143,7 +143,7 @@ func TestUnmountVolumeRemovesSubPathsFirst(t *testing.T) {
 	w.asw.SetSubPaths(w.vol, opPod, opSubPaths)
 
 	f.fail = errors.New("injected: busy")
-	if err := w.op.UnmountVolume(t.Context(), w.podTarget(), w.podDir()); !errors.Is(err, f.fail) {
+	if err := w.op.UnmountVolume(t.Context(), w.unmountTarget()); !errors.Is(err, f.fail) {
 		t.Fatalf("%v, want the sub-path error", err)
 	}
 	if got := w.plugin.methods(); len(got) != 0 {
@@ -154,7 +154,7 @@ func TestUnmountVolumeRemovesSubPathsFirst(t *testing.T) {
 	}
 
 	f.fail = nil
-	if err := w.op.UnmountVolume(t.Context(), w.podTarget(), w.podDir()); err != nil {
+	if err := w.op.UnmountVolume(t.Context(), w.unmountTarget()); err != nil {
 		t.Fatal(err)
 	}
 	if f.calls[len(f.calls)-1] != "Clean" || f.atCalls[len(f.atCalls)-1] != 0 {
@@ -212,7 +212,7 @@ func TestSubPathsOnTheNode(t *testing.T) {
 		t.Errorf("missing sub-directory not created: %v", err)
 	}
 	w.dsw.DeletePod(opPod)
-	if err := w.op.UnmountVolume(t.Context(), w.podTarget(), w.podDir()); err != nil {
+	if err := w.op.UnmountVolume(t.Context(), w.unmountTarget()); err != nil {
 		t.Fatal(err)
 	}
 	if mounttest.Exists(t, w.paths.PodSubPathsDir(opPod)) {
@@ -270,7 +270,7 @@ func TestUnmountVolumeSubPathCleanupSkippedOnlyWhenNoneCanExist(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := w.op.UnmountVolume(t.Context(), w.podTarget(), w.podDir()); err != nil {
+			if err := w.op.UnmountVolume(t.Context(), w.unmountTarget()); err != nil {
 				t.Fatal(err)
 			}
 			if cleaned := slices.Contains(f.calls, "Clean"); cleaned != tc.wantClean {

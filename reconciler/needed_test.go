@@ -22,7 +22,10 @@ func TestPlannedActionsAreNeeded(t *testing.T) {
 		t.Helper()
 		for _, a := range Plan(dsw, asw, opts) {
 			planned[a.Op]++
-			if !operations.Needed(a.Op, target(&a), asw.Volumes[a.Volume], dsw) {
+			if perPod := a.Pod.UID != ""; perPod != operations.KindOf(a.Op).PerPod || (perPod && a.Waiting != nil) {
+				t.Errorf("%s: planned %s for pod %q, waiting %v; the table says per pod: %v", ctx, a.Op, a.Pod.UID, a.Waiting, operations.KindOf(a.Op).PerPod)
+			}
+			if !operations.Needed(a.Op, &a.Target, asw.Volumes[a.Volume], dsw) {
 				t.Errorf("%s, %+v: planned %s, but its operation would find nothing to do and skip it as stale\n  actual: %s",
 					ctx, opts, act{a.Op, a.Volume, a.Pod.UID, a.Reason}, describeActual(asw.Volumes[a.Volume]))
 			}
