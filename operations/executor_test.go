@@ -196,6 +196,41 @@ func TestExecutorResetBackoff(t *testing.T) {
 	obs.wait(t)
 }
 
+// TestExecutorBackoffPerGeneration: a failed set up's backoff holds back
+// retries of the same content generation only; a newer one (its sources
+// changed again) starts at once, and Startable agrees with Run.
+func TestExecutorBackoffPerGeneration(t *testing.T) {
+	key := Key{"plugin/v", "p1"}
+	e, _, obs := newTestExecutor(t, ExecutorOptions{})
+	withGen := func(fn func(context.Context) error, gen uint64) *Operation {
+		o := op("mount_volume", fn)
+		o.ContentGeneration = gen
+		return o
+	}
+	if err := e.Run(key, withGen(failing, 3)); err != nil {
+		t.Fatal(err)
+	}
+	obs.wait(t)
+	for _, tc := range []struct {
+		gen  uint64
+		want bool
+	}{{3, false}, {4, true}} {
+		got := e.Startable([]Candidate{{Key: key, Name: "mount_volume", Generation: tc.gen}}, e.Mark())[0]
+		if got != tc.want {
+			t.Errorf("generation %d: Startable = %v, want %v", tc.gen, got, tc.want)
+		}
+	}
+	if err := e.Run(key, withGen(noop, 3)); !IsExpected(err) {
+		t.Fatalf("retry of the failed generation during backoff = %v, want a backoff error", err)
+	}
+	if err := e.Run(key, withGen(failing, 4)); err != nil {
+		t.Fatalf("a newer generation during backoff = %v, want started", err)
+	}
+	if r := obs.wait(t); r.retryIn != time.Second {
+		t.Errorf("backoff after the newer generation failed too = %v, want the delay doubled to 1s", r.retryIn)
+	}
+}
+
 func TestExecutorPanicIsFailure(t *testing.T) {
 	key := Key{"plugin/v", ""}
 	e, _, obs := newTestExecutor(t, ExecutorOptions{})

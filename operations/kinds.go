@@ -73,7 +73,7 @@ var kinds = [...]Kind{
 		Needed: podMountNeeded, Body: (*Operator).MountVolume, FailureReason: events.FailedMount},
 	{Op: OpPrepareSubPaths, Phase: PhaseMount, PerPod: true,
 		Needed: func(t *Target, av *cache.ActualVolume, desired Desired) bool {
-			return desired.HasPodVolume(t.Volume, t.Pod.UID) && cache.SubPathsNeeded(t.SubPaths, podMount(av, t))
+			return desired.HasPodVolume(t.Volume, t.Pod.UID) && cache.SubPathsNeeded(t.SubPaths, podMount(av, t), t.ContentGeneration)
 		},
 		Body: (*Operator).PrepareSubPaths, FailureReason: events.FailedMount},
 	{Op: OpExpandVolume, Phase: PhaseMount,
@@ -106,7 +106,7 @@ func deviceMountNeeded(t *Target, av *cache.ActualVolume, _ Desired) bool {
 }
 
 func podMountNeeded(t *Target, av *cache.ActualVolume, _ Desired) bool {
-	return cache.ReadyForPods(t.Attributes, av) && cache.PodMountNeeded(podMount(av, t))
+	return cache.ReadyForPods(t.Attributes, av) && cache.PodMountNeeded(podMount(av, t), t.ContentGeneration)
 }
 
 func unmountNeeded(t *Target, av *cache.ActualVolume, desired Desired) bool {

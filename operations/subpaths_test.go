@@ -173,7 +173,7 @@ func TestRemountMarksSubPathsOutdated(t *testing.T) {
 	w.want(t, opPod)
 	w.mountPod(t)
 	w.asw.SetSubPaths(w.vol, opPod, opSubPaths)
-	w.asw.MarkRemountRequired(opPod)
+	w.gen++ // the content is outdated
 	if err := w.op.MountVolume(t.Context(), w.podTarget()); err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestRemountMarksSubPathsOutdated(t *testing.T) {
 	if !volume.SameSubPaths(m.SubPaths, opSubPaths) || !m.SubPathsOutdated {
 		t.Errorf("after a remount: %+v, want the sub-paths kept and outdated", m)
 	}
-	if !cache.PodVolumeReady(opSubPaths, m) || !cache.SubPathsNeeded(opSubPaths, m) {
+	if !cache.PodVolumeReady(opSubPaths, m) || !cache.SubPathsNeeded(opSubPaths, m, w.gen) {
 		t.Error("after a remount the volume must stay ready and its sub-paths be prepared again")
 	}
 }

@@ -226,15 +226,17 @@ func planMounts(dv *cache.DesiredVolume, av *cache.ActualVolume, ready bool, out
 		if av != nil {
 			m = av.Pods[uid]
 		}
-		if !cache.PodMountNeeded(m) {
-			if cache.SubPathsNeeded(dp.SubPaths, m) {
+		if !cache.PodMountNeeded(m, dp.ContentGeneration) {
+			if cache.SubPathsNeeded(dp.SubPaths, m, dp.ContentGeneration) {
 				out = append(out, Action{
 					Op: operations.OpPrepareSubPaths, Target: operations.Target{Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
-						Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, SubPaths: dp.SubPaths}, Reason: subPathsReason(dp, m),
+						Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, SubPaths: dp.SubPaths, ContentGeneration: dp.ContentGeneration}, Reason: subPathsReason(dp, m),
 				})
 			}
 			continue
 		}
+		// Its content is older than the DSW's (what it is built from
+		// changed, or it was found after a restart).
 		reason := "remount required"
 		switch {
 		case m == nil:
@@ -247,7 +249,7 @@ func planMounts(dv *cache.DesiredVolume, av *cache.ActualVolume, ready bool, out
 		}
 		out = append(out, Action{
 			Op: operations.ForMode(operations.OpMountVolume, dv.Attributes.Block), Target: operations.Target{Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
-				Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName}, Reason: reason,
+				Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, ContentGeneration: dp.ContentGeneration}, Reason: reason,
 		})
 	}
 	if expand {

@@ -59,6 +59,7 @@ func dvol(name volume.UniqueName, attrs volume.Attributes, pods ...string) *cach
 	for _, p := range pods {
 		v.Pods[types.UID(p)] = &cache.DesiredPodVolume{
 			Pod: podInfo(p), OuterNames: []string{"outer"}, Spec: specFor(string(name) + "@" + p),
+			ContentGeneration: contentGeneration(attrs, false),
 		}
 	}
 	return v
@@ -89,10 +90,21 @@ func avol(name volume.UniqueName, attrs volume.Attributes, opts ...avOpt) *cache
 	return v
 }
 
+// contentGeneration is the content generation of the fixtures: 1 (the
+// DSW's, and a mount's that holds it) for a volume whose content follows
+// its sources, 0 for a mount whose content is older, and for other
+// volumes.
+func contentGeneration(attrs volume.Attributes, outdated bool) uint64 {
+	if attrs.RequiresRemount && !outdated {
+		return 1
+	}
+	return 0
+}
+
 func podMount(uid string, state cache.MountState, remount bool) avOpt {
 	return func(v *cache.ActualVolume) {
 		v.Pods[types.UID(uid)] = &cache.ActualPodMount{
-			Pod: podRef(uid), SpecName: specName(v.Name), State: state, RemountRequired: remount,
+			Pod: podRef(uid), SpecName: specName(v.Name), State: state, ContentGeneration: contentGeneration(v.Attributes, remount),
 			MountPath: "/pods/" + uid + "/volumes/" + specName(v.Name), Spec: specFor(string(v.Name) + "@" + uid),
 		}
 	}

@@ -203,7 +203,7 @@ func (r *Reconciler) ReconcileOnce() []Action {
 	}
 	cands := make([]operations.Candidate, len(actions))
 	for i := range actions {
-		cands[i] = operations.Candidate{Key: actions[i].Key(), Name: actions[i].Op}
+		cands[i] = operations.Candidate{Key: actions[i].Key(), Name: actions[i].Op, Generation: actions[i].ContentGeneration}
 	}
 	started := 0
 	for i, ok := range r.opts.Executor.Startable(cands, mark) {
