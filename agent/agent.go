@@ -35,7 +35,6 @@ import (
 	"github.com/volume-agent/volume-agent/plugins/local"
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/reconciler"
-	"github.com/volume-agent/volume-agent/refresh"
 	runtimeserver "github.com/volume-agent/volume-agent/runtimeapi/server"
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/status/events"
@@ -158,11 +157,7 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	recheck := notify.New()
 	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot,
 		NodeMemory: m.nodeMemory, Recheck: recheck.Notify, Log: log.Named("plugins")}
-	// The refresher acts on the executor, which is built after the
-	// plugins: it reaches it through a.
-	a.api = newAPIVolumes(cfg, host, m, apiVolumeDeps{
-		marker: a.asw, retrier: func() refresh.Retrier { return a.executor }, wake: wake,
-	})
+	a.api = newAPIVolumes(cfg, host, m, a.dsw)
 	// CSI drivers' tokenRequests share the projected volumes' token cache
 	// (and so its refresh, its metrics and /debug/api-volumes).
 	a.csi = newCSI(cfg, host, m, csiDeps{

@@ -15,7 +15,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/apivolume"
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
@@ -24,7 +23,6 @@ import (
 	"github.com/volume-agent/volume-agent/source/manifest"
 	"github.com/volume-agent/volume-agent/source/objectwatch"
 	"github.com/volume-agent/volume-agent/tokens"
-	"github.com/volume-agent/volume-agent/volume"
 )
 
 // apiVolumes serves configMap, secret, downwardAPI and projected volumes
@@ -41,34 +39,19 @@ type apiVolumes struct {
 	metrics     *apiVolumeMetrics
 }
 
-// apiVolumeDeps are the parts of the agent the refresher acts on.
-type apiVolumeDeps struct {
-	marker refresh.Marker
-	// retrier is called when needed: the executor is built after the
-	// plugins.
-	retrier func() refresh.Retrier
-	wake    *notify.Signal
-}
-
-type lateRetrier struct{ get func() refresh.Retrier }
-
-func (l lateRetrier) ResetBackoff(name volume.UniqueName) { l.get().ResetBackoff(name) }
-
 // newAPIVolumes builds the plugins and what feeds them: in standalone mode
 // the manifest directory (no tokens: there is no API server), in cluster
 // mode per-object watches and TokenRequests, made with the node's own
-// credentials when cfg.NodeKubeconfig is set.
-func newAPIVolumes(cfg Config, host plugins.Host, m *mode, deps apiVolumeDeps) *apiVolumes {
+// credentials when cfg.NodeKubeconfig is set. The refresher gives pod
+// volumes new content generations in dsw.
+func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired) *apiVolumes {
 	log := cfg.Log
 	a := &apiVolumes{metrics: newAPIVolumeMetrics()}
 	src := apivolume.Sources{
 		NoTokensReason:       noTokensReason + " (set automountServiceAccountToken: false, or remove the projection)",
 		NoTrustBundlesReason: "clusterTrustBundle projections need an API server, and this agent runs in standalone mode",
 	}
-	ropts := refresh.Options{
-		Marker: deps.marker, Retrier: lateRetrier{deps.retrier}, Trigger: deps.wake.Notify,
-		Observer: a.metrics, Log: log.Named("refresh"),
-	}
+	ropts := refresh.Options{Desired: dsw, Observer: a.metrics, Log: log.Named("refresh")}
 	// The refresher is told about changes; it is built last, from the
 	// parts below.
 	var onChange func(kind, ns, name string)

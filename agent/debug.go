@@ -49,7 +49,10 @@ type DSWVolumePod struct {
 	OuterVolumeNames []string         `json:"outerVolumeNames"`
 	ReadOnly         bool             `json:"readOnly,omitempty"`
 	SubPaths         []volume.SubPath `json:"subPaths,omitempty"`
-	Since            time.Time        `json:"since"`
+	// ContentGeneration: the content the pod's mount must hold (volumes
+	// whose content follows their sources).
+	ContentGeneration uint64    `json:"contentGeneration,omitempty"`
+	Since             time.Time `json:"since"`
 }
 
 // DSWPod is one pod with its volumes and errors.
@@ -96,11 +99,14 @@ type ASWVolume struct {
 // ASWPod is one pod's mount of a volume.
 type ASWPod struct {
 	volume.PodRef
-	SpecName        string           `json:"specName"`
-	MountState      cache.MountState `json:"mountState"`
-	MountPath       string           `json:"mountPath"`
-	RemountRequired bool             `json:"remountRequired,omitempty"`
-	Reconstructed   bool             `json:"reconstructed,omitempty"`
+	SpecName   string           `json:"specName"`
+	MountState cache.MountState `json:"mountState"`
+	MountPath  string           `json:"mountPath"`
+	// ContentGeneration is the content the mount holds; RemountRequired
+	// says the DSW wants a newer one.
+	ContentGeneration uint64 `json:"contentGeneration,omitempty"`
+	RemountRequired   bool   `json:"remountRequired,omitempty"`
+	Reconstructed     bool   `json:"reconstructed,omitempty"`
 	// SubPaths are the sub-paths prepared for the pod's containers.
 	SubPaths         []volume.SubPath `json:"subPaths,omitempty"`
 	SubPathsOutdated bool             `json:"subPathsOutdated,omitempty"`
@@ -126,7 +132,8 @@ func (a *Agent) dswDocument() DSWDocument {
 			dv.DesiredSize = volume.SizeString(v.DesiredSize)
 		}
 		for _, p := range v.Pods {
-			dv.Pods = append(dv.Pods, DSWVolumePod{PodRef: p.Pod.PodRef, OuterVolumeNames: p.OuterNames, ReadOnly: p.Spec.ReadOnly, SubPaths: p.SubPaths, Since: p.Since})
+			dv.Pods = append(dv.Pods, DSWVolumePod{PodRef: p.Pod.PodRef, OuterVolumeNames: p.OuterNames, ReadOnly: p.Spec.ReadOnly, SubPaths: p.SubPaths,
+				ContentGeneration: p.ContentGeneration, Since: p.Since})
 		}
 		sort.Slice(dv.Pods, func(i, j int) bool { return dv.Pods[i].UID < dv.Pods[j].UID })
 		doc.Volumes = append(doc.Volumes, dv)
@@ -153,6 +160,7 @@ func (a *Agent) dswDocument() DSWDocument {
 
 func (a *Agent) aswDocument() ASWDocument {
 	s := a.asw.Snapshot()
+	dsw := a.dsw.Snapshot()
 	doc := ASWDocument{Generation: s.Generation, Volumes: []ASWVolume{}}
 	for _, v := range s.Volumes {
 		av := ASWVolume{
@@ -163,10 +171,17 @@ func (a *Agent) aswDocument() ASWDocument {
 		if v.Size != nil {
 			av.Size = volume.SizeString(v.Size)
 		}
-		for _, m := range v.Pods {
+		for uid, m := range v.Pods {
+			var want uint64
+			if dv, ok := dsw.Volumes[v.Name]; ok {
+				if dp, ok := dv.Pods[uid]; ok {
+					want = dp.ContentGeneration
+				}
+			}
 			av.Pods = append(av.Pods, ASWPod{
 				PodRef: m.Pod, SpecName: m.SpecName, MountState: m.State, MountPath: m.MountPath,
-				RemountRequired: m.RemountRequired, Reconstructed: m.Reconstructed, Since: m.Since,
+				ContentGeneration: m.ContentGeneration, RemountRequired: cache.ContentOutdated(m, want),
+				Reconstructed: m.Reconstructed, Since: m.Since,
 				SubPaths: m.SubPaths, SubPathsOutdated: m.SubPathsOutdated,
 			})
 		}

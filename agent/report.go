@@ -63,21 +63,6 @@ func operationsLogger(log *zap.Logger) *zap.Logger {
 	return log.Named("operations").WithOptions(zap.WithCaller(false), zap.AddStacktrace(zapcore.FatalLevel))
 }
 
-// failureReasons maps operations to the event reason of their failure.
-var failureReasons = map[operations.Op]string{
-	operations.OpMountVolume:     events.FailedMount,
-	operations.OpPrepareSubPaths: events.FailedMount,
-	operations.OpMountDevice:     events.FailedMount,
-	operations.OpVerifyAttached:  events.FailedAttachVolume,
-	operations.OpUnmountVolume:   events.FailedUnmount,
-	operations.OpUnmountDevice:   events.FailedUnmountDevice,
-	operations.OpExpandVolume:    events.VolumeResizeFailed,
-	operations.OpMapDevice:       events.FailedMapVolume,
-	operations.OpMapVolume:       events.FailedMapVolume,
-	operations.OpUnmapVolume:     events.FailedUnmapDevice,
-	operations.OpUnmapDevice:     events.FailedUnmapDevice,
-}
-
 func (r *reporter) OperationFinished(key operations.Key, op *operations.Operation, took time.Duration, err error, retryIn time.Duration) {
 	r.metrics.OperationFinished(key, op, took, err, retryIn)
 	r.trimmer.operationFinished()
@@ -90,7 +75,7 @@ func (r *reporter) OperationFinished(key operations.Key, op *operations.Operatio
 	fields = append(fields, zap.String("operation", string(op.Name)), zap.String("volume", string(key.Volume)), zap.String("plugin", op.Plugin),
 		zap.Duration("took", took))
 	if key.Pod != "" {
-		fields = append(fields, zap.Stringer("pod", op.Pod), zap.String("podUID", string(op.Pod.UID)))
+		fields = append(fields, zap.Stringer("pod", op.Pod.PodRef), zap.String("podUID", string(op.Pod.UID)))
 	}
 	switch {
 	case err == nil:
@@ -112,11 +97,11 @@ func (r *reporter) OperationFinished(key operations.Key, op *operations.Operatio
 		r.log.Error("operation failed", fields...)
 	}
 
-	reason, ok := failureReasons[op.Name]
-	if !ok {
+	kind := operations.KindOf(op.Name)
+	if kind == nil {
 		return
 	}
-	r.warn(key, op, reason, fmt.Sprintf("%s of volume %q failed: %v", op.Name, volumeLabel(key.Volume, op.Spec), err))
+	r.warn(key, op, kind.FailureReason, fmt.Sprintf("%s of volume %q failed: %v", op.Name, volumeLabel(key.Volume, op.Spec), err))
 }
 
 // waiting reports an operation that waits: at info level (debug when
@@ -159,7 +144,7 @@ func (r *reporter) waiting(key operations.Key, op *operations.Operation, fields 
 func (r *reporter) warn(key operations.Key, op *operations.Operation, reason, msg string) {
 	pods := op.Waiting
 	if key.Pod != "" {
-		pods = []volume.PodRef{op.Pod}
+		pods = []volume.PodRef{op.Pod.PodRef}
 	}
 	for _, p := range pods {
 		r.events.Event(events.PodObject(p), events.Warning, reason, msg)

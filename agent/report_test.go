@@ -115,7 +115,8 @@ func TestReporterWaits(t *testing.T) {
 			r := &reporter{log: operationsLogger(log), events: rec, metrics: NewMetrics(), trimmer: &memoryTrimmer{}, now: func() time.Time { return now }}
 			key := operations.Key{Volume: "kubernetes.io/csi/d^v"}
 			pods := []volume.PodRef{{Namespace: "ns", Name: "app", UID: "uid-1"}, {Namespace: "ns", Name: "other", UID: "uid-2"}}
-			op := &operations.Operation{Name: operations.OpVerifyAttached, Plugin: "kubernetes.io/csi", Waiting: pods, Spec: claimSpec()}
+			op := &operations.Operation{Name: operations.OpVerifyAttached,
+				Target: operations.Target{Plugin: "kubernetes.io/csi", Waiting: pods, Spec: claimSpec()}}
 			for i, s := range c.steps {
 				now = now.Add(s.after)
 				r.OperationFinished(key, op, time.Millisecond, s.err, time.Second)

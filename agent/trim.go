@@ -158,8 +158,7 @@ func (burstProcs) Reconciled(_ *cache.DesiredSnapshot, _ *cache.ActualSnapshot, 
 	}
 	unmounts := 0
 	for i := range actions {
-		switch actions[i].Op {
-		case operations.OpUnmountVolume, operations.OpUnmapVolume, operations.OpUnmountDevice, operations.OpUnmapDevice:
+		if k := operations.KindOf(actions[i].Op); k != nil && k.Unmounts {
 			unmounts++
 		}
 	}

@@ -57,10 +57,13 @@ const (
 type ActualPodMount struct {
 	Pod volume.PodRef `json:"pod"`
 	// SpecName is the inner volume name, the last element of MountPath.
-	SpecName        string     `json:"specName"`
-	MountPath       string     `json:"mountPath"`
-	State           MountState `json:"mountState"`
-	RemountRequired bool       `json:"remountRequired,omitempty"`
+	SpecName  string     `json:"specName"`
+	MountPath string     `json:"mountPath"`
+	State     MountState `json:"mountState"`
+	// ContentGeneration is the DSW's content generation the operation that
+	// set the mount up wrote (DesiredPodVolume.ContentGeneration); 0 for a
+	// mount found after a restart, whose content is of unknown age.
+	ContentGeneration uint64 `json:"contentGeneration,omitempty"`
 	// SubPaths are the sub-paths prepared for the pod's containers, as
 	// they were wanted when prepared. SubPathsOutdated says the volume was
 	// set up again since: they are still in place but must be prepared
@@ -370,57 +373,6 @@ func (a *ActualStateOfWorld) SetResizeBlocked(name volume.UniqueName, reason str
 	a.update(VolumeIdentity{Name: name}, func(v *ActualVolume) { v.ResizeBlocked = reason })
 }
 
-// MarkRemountRequired flags every mount of the pod whose plugin needs a
-// remount on pod updates.
-func (a *ActualStateOfWorld) MarkRemountRequired(pod types.UID) {
-	for i := range a.shards {
-		sh := &a.shards[i]
-		sh.mu.Lock()
-		for name, v := range sh.volumes {
-			m, ok := v.Pods[pod]
-			if !ok || !v.Attributes.RequiresRemount || m.RemountRequired {
-				continue
-			}
-			a.markRemountLocked(sh, name, v, pod)
-		}
-		sh.mu.Unlock()
-	}
-}
-
-// MarkPodVolumeRemountRequired flags one pod's mount of a volume whose
-// plugin needs a remount when its content's sources change (API volumes,
-// CSI requiresRepublish). It reports whether such a mount was found.
-func (a *ActualStateOfWorld) MarkPodVolumeRemountRequired(name volume.UniqueName, pod types.UID) bool {
-	sh := a.shard(name)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	v, ok := sh.volumes[name]
-	if !ok || !v.Attributes.RequiresRemount {
-		return false
-	}
-	m, ok := v.Pods[pod]
-	if !ok {
-		return false
-	}
-	if !m.RemountRequired {
-		a.markRemountLocked(sh, name, v, pod)
-	}
-	return true
-}
-
-// markRemountLocked replaces the volume's entry by one where the pod's
-// mount requires a remount. sh.mu must be held.
-func (a *ActualStateOfWorld) markRemountLocked(sh *aswShard, name volume.UniqueName, v *ActualVolume, pod types.UID) {
-	nv := v.clone()
-	mm := *v.Pods[pod]
-	mm.RemountRequired = true
-	nv.Pods[pod] = &mm
-	sh.volumes[name] = nv
-	sh.changes.Mark(name, changeLimit(len(sh.volumes)))
-	sh.snapChanges.Mark(name, changeLimit(len(sh.volumes)))
-	a.generation.Add(1)
-}
-
 // Volume returns the current entry of a volume.
 func (a *ActualStateOfWorld) Volume(name volume.UniqueName) (*ActualVolume, bool) {
 	sh := a.shard(name)
@@ -589,8 +541,10 @@ func (a *ActualStateOfWorld) Adopt(id VolumeIdentity, device bool, pods map[type
 			mm.Pod, mm.Spec, mm.State, mm.Reconstructed = p.Pod, p.Spec, Mounted, false
 			// Content that follows its sources (API volumes, CSI
 			// requiresRepublish) may have gone stale while the agent was
-			// down: it is set up again, which rewrites only what changed.
-			mm.RemountRequired = v.Attributes.RequiresRemount
+			// down: its generation stays 0 (unknown), older than any the
+			// DSW hands out, so it is set up again, which rewrites only
+			// what changed.
+			mm.ContentGeneration = 0
 			v.Pods[uid] = &mm
 		}
 	})

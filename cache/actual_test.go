@@ -240,71 +240,22 @@ func TestActualIdentityRecordedOnce(t *testing.T) {
 	}
 }
 
-func TestActualMarkRemountRequired(t *testing.T) {
+// TestActualContentGeneration: a mount records the content generation its
+// set up wrote; a new set up replaces it, and an earlier snapshot keeps the
+// old one.
+func TestActualContentGeneration(t *testing.T) {
 	a, _ := newASW()
-	a.SetPodMount(remountID, mountOf("p1", Mounted))
-	a.SetPodMount(remountID, mountOf("p2", Mounted))
-	a.SetPodMount(perPodID, mountOf("p1", Mounted))
-	a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "/g")
-	a.SetPodMount(deviceID, mountOf("p1", Mounted))
-
+	m := mountOf("p1", Mounted)
+	m.ContentGeneration = 3
+	a.SetPodMount(remountID, m)
 	before := a.Snapshot()
-	a.MarkRemountRequired("p1")
-	s := a.Snapshot()
-	if m, _ := s.PodMount(remountID.Name, "p1"); !m.RemountRequired {
-		t.Error("remount volume of p1 not marked")
+	m.ContentGeneration = 5
+	a.SetPodMount(remountID, m)
+	if got, _ := a.Snapshot().PodMount(remountID.Name, "p1"); got.ContentGeneration != 5 {
+		t.Errorf("generation %d, want 5", got.ContentGeneration)
 	}
-	if m, _ := s.PodMount(remountID.Name, "p2"); m.RemountRequired {
-		t.Error("p2 marked")
-	}
-	if m, _ := s.PodMount(perPodID.Name, "p1"); m.RemountRequired {
-		t.Error("emptyDir (no RequiresRemount) marked")
-	}
-	if m, _ := s.PodMount(deviceID.Name, "p1"); m.RemountRequired {
-		t.Error("device volume (no RequiresRemount) marked")
-	}
-	if m, _ := before.PodMount(remountID.Name, "p1"); m.RemountRequired {
-		t.Error("earlier snapshot sees the mark")
-	}
-	if s.Generation == before.Generation {
-		t.Error("generation unchanged by a mark")
-	}
-
-	// Marking again changes nothing.
-	a.MarkRemountRequired("p1")
-	a.MarkRemountRequired("unknown")
-	if a.Snapshot() != s {
-		t.Error("no-op MarkRemountRequired rebuilt the snapshot")
-	}
-
-	// A successful mount clears it.
-	a.SetPodMount(remountID, mountOf("p1", Mounted))
-	if m, _ := a.Snapshot().PodMount(remountID.Name, "p1"); m.RemountRequired {
-		t.Error("remount flag survives a new mount")
-	}
-}
-
-func TestActualMarkPodVolumeRemountRequired(t *testing.T) {
-	a, _ := newASW()
-	a.SetPodMount(remountID, mountOf("p1", Mounted))
-	a.SetPodMount(remountID, mountOf("p2", Mounted))
-	a.SetPodMount(perPodID, mountOf("p1", Mounted))
-
-	if !a.MarkPodVolumeRemountRequired(remountID.Name, "p1") {
-		t.Error("mark of a mounted remount volume reported not found")
-	}
-	s := a.Snapshot()
-	if m, _ := s.PodMount(remountID.Name, "p1"); !m.RemountRequired {
-		t.Error("p1 not marked")
-	}
-	if m, _ := s.PodMount(remountID.Name, "p2"); m.RemountRequired {
-		t.Error("p2 marked: only the named pod's mount may be")
-	}
-	if a.MarkPodVolumeRemountRequired(perPodID.Name, "p1") || a.MarkPodVolumeRemountRequired(remountID.Name, "p3") || a.MarkPodVolumeRemountRequired("unknown", "p1") {
-		t.Error("marked a volume without RequiresRemount, or a pod or volume that is not there")
-	}
-	if a.MarkPodVolumeRemountRequired(remountID.Name, "p1"); a.Snapshot() != s {
-		t.Error("marking again rebuilt the snapshot")
+	if got, _ := before.PodMount(remountID.Name, "p1"); got.ContentGeneration != 3 {
+		t.Errorf("earlier snapshot sees generation %d, want 3", got.ContentGeneration)
 	}
 }
 
@@ -315,8 +266,8 @@ func TestActualAdoptedRemountVolumesAreSetUpAgain(t *testing.T) {
 	a.AddReconstructed([]*ActualVolume{found})
 	a.Adopt(remountID, false, map[types.UID]ActualPodMount{"p1": {Pod: testPod("p1").PodRef, Spec: remountID.Spec}})
 	m, _ := a.Snapshot().PodMount(remountID.Name, "p1")
-	if m.State != Mounted || !m.RemountRequired {
-		t.Errorf("adopted mount %+v: want Mounted and remount required (its content may be stale)", m)
+	if m.State != Mounted || m.ContentGeneration != 0 || !PodMountNeeded(m, 1) {
+		t.Errorf("adopted mount %+v: want Mounted at generation 0, set up again for any content the DSW wants (its content may be stale)", m)
 	}
 }
 
@@ -448,7 +399,6 @@ func TestActualSnapshotImmutable(t *testing.T) {
 	a.SetSize(deviceID.Name, &q)
 	a.SetResizeBlocked(deviceID.Name, "busy")
 	a.SetExpandAfterPublish(deviceID.Name)
-	a.MarkRemountRequired("p1")
 	a.Adopt(VolumeIdentity{Name: "test/found", Plugin: "test", Spec: &volume.Spec{Name: "found"}}, true,
 		map[types.UID]ActualPodMount{"p3": {Pod: testPod("p3").PodRef}})
 
@@ -498,7 +448,7 @@ func TestActualConcurrent(t *testing.T) {
 				case 0:
 					a.SetPodMount(deviceID, ActualPodMount{Pod: volume.PodRef{UID: uid}, State: Mounted})
 				case 1:
-					a.MarkRemountRequired(uid)
+					a.SetSubPaths(deviceID.Name, uid, nil)
 				case 2:
 					a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "/g")
 				case 3:
@@ -571,7 +521,7 @@ func TestActualHasReconstructedCount(t *testing.T) {
 		{"unrelated mount", func() { a.SetPodMount(perPodID, mountOf("p9", Mounted)) }, false},
 		{"reconstructed", func() { a.AddReconstructed(found()) }, true},
 		{"reconstructed again (known volumes kept)", func() { a.AddReconstructed(found()) }, true},
-		{"remount marked", func() { a.MarkPodVolumeRemountRequired(remountID.Name, "p2"); a.MarkRemountRequired("p2") }, true},
+		{"sub-paths recorded", func() { a.SetSubPaths(remountID.Name, "p2", nil) }, true},
 		{"second volume adopted", func() {
 			a.Adopt(remountID, false, map[types.UID]ActualPodMount{"p2": {Pod: testPod("p2").PodRef, Spec: remountID.Spec}})
 		}, true},
@@ -589,6 +539,34 @@ func TestActualHasReconstructedCount(t *testing.T) {
 		walked := (&ActualSnapshot{Volumes: s.Volumes}).HasReconstructed()
 		if got := s.HasReconstructed(); got != st.want || walked != st.want {
 			t.Errorf("after %q: counted %v, walked %v; want %v", st.name, got, walked, st.want)
+		}
+	}
+}
+
+// TestContentPredicates: a mount is set up again, and its sub-paths wait,
+// while its content is older than the DSW's.
+func TestContentPredicates(t *testing.T) {
+	at := func(gen uint64) *ActualPodMount {
+		return &ActualPodMount{State: Mounted, ContentGeneration: gen, SubPathsOutdated: true}
+	}
+	for _, tc := range []struct {
+		name           string
+		m              *ActualPodMount
+		want           uint64
+		mount, subPath bool
+	}{
+		{"not mounted", nil, 1, true, false},
+		{"current", at(4), 4, false, true},
+		{"newer than wanted (a later set up)", at(5), 4, false, true},
+		{"outdated", at(3), 4, true, false},
+		{"found after a restart", at(0), 1, true, false},
+		{"content does not follow sources", at(0), 0, false, true},
+	} {
+		if got := PodMountNeeded(tc.m, tc.want); got != tc.mount {
+			t.Errorf("%s: PodMountNeeded = %v, want %v", tc.name, got, tc.mount)
+		}
+		if got := SubPathsNeeded(nil, tc.m, tc.want); got != tc.subPath {
+			t.Errorf("%s: SubPathsNeeded = %v, want %v", tc.name, got, tc.subPath)
 		}
 	}
 }

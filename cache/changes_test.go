@@ -59,7 +59,7 @@ func TestActualTakeChanges(t *testing.T) {
 	}
 	a.SetPodMount(perPodID, ActualPodMount{Pod: volume.PodRef{UID: "p1"}, State: Mounted})
 	a.SetDeviceState(deviceID, DeviceGloballyMounted, "/dev/x", "/g")
-	a.MarkPodVolumeRemountRequired(perPodID.Name, "p1")
+	a.SetSubPaths(perPodID.Name, "p1", nil)
 	c := a.TakeChanges()
 	want := []string{string(deviceID.Name), string(perPodID.Name)}
 	slices.Sort(want)
@@ -106,7 +106,7 @@ func TestActualSnapshotFollowsChanges(t *testing.T) {
 			uid := types.UID(fmt.Sprintf("u%d", r.IntN(3)))
 			switch r.IntN(5) {
 			case 4:
-				a.MarkPodVolumeRemountRequired(id.Name, uid)
+				a.SetSubPaths(id.Name, uid, nil)
 			case 0, 1:
 				a.SetPodMount(id, ActualPodMount{Pod: volume.PodRef{UID: uid}, State: Mounted})
 			case 2:

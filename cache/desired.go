@@ -42,6 +42,14 @@ type DesiredPodVolume struct {
 	// SubPaths are the sub-paths of the volume the pod's containers mount
 	// (under any of OuterNames), sorted by container and index.
 	SubPaths []volume.SubPath `json:"subPaths,omitempty"`
+	// ContentGeneration says which content the pod's mount must hold, for
+	// a volume whose content follows its sources (Attributes.RequiresRemount:
+	// API volumes, CSI requiresRepublish); 0 for others. It grows when
+	// what the content is built from changes or a refresh falls due
+	// (RefreshPodVolume); a mount that recorded an older one is set up
+	// again (cache.PodMountNeeded). Numbers come from one sequence of the
+	// DSW, so a pod volume that leaves and comes back gets a newer one.
+	ContentGeneration uint64 `json:"contentGeneration,omitempty"`
 	// Since is when the pod first wanted this volume.
 	Since time.Time `json:"since"`
 }
@@ -119,6 +127,8 @@ type DesiredStateOfWorld struct {
 	volumes    map[volume.UniqueName]*DesiredVolume
 	pods       map[types.UID]*DesiredPod
 	generation uint64
+	// contentSeq is the last content generation handed out.
+	contentSeq uint64
 	snapshot   *DesiredSnapshot // cached for generation
 	changes    changelog.Log[volume.UniqueName]
 	// peakVolumes and peakPods are the most entries the maps held since
@@ -173,13 +183,20 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 			dp.SubPaths = append(dp.SubPaths, pv.SubPaths...)
 			continue
 		}
-		since := now
+		since, gen := now, uint64(0)
 		if v, ok := d.volumes[pv.Name]; ok {
 			if existing, ok := v.Pods[pod.UID]; ok {
-				since = existing.Since
+				since, gen = existing.Since, existing.ContentGeneration
 			}
 		}
-		wanted[pv.Name] = &DesiredPodVolume{Pod: pod, OuterNames: []string{pv.OuterName}, Spec: pv.Spec, SubPaths: slices.Clone(pv.SubPaths), Since: since}
+		if gen == 0 && pv.Attributes.RequiresRemount {
+			// The first content: newer than any a mount found after a
+			// restart recorded (none), so such a mount is written again.
+			d.contentSeq++
+			gen = d.contentSeq
+		}
+		wanted[pv.Name] = &DesiredPodVolume{Pod: pod, OuterNames: []string{pv.OuterName}, Spec: pv.Spec, SubPaths: slices.Clone(pv.SubPaths),
+			ContentGeneration: gen, Since: since}
 		names = append(names, pv.Name)
 	}
 	sort.Slice(names, func(i, j int) bool { return names[i] < names[j] })
@@ -285,6 +302,35 @@ func (d *DesiredStateOfWorld) removePodFromVolume(name volume.UniqueName, pod ty
 		}
 	}
 	d.volumes[name] = &nv
+}
+
+// RefreshPodVolume gives a pod's use of a volume whose content follows its
+// sources a new content generation: what the content is built from
+// changed, or a refresh fell due, and the planner has the content written
+// again. It returns the new generation, and false when the pod does not
+// want the volume or its content does not follow sources (nothing to do:
+// a volume set up later reads its sources then).
+func (d *DesiredStateOfWorld) RefreshPodVolume(name volume.UniqueName, pod types.UID) (uint64, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, ok := d.volumes[name]
+	if !ok || !v.Attributes.RequiresRemount {
+		return 0, false
+	}
+	dp, ok := v.Pods[pod]
+	if !ok {
+		return 0, false
+	}
+	d.contentSeq++
+	ndp := *dp
+	ndp.ContentGeneration = d.contentSeq
+	nv := *v
+	nv.Pods = maps.Clone(v.Pods)
+	nv.Pods[pod] = &ndp
+	d.volumes[name] = &nv
+	d.changes.Mark(name, changeLimit(len(d.volumes)))
+	d.bump()
+	return ndp.ContentGeneration, true
 }
 
 // DeletePod forgets the pod and every volume only it wanted.

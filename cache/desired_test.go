@@ -711,3 +711,57 @@ func TestDesiredBatchSignalsOnce(t *testing.T) {
 		t.Error("a change outside any batch was not signalled")
 	}
 }
+
+// TestDesiredRefreshPodVolume: a pod volume whose content follows its
+// sources gets a content generation when first wanted, keeps it while the
+// pod is set again, and gets a newer one from RefreshPodVolume (listed as
+// a change and signalled); other volumes and absent pods get none.
+func TestDesiredRefreshPodVolume(t *testing.T) {
+	d, _ := newDSW()
+	api := emptyDir("p1", "config")
+	api.Attributes.RequiresRemount = true
+	plain := emptyDir("p1", "scratch")
+	d.SetPod(testPod("p1"), []PodVolume{api, plain}, nil, nil)
+	d.TakeChanges()
+	signalled(d)
+	gen := func() uint64 { return d.Snapshot().Volumes[api.Name].Pods["p1"].ContentGeneration }
+	first := gen()
+	if first == 0 || d.Snapshot().Volumes[plain.Name].Pods["p1"].ContentGeneration != 0 {
+		t.Fatalf("generations %d (content follows sources) and %d (does not): want >0 and 0", first, d.Snapshot().Volumes[plain.Name].Pods["p1"].ContentGeneration)
+	}
+
+	before := d.Snapshot()
+	g, ok := d.RefreshPodVolume(api.Name, "p1")
+	if !ok || g <= first || gen() != g {
+		t.Fatalf("RefreshPodVolume = %d, %v; snapshot has %d; want a generation above %d", g, ok, gen(), first)
+	}
+	if before.Volumes[api.Name].Pods["p1"].ContentGeneration != first {
+		t.Error("an earlier snapshot sees the new generation")
+	}
+	if c := d.TakeChanges(); c.All || !c.Has(api.Name) || c.Has(plain.Name) || !signalled(d) {
+		t.Errorf("changes %v (want the refreshed volume only), signalled: want true", changedNames(c))
+	}
+
+	// Setting the pod again keeps the generation.
+	d.SetPod(testPod("p1"), []PodVolume{api, plain}, nil, nil)
+	if gen() != g {
+		t.Errorf("SetPod reset the generation to %d, want %d", gen(), g)
+	}
+
+	for _, tc := range []struct {
+		name volume.UniqueName
+		pod  types.UID
+	}{{plain.Name, "p1"}, {api.Name, "other"}, {"unknown", "p1"}} {
+		if g, ok := d.RefreshPodVolume(tc.name, tc.pod); ok || g != 0 {
+			t.Errorf("RefreshPodVolume(%s, %s) = %d, %v: want nothing to refresh", tc.name, tc.pod, g, ok)
+		}
+	}
+
+	// Gone and back: newer than any generation before, so a mount left
+	// from before is written again.
+	d.DeletePod("p1")
+	d.SetPod(testPod("p1"), []PodVolume{api}, nil, nil)
+	if gen() <= g {
+		t.Errorf("re-added pod volume at generation %d, want above %d", gen(), g)
+	}
+}

@@ -36,17 +36,26 @@ func ReadyForPods(attrs volume.Attributes, av *ActualVolume) bool {
 }
 
 // PodMountNeeded reports whether a pod's mount of a volume it wants still has
-// to be set up: it is missing, uncertain, or must be remounted.
-func PodMountNeeded(m *ActualPodMount) bool {
-	return m == nil || m.State != Mounted || m.RemountRequired
+// to be set up: it is missing, uncertain, or holds content older than the
+// content generation the DSW wants (gen, DesiredPodVolume.ContentGeneration).
+func PodMountNeeded(m *ActualPodMount, gen uint64) bool {
+	return m == nil || m.State != Mounted || ContentOutdated(m, gen)
+}
+
+// ContentOutdated reports whether a pod's mount holds content written
+// before the content generation gen: what it is built from changed since,
+// or it was found after a restart (generation 0). Setting it up again
+// rewrites the content.
+func ContentOutdated(m *ActualPodMount, gen uint64) bool {
+	return m.ContentGeneration < gen
 }
 
 // SubPathsNeeded reports whether the sub-paths of a pod's mount must be
-// prepared (or removed): the mount is set up, and what was prepared for it
-// is not what its containers want, or was prepared before the volume was
-// last set up again.
-func SubPathsNeeded(want []volume.SubPath, m *ActualPodMount) bool {
-	return m != nil && m.State == Mounted && !m.RemountRequired &&
+// prepared (or removed): the mount is set up with current content (gen as
+// for PodMountNeeded), and what was prepared for it is not what its
+// containers want, or was prepared before the volume was last set up again.
+func SubPathsNeeded(want []volume.SubPath, m *ActualPodMount, gen uint64) bool {
+	return m != nil && m.State == Mounted && !ContentOutdated(m, gen) &&
 		(m.SubPathsOutdated || !volume.SameSubPaths(want, m.SubPaths))
 }
 

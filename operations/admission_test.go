@@ -174,11 +174,11 @@ func TestStartableHoldsKeysFinishedAfterMark(t *testing.T) {
 		t.Fatal(err)
 	}
 	cands := []Candidate{
-		{Key{"v", "p1"}, "a"}, // finished after before
-		{Key{"v", "p2"}, "a"}, // another pod of v: no conflict
-		{Key{"v", ""}, "b"},   // volume-wide: conflicts with v/p1
-		{Key{"w", "p1"}, "a"}, // a pod of w: conflicts with w's volume-wide key
-		{Key{"x", ""}, "a"},   // untouched
+		{Key: Key{"v", "p1"}, Name: "a"}, // finished after before
+		{Key: Key{"v", "p2"}, Name: "a"}, // another pod of v: no conflict
+		{Key: Key{"v", ""}, Name: "b"},   // volume-wide: conflicts with v/p1
+		{Key: Key{"w", "p1"}, Name: "a"}, // a pod of w: conflicts with w's volume-wide key
+		{Key: Key{"x", ""}, Name: "a"},   // untouched
 	}
 	tests := []struct {
 		name string

@@ -75,10 +75,6 @@ func (o *Operator) MapVolume(ctx context.Context, t *Target) error {
 	if _, err := mountutil.EnsureDir(filepath.Dir(req.Dir), 0o750); err != nil {
 		return err
 	}
-	var gen uint64
-	if o.Refresh != nil {
-		gen = o.Refresh.Generation(t.Volume, t.Pod.UID)
-	}
 	err = bm.MapPodDevice(ctx, req)
 	if err == nil {
 		if err = o.pin(req.Dir); err != nil {
@@ -87,11 +83,11 @@ func (o *Operator) MapVolume(ctx context.Context, t *Target) error {
 	}
 	switch {
 	case err == nil:
-		mount.State = cache.Mounted
+		mount.State, mount.ContentGeneration = cache.Mounted, t.ContentGeneration
 		o.ASW.SetPodMount(t.identity(), mount)
 		if o.Refresh != nil {
 			// A CSI driver with requiresRepublish is published again.
-			o.Refresh.MountDone(t.Volume, t.Pod.UID, gen, req.RefreshAt)
+			o.Refresh.MountDone(t.Volume, t.Pod.UID, t.ContentGeneration, req.RefreshAt)
 		}
 	case volume.IsUncertain(err):
 		mount.State = cache.MountUncertain
@@ -114,9 +110,10 @@ func (o *Operator) pin(path string) error {
 	return o.Pins.Pin(path)
 }
 
-// UnmapVolume releases the pin of one pod's access point, then has the plugin
-// remove the access point, then removes the pod's directories left empty.
-func (o *Operator) UnmapVolume(ctx context.Context, t *Target, accessPoint string) error {
+// UnmapVolume releases the pin of one pod's access point (t.MountPath), then
+// has the plugin remove the access point, then removes the pod's directories
+// left empty.
+func (o *Operator) UnmapVolume(ctx context.Context, t *Target) error {
 	av, needed := o.needed(OpUnmapVolume, t)
 	if !needed {
 		return ErrStale
@@ -125,7 +122,7 @@ func (o *Operator) UnmapVolume(ctx context.Context, t *Target, accessPoint strin
 	if err != nil {
 		return err
 	}
-	prev := podMount(av, t)
+	prev, accessPoint := podMount(av, t), t.MountPath
 	fail := func(err error) error {
 		if prev.State != cache.MountUncertain {
 			m := *prev

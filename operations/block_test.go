@@ -209,7 +209,8 @@ func TestUnmapVolume(t *testing.T) {
 			w.asw.SetPodMount(w.id(), cache.ActualPodMount{Pod: w.t.Pod.PodRef, SpecName: "pv-1", MountPath: w.accessPoint(), State: cache.Mounted, Spec: w.t.Spec})
 			w.plugin.fail["UnmapPodDevice"] = tc.pluginErr
 			w.pins.Fail[w.accessPoint()] = tc.pinErr
-			err := w.op.UnmapVolume(context.Background(), w.t, w.accessPoint())
+			w.t.MountPath = w.accessPoint()
+			err := w.op.UnmapVolume(context.Background(), w.t)
 			if (err != nil) != (tc.wantState != "") {
 				t.Fatalf("UnmapVolume = %v", err)
 			}

@@ -5,7 +5,8 @@
 // up, tear down, unmount device...), which call the volume plugins and are the
 // only code that writes the actual state of world. Each body starts by
 // checking that it is still Needed, from the predicates in package cache that
-// the planner plans from; Op names the kinds of operation for all of them.
+// the planner plans from. The table of kinds (Kind, kinds.go) is the one
+// place that says what each kind of operation means, for all of them.
 //
 // Keys nest: an operation on (volume, "") excludes every operation on that
 // volume; one on (volume, pod) excludes (volume, pod) and (volume, ""), but

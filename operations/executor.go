@@ -26,14 +26,10 @@ type Key struct {
 type Operation struct {
 	// Name is the operation kind, used for backoff bookkeeping (a
 	// different name resets the backoff) and metrics.
-	Name   Op
-	Plugin string
-	Pod    volume.PodRef
-	// Waiting are the pods a volume-wide operation works for, so its
-	// failures can be reported to them.
-	Waiting []volume.PodRef
-	// Spec is the volume's spec, for reporting (may be nil).
-	Spec *volume.Spec
+	Name Op
+	// Target is what it works on; observers report from it (its Spec may
+	// be nil).
+	Target
 	// Fn does the work. It must be idempotent and honour ctx.
 	Fn func(ctx context.Context) error
 }
@@ -173,14 +169,16 @@ func NewExecutor(opts ExecutorOptions) *Executor {
 // matches reports whether an entry on the same volume conflicts with key.
 func matches(a, b Key) bool { return a.Pod == "" || b.Pod == "" || a.Pod == b.Pod }
 
-// admit decides whether an operation named name may start on key now: not
-// while a conflicting operation runs, nor while the key is in backoff after
-// the same operation failed. It returns the failed entry the operation
+// admit decides whether an operation named name, writing content
+// generation gen, may start on key now: not while a conflicting operation
+// runs, nor while the key is in backoff after the same operation for the
+// same generation failed (a newer generation is a new attempt; the delay
+// still grows if it fails too). It returns the failed entry the operation
 // carries on (its backoff grows on another failure), if any; when the
 // operation may not start, that entry is the one in backoff, or nil when a
 // conflicting operation runs. Run and Startable both decide through it.
 // e.mu must be held.
-func (e *Executor) admit(key Key, name Op, now time.Time) (reuse *entry, ok bool) {
+func (e *Executor) admit(key Key, name Op, gen uint64, now time.Time) (reuse *entry, ok bool) {
 	for _, en := range e.byVolume[key.Volume] {
 		if !matches(en.key, key) {
 			continue
@@ -193,19 +191,19 @@ func (e *Executor) admit(key Key, name Op, now time.Time) (reuse *entry, ok bool
 			reuse = en
 		}
 	}
-	if reuse != nil && reuse.op.Name == name && now.Before(reuse.retryAt()) {
+	if reuse != nil && reuse.op.Name == name && reuse.op.ContentGeneration == gen && now.Before(reuse.retryAt()) {
 		return reuse, false
 	}
 	return reuse, true
 }
 
 // Run starts op on key unless a conflicting operation is running
-// (ErrAlreadyExists) or the key is in backoff for the same operation
-// (*BackoffError). It does not wait for the operation.
+// (ErrAlreadyExists) or the key is in backoff for the same operation and
+// generation (*BackoffError). It does not wait for the operation.
 func (e *Executor) Run(key Key, op *Operation) error {
 	now := e.opts.Clock.Now()
 	e.mu.Lock()
-	en, ok := e.admit(key, op.Name, now)
+	en, ok := e.admit(key, op.Name, op.ContentGeneration, now)
 	if !ok {
 		var err error = ErrAlreadyExists
 		if en != nil {
@@ -370,8 +368,9 @@ func (e *Executor) remove(en *entry) {
 
 // Candidate is an operation the caller would like to start.
 type Candidate struct {
-	Key  Key
-	Name Op
+	Key        Key
+	Name       Op
+	Generation uint64
 }
 
 // Mark returns a point in the sequence of finished operations. A planner
@@ -402,7 +401,7 @@ func (e *Executor) Startable(cands []Candidate, mark uint64) []bool {
 	defer e.mu.Unlock()
 	e.forgetFinished(mark)
 	for i, c := range cands {
-		_, out[i] = e.admit(c.Key, c.Name, now)
+		_, out[i] = e.admit(c.Key, c.Name, c.Generation, now)
 		if out[i] {
 			for _, f := range e.recent[c.Key.Volume] {
 				if matches(f.key, c.Key) {
@@ -557,7 +556,7 @@ func (e *Executor) Status() []OperationStatus {
 		for _, en := range entries {
 			s := OperationStatus{Volume: en.key.Volume, Operation: string(en.op.Name), Plugin: en.op.Plugin, Since: en.started}
 			if en.key.Pod != "" {
-				pod := en.op.Pod
+				pod := en.op.Pod.PodRef
 				s.Pod = &pod
 			}
 			switch {

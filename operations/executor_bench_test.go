@@ -28,7 +28,7 @@ func BenchmarkExecutorThroughput(b *testing.B) {
 			for i := range keys {
 				keys[i] = Key{Volume: volume.UniqueName(fmt.Sprintf("plugin/v%d", i)), Pod: "pod"}
 			}
-			op := &Operation{Name: "mount_volume", Plugin: "bench", Fn: func(context.Context) error { return nil }}
+			op := &Operation{Name: "mount_volume", Target: Target{Plugin: "bench"}, Fn: func(context.Context) error { return nil }}
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {

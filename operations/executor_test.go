@@ -57,7 +57,7 @@ func newTestExecutor(t *testing.T, opts ExecutorOptions) (*Executor, *clocktesti
 }
 
 func op(name Op, fn func(context.Context) error) *Operation {
-	return &Operation{Name: name, Plugin: "test", Fn: fn}
+	return &Operation{Name: name, Target: Target{Plugin: "test"}, Fn: fn}
 }
 
 func noop(context.Context) error { return nil }
@@ -196,6 +196,41 @@ func TestExecutorResetBackoff(t *testing.T) {
 	obs.wait(t)
 }
 
+// TestExecutorBackoffPerGeneration: a failed set up's backoff holds back
+// retries of the same content generation only; a newer one (its sources
+// changed again) starts at once, and Startable agrees with Run.
+func TestExecutorBackoffPerGeneration(t *testing.T) {
+	key := Key{"plugin/v", "p1"}
+	e, _, obs := newTestExecutor(t, ExecutorOptions{})
+	withGen := func(fn func(context.Context) error, gen uint64) *Operation {
+		o := op("mount_volume", fn)
+		o.ContentGeneration = gen
+		return o
+	}
+	if err := e.Run(key, withGen(failing, 3)); err != nil {
+		t.Fatal(err)
+	}
+	obs.wait(t)
+	for _, tc := range []struct {
+		gen  uint64
+		want bool
+	}{{3, false}, {4, true}} {
+		got := e.Startable([]Candidate{{Key: key, Name: "mount_volume", Generation: tc.gen}}, e.Mark())[0]
+		if got != tc.want {
+			t.Errorf("generation %d: Startable = %v, want %v", tc.gen, got, tc.want)
+		}
+	}
+	if err := e.Run(key, withGen(noop, 3)); !IsExpected(err) {
+		t.Fatalf("retry of the failed generation during backoff = %v, want a backoff error", err)
+	}
+	if err := e.Run(key, withGen(failing, 4)); err != nil {
+		t.Fatalf("a newer generation during backoff = %v, want started", err)
+	}
+	if r := obs.wait(t); r.retryIn != time.Second {
+		t.Errorf("backoff after the newer generation failed too = %v, want the delay doubled to 1s", r.retryIn)
+	}
+}
+
 func TestExecutorPanicIsFailure(t *testing.T) {
 	key := Key{"plugin/v", ""}
 	e, _, obs := newTestExecutor(t, ExecutorOptions{})
@@ -303,7 +338,7 @@ func TestExecutorExactMatchReused(t *testing.T) {
 // podOp is an operation for one pod (Status shows its pod).
 func podOp(name Op, pod types.UID, fn func(context.Context) error) *Operation {
 	o := op(name, fn)
-	o.Pod = volume.PodRef{UID: pod}
+	o.Pod.UID = pod
 	return o
 }
 
@@ -392,7 +427,7 @@ func TestExecutorStatusAndWait(t *testing.T) {
 	e, _, obs := newTestExecutor(t, ExecutorOptions{})
 	release := make(chan struct{})
 	pod := volume.PodRef{UID: "pod", Namespace: "ns", Name: "p"}
-	if err := e.Run(Key{"plugin/a", "pod"}, &Operation{Name: "mount_volume", Plugin: "test", Pod: pod, Fn: blocking(release)}); err != nil {
+	if err := e.Run(Key{"plugin/a", "pod"}, &Operation{Name: "mount_volume", Target: Target{Plugin: "test", Pod: volume.PodInfo{PodRef: pod}}, Fn: blocking(release)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Run(Key{"plugin/b", ""}, op("mount_device", failing)); err != nil {

@@ -8,36 +8,20 @@ import (
 // everything it depends on in place, given the volume's actual state (av, nil
 // if the actual state has nothing for it) and the desired state. Every
 // operation body checks it first and returns ErrStale when it does not hold.
-// It is made of the predicates in package cache that the planner plans from,
-// so an action planned from a pair of snapshots is Needed in them (the
-// reconciler's tests check this on random worlds): were it not, the operation
-// would be skipped as stale and planned again, forever.
+// It is the kind's precondition (Kind.Needed), made of the predicates in
+// package cache that the planner plans from, so an action planned from a pair
+// of snapshots is Needed in them (the reconciler's tests check this on random
+// worlds): were it not, the operation would be skipped as stale and planned
+// again, forever.
 //
 // A mount operation is never Needed for a raw block volume, nor a map
 // operation for any other: each kind of volume has its own.
 func Needed(op Op, t *Target, av *cache.ActualVolume, desired Desired) bool {
-	if (op.Block() && !t.Attributes.Block) || ForMode(op, t.Attributes.Block) != op {
+	k := byOp[op]
+	if k == nil || (k.BlockOnly && !t.Attributes.Block) || (k.Block != "" && t.Attributes.Block) {
 		return false
 	}
-	switch op {
-	case OpVerifyAttached:
-		return cache.AttachNeeded(t.Attributes, av)
-	case OpMountDevice, OpMapDevice:
-		return !cache.AttachNeeded(t.Attributes, av) && cache.DeviceMountNeeded(t.Attributes, av)
-	case OpMountVolume, OpMapVolume:
-		return cache.ReadyForPods(t.Attributes, av) && cache.PodMountNeeded(podMount(av, t))
-	case OpPrepareSubPaths:
-		return desired.HasPodVolume(t.Volume, t.Pod.UID) && cache.SubPathsNeeded(t.SubPaths, podMount(av, t))
-	case OpExpandVolume:
-		return cache.ExpansionNeeded(t.DesiredSize, t.Attributes, av)
-	case OpUnmountVolume, OpUnmapVolume:
-		return cache.PodUnmountNeeded(desired.HasPodVolume(t.Volume, t.Pod.UID), podMount(av, t))
-	case OpUnmountDevice, OpUnmapDevice:
-		return cache.DeviceUnmountNeeded(desired.HasVolume(t.Volume), av)
-	case OpDetachVolume:
-		return cache.DetachNeeded(desired.HasVolume(t.Volume), av)
-	}
-	return false
+	return k.Needed(t, av, desired)
 }
 
 func podMount(av *cache.ActualVolume, t *Target) *cache.ActualPodMount {

@@ -3,7 +3,8 @@ package operations
 // Op names a kind of operation. The planner plans actions of these kinds,
 // the executor keeps backoff per kind, and the name is what logs, metrics
 // (the operation label), events and the debug endpoint show, so the values
-// are part of the agent's interface.
+// are part of the agent's interface. What each kind means is in the table
+// of kinds (kinds.go).
 type Op string
 
 const (
@@ -41,36 +42,3 @@ const (
 	// OpUnmapDevice undoes OpMapDevice once no pod has the device.
 	OpUnmapDevice Op = "unmap_device"
 )
-
-// Ops lists every kind of operation.
-var Ops = []Op{OpUnmountVolume, OpVerifyAttached, OpMountDevice, OpMountVolume, OpPrepareSubPaths, OpExpandVolume, OpUnmountDevice, OpDetachVolume,
-	OpMapDevice, OpMapVolume, OpUnmapVolume, OpUnmapDevice}
-
-// Block reports whether op is one of the raw block operations.
-func (op Op) Block() bool {
-	switch op {
-	case OpMapDevice, OpMapVolume, OpUnmapVolume, OpUnmapDevice:
-		return true
-	}
-	return false
-}
-
-// ForMode returns the operation that does op's job for a volume of the
-// given kind: the block counterpart of a mount operation for a raw block
-// volume, op itself otherwise.
-func ForMode(op Op, block bool) Op {
-	if !block {
-		return op
-	}
-	switch op {
-	case OpMountDevice:
-		return OpMapDevice
-	case OpMountVolume:
-		return OpMapVolume
-	case OpUnmountVolume:
-		return OpUnmapVolume
-	case OpUnmountDevice:
-		return OpUnmapDevice
-	}
-	return op
-}

@@ -44,9 +44,9 @@ type Operator struct {
 	Events events.Recorder
 	// Pins keeps raw block devices open under their access points.
 	Pins blockpin.Pinner
-	// Refresh, when set, learns about every successful set up: whether
-	// the volume's sources changed while it ran, and when the plugin wants
-	// it set up again (refresh.Refresher).
+	// Refresh, when set, learns about every successful set up: which
+	// content generation it wrote, and when the plugin wants it set up
+	// again (refresh.Refresher).
 	Refresh Refresh
 	// SubPaths prepares and removes containers' sub-paths of volumes
 	// (default: subpath.Host, on this node).
@@ -58,9 +58,7 @@ type Operator struct {
 // Refresh tracks content that follows its sources (API volumes, CSI
 // requiresRepublish).
 type Refresh interface {
-	// Generation counts the changes the volume was told about.
-	Generation(name volume.UniqueName, pod types.UID) uint64
-	// MountDone: SetUp succeeded, having started at generation gen;
+	// MountDone: SetUp succeeded and wrote content generation gen;
 	// refreshAt is when the plugin wants it set up again (zero: never).
 	MountDone(name volume.UniqueName, pod types.UID, gen uint64, refreshAt time.Time)
 }
@@ -84,7 +82,8 @@ func (o *Operator) subPaths() SubPaths {
 	return o.SubPaths
 }
 
-// Target is a volume (and, for pod operations, a pod) an operation is about.
+// Target is a volume (and, for pod operations, a pod) an operation is about:
+// what the planner decided it from and the body needs.
 type Target struct {
 	Volume     volume.UniqueName
 	Plugin     string
@@ -98,9 +97,21 @@ type Target struct {
 	// SubPaths are the sub-paths the pod's containers mount, for
 	// prepare_subpaths.
 	SubPaths []volume.SubPath
-	// Waiting are the pods a volume-wide operation works for.
+	// ContentGeneration is the content the pod's mount must hold
+	// (cache.DesiredPodVolume), for mount_volume, map_volume and
+	// prepare_subpaths; a set up records it as written, and the
+	// executor's backoff holds back a failed generation only.
+	ContentGeneration uint64
+	// Waiting are the pods a volume-wide operation works for, so its
+	// failures can be reported to them.
 	Waiting []volume.PodRef
+	// MountPath is the pod's recorded mount (a block volume's access
+	// point), for unmount_volume and unmap_volume.
+	MountPath string
 }
+
+// Key is the executor key of an operation on t.
+func (t *Target) Key() Key { return Key{Volume: t.Volume, Pod: t.Pod.UID} }
 
 func (t *Target) identity() cache.VolumeIdentity {
 	return cache.VolumeIdentity{Name: t.Volume, Plugin: t.Plugin, Attributes: t.Attributes, Spec: t.Spec}
@@ -206,10 +217,6 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 	if av != nil {
 		req.DevicePath, req.PublishContext = av.DevicePath, av.PublishContext
 	}
-	var gen uint64
-	if o.Refresh != nil {
-		gen = o.Refresh.Generation(t.Volume, t.Pod.UID)
-	}
 	parent := filepath.Dir(req.Dir)
 	made := o.dirs.ensure(o.Paths.PodsDir(), parent)
 	err = p.SetUp(ctx, req)
@@ -219,7 +226,10 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 	mount := cache.ActualPodMount{Pod: t.Pod.PodRef, SpecName: t.SpecName, MountPath: req.Dir, Spec: t.Spec}
 	switch {
 	case err == nil:
-		mount.State = cache.Mounted
+		// The generation was planned from the DSW before SetUp read the
+		// sources: a change that came in since may or may not be in what
+		// was written, and its newer generation has it written again.
+		mount.State, mount.ContentGeneration = cache.Mounted, t.ContentGeneration
 		if prev != nil && ((prev.State == cache.Mounted && len(prev.SubPaths) > 0) || prev.SubPathsOutdated) {
 			// Set up again (a remount), or found after a restart with
 			// sub-paths on disk: what is there is prepared again (and
@@ -229,7 +239,7 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 		}
 		o.ASW.SetPodMount(t.identity(), mount)
 		if o.Refresh != nil {
-			o.Refresh.MountDone(t.Volume, t.Pod.UID, gen, req.RefreshAt)
+			o.Refresh.MountDone(t.Volume, t.Pod.UID, t.ContentGeneration, req.RefreshAt)
 		}
 	case volume.IsUncertain(err):
 		mount.State = cache.MountUncertain
@@ -243,9 +253,9 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 	return err
 }
 
-// UnmountVolume tears a volume down for one pod and removes the pod's
-// directories that are left empty.
-func (o *Operator) UnmountVolume(ctx context.Context, t *Target, mountPath string) error {
+// UnmountVolume tears a volume down for one pod (its mount at t.MountPath)
+// and removes the pod's directories that are left empty.
+func (o *Operator) UnmountVolume(ctx context.Context, t *Target) error {
 	av, needed := o.needed(OpUnmountVolume, t)
 	if !needed {
 		return ErrStale
@@ -260,7 +270,7 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target, mountPath strin
 		return err
 	}
 	req := &plugins.TearDownRequest{
-		VolumeName: t.Volume, Spec: prev.Spec, Pod: t.Pod.PodRef, Dir: mountPath,
+		VolumeName: t.Volume, Spec: prev.Spec, Pod: t.Pod.PodRef, Dir: t.MountPath,
 		DeviceMountPath: av.DeviceMountPath, Log: o.logger(t, OpUnmountVolume),
 	}
 	if err := p.TearDown(ctx, req); err != nil {

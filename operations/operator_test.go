@@ -199,6 +199,8 @@ type opWorld struct {
 	attrs      volume.Attributes
 	spec       *volume.Spec
 	pod        volume.PodInfo
+	// gen is the content generation the DSW wants for the pod's mount.
+	gen uint64
 }
 
 func newOpWorld(t *testing.T, kind opKind) *opWorld {
@@ -209,14 +211,15 @@ func newOpWorld(t *testing.T, kind opKind) *opWorld {
 		plugin: &opFakePlugin{name: opFakeName}, paths: volume.Paths{Root: t.TempDir()},
 		pluginName: opFakeName,
 		pod:        volume.PodInfo{PodRef: volume.PodRef{UID: opPod, Namespace: "ns", Name: "p1"}},
+		gen:        1,
 	}
 	// No Claims or Events: the fake never grows a volume, and these tests
 	// stay independent of the expansion tests' fakes.
 	w.op = &Operator{
 		Plugins: plugins.NewRegistry(w.plugin, opPlainPlugin{}), ASW: w.asw, DSW: w.dsw, Paths: w.paths, Log: zap.NewNop(),
 	}
-	// RequiresRemount only lets a test mark a mount for remounting; the
-	// operator does not look at it.
+	// RequiresRemount only makes the volumes like those whose content
+	// follows their sources; the operator does not look at it.
 	switch kind {
 	case opAttachable:
 		w.attrs = volume.Attributes{Identity: "pv-1", DeviceMountable: true, Attachable: true, RequiresRemount: true}
@@ -251,7 +254,14 @@ func (w *opWorld) target() *Target {
 // podTarget is what the planner hands an operation for the pod.
 func (w *opWorld) podTarget() *Target {
 	t := w.target()
-	t.Pod, t.Waiting = w.pod, nil
+	t.Pod, t.Waiting, t.ContentGeneration = w.pod, nil, w.gen
+	return t
+}
+
+// unmountTarget is what the planner hands the pod's unmount.
+func (w *opWorld) unmountTarget() *Target {
+	t := w.podTarget()
+	t.MountPath = w.podDir()
 	return t
 }
 
@@ -269,7 +279,7 @@ func (w *opWorld) want(t *testing.T, pod types.UID) {
 }
 
 func (w *opWorld) mount(state cache.MountState) cache.ActualPodMount {
-	return cache.ActualPodMount{Pod: w.pod.PodRef, SpecName: w.spec.Name, MountPath: w.podDir(), State: state, Spec: w.spec}
+	return cache.ActualPodMount{Pod: w.pod.PodRef, SpecName: w.spec.Name, MountPath: w.podDir(), State: state, Spec: w.spec, ContentGeneration: w.gen}
 }
 
 // The prior states of the volume, in the order an agent reaches them. Each
@@ -354,9 +364,10 @@ var opPriors = map[string]func(w *opWorld, t *testing.T){
 		w.asw.Adopt(w.id(), true, nil)
 	},
 	"pod mounted": (*opWorld).mountPod,
+	// What the content is built from changed since it was written.
 	"pod remount required": func(w *opWorld, t *testing.T) {
 		w.mountPod(t)
-		w.asw.MarkRemountRequired(opPod)
+		w.gen++
 	},
 }
 
@@ -382,7 +393,7 @@ func (w *opWorld) state() string {
 		if m.Reconstructed {
 			s += "(reconstructed)"
 		}
-		if m.RemountRequired {
+		if m.State == cache.Mounted && cache.ContentOutdated(m, w.gen) {
 			s += "(remount)"
 		}
 	}
@@ -574,7 +585,7 @@ func TestOperatorUnmountVolume(t *testing.T) {
 		{kind: opAttachable, prior: "pod uncertain", outcome: opFinal, wantErr: "final", wantCall: true, wantASW: mounted + " uid-1=Uncertain"},
 		{kind: opAttachable, prior: "pod reconstructed", outcome: opSucceeds, wantCall: true, wantASW: mounted},
 		{kind: opAttachable, prior: "pod reconstructed", outcome: opUncertain, wantErr: "uncertain", wantCall: true, wantASW: mounted + " uid-1=Uncertain(reconstructed)"},
-		{kind: opAttachable, prior: "pod remount required", outcome: opFinal, wantErr: "final", wantCall: true, wantASW: mounted + " uid-1=Uncertain(remount)"},
+		{kind: opAttachable, prior: "pod remount required", outcome: opFinal, wantErr: "final", wantCall: true, wantASW: mounted + " uid-1=Uncertain"},
 
 		{kind: opPodScoped, prior: "pod mounted", outcome: opSucceeds, wantCall: true, wantASW: "none"},
 		{kind: opPodScoped, prior: "pod mounted", outcome: opFinal, wantErr: "final", wantCall: true, wantASW: "attach=- device=NotMounted uid-1=Uncertain"},
@@ -583,7 +594,7 @@ func TestOperatorUnmountVolume(t *testing.T) {
 	runOpCases(t, "TearDown", cases, func(w *opWorld) error {
 		podDir := w.paths.PodDir(opPod)
 		existed := dirExists(podDir)
-		err := w.op.UnmountVolume(t.Context(), w.podTarget(), w.podDir())
+		err := w.op.UnmountVolume(t.Context(), w.unmountTarget())
 		// The pod's directories go with its last volume, and only then.
 		switch gone := existed && !dirExists(podDir); {
 		case err == nil && existed && !gone:
@@ -689,7 +700,7 @@ func TestOperatorMissingCapability(t *testing.T) {
 	attach := func(w *opWorld) error { return w.op.VerifyAttached(t.Context(), w.target()) }
 	detach := func(w *opWorld) error { return w.op.DetachVolume(t.Context(), w.target()) }
 	mountVolume := func(w *opWorld) error { return w.op.MountVolume(t.Context(), w.podTarget()) }
-	unmountVolume := func(w *opWorld) error { return w.op.UnmountVolume(t.Context(), w.podTarget(), w.podDir()) }
+	unmountVolume := func(w *opWorld) error { return w.op.UnmountVolume(t.Context(), w.unmountTarget()) }
 	cases := []struct {
 		name    string
 		plugin  string
@@ -765,9 +776,9 @@ func TestOperatorPassesRecordedState(t *testing.T) {
 	}
 
 	// The pod goes away: the planner's target for it no longer has a spec.
-	gone := w.podTarget()
+	gone := w.unmountTarget()
 	gone.Spec = nil
-	if err := w.op.UnmountVolume(ctx, gone, w.podDir()); err != nil {
+	if err := w.op.UnmountVolume(ctx, gone); err != nil {
 		t.Fatal(err)
 	}
 	treq := w.plugin.last(t, "TearDown").(plugins.TearDownRequest)

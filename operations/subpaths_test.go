@@ -143,7 +143,7 @@ func TestUnmountVolumeRemovesSubPathsFirst(t *testing.T) {
 	w.asw.SetSubPaths(w.vol, opPod, opSubPaths)
 
 	f.fail = errors.New("injected: busy")
-	if err := w.op.UnmountVolume(t.Context(), w.podTarget(), w.podDir()); !errors.Is(err, f.fail) {
+	if err := w.op.UnmountVolume(t.Context(), w.unmountTarget()); !errors.Is(err, f.fail) {
 		t.Fatalf("%v, want the sub-path error", err)
 	}
 	if got := w.plugin.methods(); len(got) != 0 {
@@ -154,7 +154,7 @@ func TestUnmountVolumeRemovesSubPathsFirst(t *testing.T) {
 	}
 
 	f.fail = nil
-	if err := w.op.UnmountVolume(t.Context(), w.podTarget(), w.podDir()); err != nil {
+	if err := w.op.UnmountVolume(t.Context(), w.unmountTarget()); err != nil {
 		t.Fatal(err)
 	}
 	if f.calls[len(f.calls)-1] != "Clean" || f.atCalls[len(f.atCalls)-1] != 0 {
@@ -173,7 +173,7 @@ func TestRemountMarksSubPathsOutdated(t *testing.T) {
 	w.want(t, opPod)
 	w.mountPod(t)
 	w.asw.SetSubPaths(w.vol, opPod, opSubPaths)
-	w.asw.MarkRemountRequired(opPod)
+	w.gen++ // the content is outdated
 	if err := w.op.MountVolume(t.Context(), w.podTarget()); err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestRemountMarksSubPathsOutdated(t *testing.T) {
 	if !volume.SameSubPaths(m.SubPaths, opSubPaths) || !m.SubPathsOutdated {
 		t.Errorf("after a remount: %+v, want the sub-paths kept and outdated", m)
 	}
-	if !cache.PodVolumeReady(opSubPaths, m) || !cache.SubPathsNeeded(opSubPaths, m) {
+	if !cache.PodVolumeReady(opSubPaths, m) || !cache.SubPathsNeeded(opSubPaths, m, w.gen) {
 		t.Error("after a remount the volume must stay ready and its sub-paths be prepared again")
 	}
 }
@@ -212,7 +212,7 @@ func TestSubPathsOnTheNode(t *testing.T) {
 		t.Errorf("missing sub-directory not created: %v", err)
 	}
 	w.dsw.DeletePod(opPod)
-	if err := w.op.UnmountVolume(t.Context(), w.podTarget(), w.podDir()); err != nil {
+	if err := w.op.UnmountVolume(t.Context(), w.unmountTarget()); err != nil {
 		t.Fatal(err)
 	}
 	if mounttest.Exists(t, w.paths.PodSubPathsDir(opPod)) {
@@ -270,7 +270,7 @@ func TestUnmountVolumeSubPathCleanupSkippedOnlyWhenNoneCanExist(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := w.op.UnmountVolume(t.Context(), w.podTarget(), w.podDir()); err != nil {
+			if err := w.op.UnmountVolume(t.Context(), w.unmountTarget()); err != nil {
 				t.Fatal(err)
 			}
 			if cleaned := slices.Contains(f.calls, "Clean"); cleaned != tc.wantClean {

@@ -92,7 +92,14 @@ func (c *churn) actualChange() {
 		if c.r.IntN(3) == 0 {
 			state = cache.MountUncertain
 		}
-		c.asw.SetPodMount(c.id(name), cache.ActualPodMount{Pod: volume.PodRef{UID: uid}, SpecName: "s", MountPath: "/m/" + string(uid), State: state})
+		// A set up records the content generation it was planned
+		// with: mostly the DSW's current one, sometimes an older one.
+		var gen uint64
+		if dv, ok := c.dsw.Snapshot().Volumes[name]; ok && dv.Pods[uid] != nil && c.r.IntN(3) > 0 {
+			gen = dv.Pods[uid].ContentGeneration
+		}
+		c.asw.SetPodMount(c.id(name), cache.ActualPodMount{Pod: volume.PodRef{UID: uid}, SpecName: "s", MountPath: "/m/" + string(uid), State: state,
+			ContentGeneration: gen})
 	case 2, 3:
 		c.asw.DeletePodMount(name, uid)
 	case 4:
@@ -104,11 +111,8 @@ func (c *churn) actualChange() {
 	case 6:
 		c.asw.SetSubPaths(name, uid, subPathsOf(fmt.Sprintf("s%d", c.r.IntN(2))))
 	case 7:
-		if c.r.IntN(2) == 0 {
-			c.asw.MarkPodVolumeRemountRequired(name, uid)
-		} else {
-			c.asw.MarkRemountRequired(uid)
-		}
+		// What the content is built from changed (package refresh).
+		c.dsw.RefreshPodVolume(name, uid)
 	case 8:
 		q := resource.MustParse(fmt.Sprintf("%dGi", c.r.IntN(3)+1))
 		c.asw.SetSize(name, &q)

@@ -22,7 +22,10 @@ func TestPlannedActionsAreNeeded(t *testing.T) {
 		t.Helper()
 		for _, a := range Plan(dsw, asw, opts) {
 			planned[a.Op]++
-			if !operations.Needed(a.Op, target(&a), asw.Volumes[a.Volume], dsw) {
+			if perPod := a.Pod.UID != ""; perPod != operations.KindOf(a.Op).PerPod || (perPod && a.Waiting != nil) {
+				t.Errorf("%s: planned %s for pod %q, waiting %v; the table says per pod: %v", ctx, a.Op, a.Pod.UID, a.Waiting, operations.KindOf(a.Op).PerPod)
+			}
+			if !operations.Needed(a.Op, &a.Target, asw.Volumes[a.Volume], dsw) {
 				t.Errorf("%s, %+v: planned %s, but its operation would find nothing to do and skip it as stale\n  actual: %s",
 					ctx, opts, act{a.Op, a.Volume, a.Pod.UID, a.Reason}, describeActual(asw.Volumes[a.Volume]))
 			}
@@ -108,7 +111,29 @@ func describeActual(av *cache.ActualVolume) string {
 	}
 	s := fmt.Sprintf("attach=%q device=%q size=%v expandAfterPublish=%v resizeBlocked=%q", av.AttachState, av.DeviceState, av.Size, av.ExpandAfterPublish, av.ResizeBlocked)
 	for uid, m := range av.Pods {
-		s += fmt.Sprintf(" pod %s: %s remount=%v reconstructed=%v", uid, m.State, m.RemountRequired, m.Reconstructed)
+		s += fmt.Sprintf(" pod %s: %s contentGeneration=%d reconstructed=%v", uid, m.State, m.ContentGeneration, m.Reconstructed)
 	}
 	return s
+}
+
+// TestRewriteCarriesGeneration: the set up planned for a mount whose
+// content is older than the DSW's carries the DSW's generation to the
+// operation (which records it as written) and to the executor (whose
+// backoff holds back that generation only).
+func TestRewriteCarriesGeneration(t *testing.T) {
+	dv := dvol(vA, remountAttrs, "p1")
+	dv.Pods["p1"].ContentGeneration = 5
+	av := avol(vA, remountAttrs, mounted("p1"))
+	av.Pods["p1"].ContentGeneration = 3
+	actions := Plan(desiredSnapshot([]*cache.DesiredVolume{dv}, nil), actualSnapshot([]*cache.ActualVolume{av}), PlanOptions{SourcesReady: true})
+	if len(actions) != 1 || actions[0].Op != operations.OpMountVolume || actions[0].ContentGeneration != 5 {
+		t.Fatalf("plan %v: want one mount_volume for generation 5", summarize(actions))
+	}
+	if got := (&OperatorHandler{}).Operation(&actions[0]).ContentGeneration; got != 5 {
+		t.Errorf("operation generation %d, want 5", got)
+	}
+	av.Pods["p1"].ContentGeneration = 5
+	if actions := Plan(desiredSnapshot([]*cache.DesiredVolume{dv}, nil), actualSnapshot([]*cache.ActualVolume{av}), PlanOptions{SourcesReady: true}); len(actions) != 0 {
+		t.Errorf("content current, yet planned %v", summarize(actions))
+	}
 }

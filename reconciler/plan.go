@@ -6,7 +6,6 @@ import (
 	"slices"
 	"sort"
 
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
@@ -14,41 +13,21 @@ import (
 	"github.com/volume-agent/volume-agent/volume"
 )
 
-// phase orders operations: unmount, then mount, then device teardown.
-func phase(op operations.Op) int {
-	switch op {
-	case operations.OpUnmountVolume, operations.OpUnmapVolume:
-		return 1
-	case operations.OpUnmountDevice, operations.OpUnmapDevice, operations.OpDetachVolume:
-		return 3
-	}
-	return 2
+// phase orders operations: unmount, then mount, then device teardown
+// (operations.Kind.Phase).
+func phase(op operations.Op) operations.Phase {
+	return operations.KindOf(op).Phase
 }
 
 // Action is one thing the node should do, as plain data: the planner's
-// output and the dispatcher's input.
+// output and the dispatcher's input. Its Target is what the operation works
+// on: the desired spec for mount-side actions, the recorded one for teardown
+// (nil if unknown after a restart); the pod for per-pod ones; the pods
+// waiting for a volume-wide one (attach, device mount, expansion), so its
+// failures can be reported to them.
 type Action struct {
-	Op         operations.Op
-	Volume     volume.UniqueName
-	Plugin     string
-	Attributes volume.Attributes
-	// Pod is set for per-pod operations (mount and unmount of a volume).
-	Pod volume.PodInfo
-	// Spec is the desired spec for mount-side actions, the recorded one
-	// for teardown (nil if unknown after a restart).
-	Spec     *volume.Spec
-	SpecName string
-	// MountPath is the pod's mount, for unmount_volume.
-	MountPath string
-	// DesiredSize is the size to grow to, for volume_fs_resize and for a
-	// device mount while expansion is pending.
-	DesiredSize *resource.Quantity
-	// SubPaths are the sub-paths the pod's containers mount, for
-	// prepare_subpaths.
-	SubPaths []volume.SubPath
-	// Pods are the pods waiting for a volume-wide action (attach, device
-	// mount, expansion), so failures can be reported to them.
-	Pods []volume.PodRef
+	Op operations.Op
+	operations.Target
 	// Reason says why, for people reading logs and tests.
 	Reason string
 }
@@ -129,15 +108,17 @@ func sortActions(actions []Action) []Action {
 	if len(actions) < 2 {
 		return actions
 	}
-	idx := make([]int32, len(actions))
+	// Each action's phase is looked up in the table once, not in every
+	// comparison.
+	idx, phases := make([]int32, len(actions)), make([]operations.Phase, len(actions))
 	for i := range idx {
-		idx[i] = int32(i)
+		idx[i], phases[i] = int32(i), phase(actions[i].Op)
 	}
 	slices.SortFunc(idx, func(i, j int32) int {
-		a, b := &actions[i], &actions[j]
-		if c := cmp.Compare(phase(a.Op), phase(b.Op)); c != 0 {
+		if c := cmp.Compare(phases[i], phases[j]); c != 0 {
 			return c
 		}
+		a, b := &actions[i], &actions[j]
 		if c := cmp.Compare(a.Volume, b.Volume); c != 0 {
 			return c
 		}
@@ -186,8 +167,8 @@ func planUnmounts(dsw *cache.DesiredSnapshot, dv *cache.DesiredVolume, av *cache
 			continue
 		}
 		out = append(out, Action{
-			Op: operations.ForMode(operations.OpUnmountVolume, av.Attributes.Block), Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes,
-			Pod: volume.PodInfo{PodRef: m.Pod}, Spec: m.Spec, SpecName: m.SpecName, MountPath: m.MountPath,
+			Op: operations.ForMode(operations.OpUnmountVolume, av.Attributes.Block), Target: operations.Target{Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes,
+				Pod: volume.PodInfo{PodRef: m.Pod}, Spec: m.Spec, SpecName: m.SpecName, MountPath: m.MountPath},
 			Reason: unmountReason(m.State),
 		})
 	}
@@ -221,8 +202,8 @@ func planMounts(dv *cache.DesiredVolume, av *cache.ActualVolume, ready bool, out
 		return out
 	}
 	volumeAction := func(op operations.Op, reason string) Action {
-		return Action{Op: op, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes, Spec: dv.Spec, SpecName: dv.SpecName,
-			Pods: podRefs(dv), DesiredSize: dv.DesiredSize, Reason: reason}
+		return Action{Op: op, Target: operations.Target{Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes, Spec: dv.Spec, SpecName: dv.SpecName,
+			Waiting: podRefs(dv), DesiredSize: dv.DesiredSize}, Reason: reason}
 	}
 	if cache.AttachNeeded(dv.Attributes, av) {
 		return append(out, volumeAction(operations.OpVerifyAttached, "not attached"))
@@ -245,15 +226,17 @@ func planMounts(dv *cache.DesiredVolume, av *cache.ActualVolume, ready bool, out
 		if av != nil {
 			m = av.Pods[uid]
 		}
-		if !cache.PodMountNeeded(m) {
-			if cache.SubPathsNeeded(dp.SubPaths, m) {
+		if !cache.PodMountNeeded(m, dp.ContentGeneration) {
+			if cache.SubPathsNeeded(dp.SubPaths, m, dp.ContentGeneration) {
 				out = append(out, Action{
-					Op: operations.OpPrepareSubPaths, Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
-					Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, SubPaths: dp.SubPaths, Reason: subPathsReason(dp, m),
+					Op: operations.OpPrepareSubPaths, Target: operations.Target{Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
+						Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, SubPaths: dp.SubPaths, ContentGeneration: dp.ContentGeneration}, Reason: subPathsReason(dp, m),
 				})
 			}
 			continue
 		}
+		// Its content is older than the DSW's (what it is built from
+		// changed, or it was found after a restart).
 		reason := "remount required"
 		switch {
 		case m == nil:
@@ -265,8 +248,8 @@ func planMounts(dv *cache.DesiredVolume, av *cache.ActualVolume, ready bool, out
 			reason = "mount uncertain"
 		}
 		out = append(out, Action{
-			Op: operations.ForMode(operations.OpMountVolume, dv.Attributes.Block), Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
-			Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, Reason: reason,
+			Op: operations.ForMode(operations.OpMountVolume, dv.Attributes.Block), Target: operations.Target{Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes,
+				Pod: dp.Pod, Spec: dp.Spec, SpecName: dv.SpecName, ContentGeneration: dp.ContentGeneration}, Reason: reason,
 		})
 	}
 	if expand {
@@ -296,7 +279,7 @@ func planDeviceTeardown(wanted bool, av *cache.ActualVolume, orphans bool, out [
 	if av.DeviceReconstructed && !orphans {
 		return out
 	}
-	a := Action{Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes, Spec: av.Spec}
+	a := Action{Target: operations.Target{Volume: av.Name, Plugin: av.Plugin, Attributes: av.Attributes, Spec: av.Spec}}
 	switch {
 	case cache.DeviceUnmountNeeded(wanted, av):
 		a.Op, a.Reason = operations.ForMode(operations.OpUnmountDevice, av.Attributes.Block), "no pod uses it (device "+string(av.DeviceState)+")"

@@ -59,6 +59,7 @@ func dvol(name volume.UniqueName, attrs volume.Attributes, pods ...string) *cach
 	for _, p := range pods {
 		v.Pods[types.UID(p)] = &cache.DesiredPodVolume{
 			Pod: podInfo(p), OuterNames: []string{"outer"}, Spec: specFor(string(name) + "@" + p),
+			ContentGeneration: contentGeneration(attrs, false),
 		}
 	}
 	return v
@@ -89,10 +90,21 @@ func avol(name volume.UniqueName, attrs volume.Attributes, opts ...avOpt) *cache
 	return v
 }
 
+// contentGeneration is the content generation of the fixtures: 1 (the
+// DSW's, and a mount's that holds it) for a volume whose content follows
+// its sources, 0 for a mount whose content is older, and for other
+// volumes.
+func contentGeneration(attrs volume.Attributes, outdated bool) uint64 {
+	if attrs.RequiresRemount && !outdated {
+		return 1
+	}
+	return 0
+}
+
 func podMount(uid string, state cache.MountState, remount bool) avOpt {
 	return func(v *cache.ActualVolume) {
 		v.Pods[types.UID(uid)] = &cache.ActualPodMount{
-			Pod: podRef(uid), SpecName: specName(v.Name), State: state, RemountRequired: remount,
+			Pod: podRef(uid), SpecName: specName(v.Name), State: state, ContentGeneration: contentGeneration(v.Attributes, remount),
 			MountPath: "/pods/" + uid + "/volumes/" + specName(v.Name), Spec: specFor(string(v.Name) + "@" + uid),
 		}
 	}
@@ -828,8 +840,8 @@ func TestPlanActionFields(t *testing.T) {
 		if a.Pod != podInfo("p1") || a.Plugin != testPlugin || a.Attributes != sharedDirAttrs || a.SpecName != "dir" {
 			t.Errorf("action = %+v", a)
 		}
-		if a.MountPath != "" || a.Pods != nil {
-			t.Errorf("mount_volume has MountPath %q, Pods %v; want neither", a.MountPath, a.Pods)
+		if a.MountPath != "" || a.Waiting != nil {
+			t.Errorf("mount_volume has MountPath %q, Pods %v; want neither", a.MountPath, a.Waiting)
 		}
 	})
 	t.Run("unmount_volume carries the recorded mount", func(t *testing.T) {
@@ -878,8 +890,8 @@ func TestPlanActionFields(t *testing.T) {
 				}
 				a := got[0]
 				want := []volume.PodRef{podRef("p1"), podRef("p2"), podRef("p3")}
-				if !slices.Equal(a.Pods, want) {
-					t.Errorf("Pods = %v, want %v", a.Pods, want)
+				if !slices.Equal(a.Waiting, want) {
+					t.Errorf("Pods = %v, want %v", a.Waiting, want)
 				}
 				if a.Spec != tc.dv.Spec || a.SpecName != tc.dv.SpecName || a.Pod != (volume.PodInfo{}) {
 					t.Errorf("action = %+v; want the volume's spec and no pod", a)
@@ -1041,7 +1053,7 @@ func TestPlanInvariants(t *testing.T) {
 					}
 				}
 				perVolume[a.Volume] = append(perVolume[a.Volume], a.Op)
-				if !ready && phase(a.Op) != 2 {
+				if !ready && phase(a.Op) != operations.PhaseMount {
 					t.Fatalf("%s: destructive %s before sources are ready", ctx, a.Op)
 				}
 				dv := dsw.Volumes[a.Volume]
@@ -1126,7 +1138,7 @@ func TestPlanDeterministic(t *testing.T) {
 	if !slices.IsSortedFunc(first, func(a, b Action) int { return strings.Compare(sortKey(a), sortKey(b)) }) {
 		t.Errorf("actions not sorted by phase, volume, pod:\n%s", formatActs(summarize(first)))
 	}
-	seen := map[int]bool{}
+	seen := map[operations.Phase]bool{}
 	for _, a := range first {
 		seen[phase(a.Op)] = true
 	}

@@ -203,7 +203,7 @@ func (r *Reconciler) ReconcileOnce() []Action {
 	}
 	cands := make([]operations.Candidate, len(actions))
 	for i := range actions {
-		cands[i] = operations.Candidate{Key: operations.Key{Volume: actions[i].Volume, Pod: actions[i].Pod.UID}, Name: actions[i].Op}
+		cands[i] = operations.Candidate{Key: actions[i].Key(), Name: actions[i].Op, Generation: actions[i].ContentGeneration}
 	}
 	started := 0
 	for i, ok := range r.opts.Executor.Startable(cands, mark) {
@@ -235,8 +235,7 @@ func (r *Reconciler) dispatch(a *Action) {
 	if op == nil {
 		return
 	}
-	key := operations.Key{Volume: a.Volume, Pod: a.Pod.UID}
-	err := r.opts.Executor.Run(key, op)
+	err := r.opts.Executor.Run(a.Key(), op)
 	if err != nil && !operations.IsExpected(err) && r.opts.Log != nil {
 		r.opts.Log.Error("starting operation", zap.String("operation", string(a.Op)),
 			zap.String("volume", string(a.Volume)), zap.Error(fmt.Errorf("%s: %w", a.Reason, err)))

@@ -51,7 +51,7 @@ type opHandler struct{ built []string }
 
 func (h *opHandler) Operation(a *Action) *operations.Operation {
 	h.built = append(h.built, rcActs([]Action{*a})[0])
-	return &operations.Operation{Name: a.Op, Plugin: a.Plugin, Fn: func(context.Context) error { return nil }}
+	return &operations.Operation{Name: a.Op, Target: a.Target, Fn: func(context.Context) error { return nil }}
 }
 
 func (h *opHandler) Adopt(Adoption) {}
@@ -92,7 +92,7 @@ func TestReconcilerRunsOnlyStartableActions(t *testing.T) {
 type failingHandler struct{}
 
 func (failingHandler) Operation(a *Action) *operations.Operation {
-	return &operations.Operation{Name: a.Op, Plugin: a.Plugin, Pod: a.Pod.PodRef,
+	return &operations.Operation{Name: a.Op, Target: a.Target,
 		Fn: func(context.Context) error { return errors.New("device busy") }}
 }
 

@@ -24,9 +24,11 @@ func TestSortActionsMatchesStableSort(t *testing.T) {
 		seen := map[[3]string]bool{}
 		for i := 0; len(actions) < n; i++ {
 			a := Action{
-				Op:     ops[rnd.IntN(len(ops))],
-				Volume: volume.UniqueName(fmt.Sprintf("v%d", rnd.IntN(n/3+1))),
-				Pod:    volume.PodInfo{PodRef: volume.PodRef{UID: types.UID(fmt.Sprintf("p%d", rnd.IntN(3)))}},
+				Op: ops[rnd.IntN(len(ops))],
+				Target: operations.Target{
+					Volume: volume.UniqueName(fmt.Sprintf("v%d", rnd.IntN(n/3+1))),
+					Pod:    volume.PodInfo{PodRef: volume.PodRef{UID: types.UID(fmt.Sprintf("p%d", rnd.IntN(3)))}},
+				},
 				Reason: fmt.Sprint(i),
 			}
 			key := [3]string{fmt.Sprint(phase(a.Op)), string(a.Volume), string(a.Pod.UID)}

@@ -2,11 +2,15 @@
 // the API volumes of each pod are built from (ConfigMaps, Secrets, trust
 // bundles, the pod's own labels, annotations and resources, tokens), and
 // when one of those changes, or a refresh a plugin asked for falls due (a
-// token at 80 % of its life, a CSI volume with requiresRepublish), it marks
-// exactly the affected pod volumes remount-required in the actual state,
-// clears their backoff and wakes the reconciler. Setting such a volume up
-// again rewrites only its content, so an update reaches every pod within
-// the time of one operation instead of the kubelet's next pod sync.
+// token at 80 % of its life, a CSI volume with requiresRepublish), it gives
+// exactly the affected pod volumes a new content generation in the desired
+// state (cache.DesiredStateOfWorld.RefreshPodVolume). The planner then
+// plans their set up again, as for any other difference between desired
+// and actual state; setting such a volume up again rewrites only its
+// content, so an update reaches every pod within the time of one operation
+// instead of the kubelet's next pod sync. It never writes the actual state
+// nor touches the executor: the set up records the generation it wrote,
+// and a newer generation is a new attempt whatever the last one's backoff.
 //
 // Nothing is polled: changes arrive as events (object watches, manifest
 // changes, pod updates from the populator) and timers.
@@ -20,25 +24,18 @@ import (
 
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 
 	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/plugins/apivolume"
-	"github.com/volume-agent/volume-agent/plugins/apivolume/payload"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
-// Marker flags a pod's mount of a volume remount-required (the ASW).
-type Marker interface {
-	MarkPodVolumeRemountRequired(name volume.UniqueName, pod types.UID) bool
-}
-
-// Retrier lets failed operations of a volume run again at once (the
-// executor's backoff).
-type Retrier interface {
-	ResetBackoff(name volume.UniqueName)
+// Desired gives a pod volume a new content generation (the DSW), reporting
+// it and whether the pod wants such a volume.
+type Desired interface {
+	RefreshPodVolume(name volume.UniqueName, pod types.UID) (uint64, bool)
 }
 
 // Watches starts and stops the watches of what pods read (cluster mode);
@@ -61,10 +58,7 @@ type Observer interface {
 
 // Options configure a Refresher.
 type Options struct {
-	Marker  Marker
-	Retrier Retrier
-	// Trigger asks the reconciler for a pass.
-	Trigger  func()
+	Desired  Desired
 	Watches  Watches
 	Tokens   TokenCache
 	Observer Observer
@@ -91,8 +85,8 @@ type object struct {
 // podState is a registered pod: its API volumes and the metadata their
 // content may read.
 type podState struct {
-	meta    *payload.Pod
-	volumes map[volume.UniqueName]payload.Refs
+	meta    *apivolume.Pod
+	volumes map[volume.UniqueName]apivolume.Refs
 }
 
 // Refresher is safe for concurrent use.
@@ -103,11 +97,11 @@ type Refresher struct {
 	mu       sync.Mutex
 	pods     map[types.UID]*podState
 	byObject map[object]map[podVolume]struct{}
-	// gens counts the changes each pod volume was told about; an
-	// operation that started before the last one wrote stale content.
-	gens map[podVolume]uint64
-	// stale is when a pod volume's content first fell behind.
+	// stale is when a pod volume's content first fell behind, and want
+	// the content generation whose writing catches it up (the last one
+	// the DSW handed out for it).
 	stale map[podVolume]time.Time
+	want  map[podVolume]uint64
 	// due are the refreshes plugins asked for.
 	due map[podVolume]time.Time
 }
@@ -120,13 +114,10 @@ func New(o Options) *Refresher {
 	if o.Log == nil {
 		o.Log = zap.NewNop()
 	}
-	if o.Trigger == nil {
-		o.Trigger = func() {}
-	}
 	return &Refresher{
 		opts: o, wake: notify.New(),
 		pods: map[types.UID]*podState{}, byObject: map[object]map[podVolume]struct{}{},
-		gens: map[podVolume]uint64{}, stale: map[podVolume]time.Time{}, due: map[podVolume]time.Time{},
+		want: map[podVolume]uint64{}, stale: map[podVolume]time.Time{}, due: map[podVolume]time.Time{},
 	}
 }
 
@@ -134,14 +125,14 @@ func New(o Options) *Refresher {
 // volumes its containers use. A change of labels, annotations or
 // resources that a downwardAPI item reads marks that volume.
 func (r *Refresher) PodUpdated(pod *v1.Pod, used []*v1.Volume) {
-	next := &podState{volumes: map[volume.UniqueName]payload.Refs{}}
-	var all payload.Refs
+	next := &podState{volumes: map[volume.UniqueName]apivolume.Refs{}}
+	var all apivolume.Refs
 	for _, vol := range used {
 		plugin := apivolume.PluginName(&vol.VolumeSource)
 		if plugin == "" {
 			continue
 		}
-		refs := payload.RefsOf(&vol.VolumeSource)
+		refs := apivolume.RefsOf(&vol.VolumeSource)
 		next.volumes[volume.PodScopedName(plugin, pod.UID, vol.Name)] = refs
 		all.ConfigMaps = append(all.ConfigMaps, refs.ConfigMaps...)
 		all.Secrets = append(all.Secrets, refs.Secrets...)
@@ -158,7 +149,7 @@ func (r *Refresher) PodUpdated(pod *v1.Pod, used []*v1.Volume) {
 		}
 		return
 	}
-	next.meta = payload.FromObject(pod, all.Labels, all.Annotations)
+	next.meta = apivolume.PodOf(pod, all)
 	if old != nil {
 		r.unindex(pod.UID, old)
 	}
@@ -167,7 +158,7 @@ func (r *Refresher) PodUpdated(pod *v1.Pod, used []*v1.Volume) {
 	var marked []podVolume
 	if old != nil {
 		for name, refs := range next.volumes {
-			if podChangeMatters(refs, old.meta, next.meta) {
+			if apivolume.PodChangeMatters(refs, old.meta, next.meta) {
 				marked = append(marked, podVolume{pod.UID, name})
 			}
 		}
@@ -178,14 +169,6 @@ func (r *Refresher) PodUpdated(pod *v1.Pod, used []*v1.Volume) {
 		r.opts.Watches.SetPodObjects(pod.UID, pod.Namespace, unique(all.ConfigMaps), unique(all.Secrets), all.TrustBundles)
 	}
 	r.mark(marked, "pod metadata changed")
-}
-
-// podChangeMatters reports whether a volume with refs reads something of
-// the pod that differs between a and b.
-func podChangeMatters(refs payload.Refs, a, b *payload.Pod) bool {
-	return (refs.Labels && !equality.Semantic.DeepEqual(a.Labels, b.Labels)) ||
-		(refs.Annotations && !equality.Semantic.DeepEqual(a.Annotations, b.Annotations)) ||
-		(refs.Resources && !equality.Semantic.DeepEqual(a.Containers, b.Containers))
 }
 
 func unique(s []string) []string {
@@ -199,7 +182,7 @@ func unique(s []string) []string {
 	return out
 }
 
-func (r *Refresher) objectsOf(ns string, refs payload.Refs) []object {
+func (r *Refresher) objectsOf(ns string, refs apivolume.Refs) []object {
 	var out []object
 	for _, n := range refs.ConfigMaps {
 		out = append(out, object{KindConfigMap, ns, n})
@@ -257,9 +240,9 @@ func (r *Refresher) PodRemoved(uid types.UID) {
 			}
 		}
 	}
-	for pv := range r.gens {
+	for pv := range r.want {
 		if pv.pod == uid {
-			delete(r.gens, pv)
+			delete(r.want, pv)
 		}
 	}
 	r.mu.Unlock()
@@ -272,7 +255,7 @@ func (r *Refresher) PodRemoved(uid types.UID) {
 }
 
 // Pod implements apivolume.PodMetadata.
-func (r *Refresher) Pod(uid types.UID) (*payload.Pod, bool) {
+func (r *Refresher) Pod(uid types.UID) (*apivolume.Pod, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st, ok := r.pods[uid]
@@ -302,51 +285,48 @@ func (r *Refresher) ObjectChanged(kind, namespace, name string) {
 	r.mark(pvs, kind+" changed")
 }
 
-// mark records a change for each pod volume and gets it set up again.
+// mark gives each pod volume a new content generation in the DSW, which
+// has the planner set it up again, and notes since when its content is
+// behind. A pod volume the DSW does not have yet is set up later from
+// the sources as they are then.
 func (r *Refresher) mark(pvs []podVolume, why string) {
 	if len(pvs) == 0 {
 		return
 	}
 	now := r.opts.Clock.Now()
+	// Under r.mu, so that a set up of the new generation cannot report
+	// (MountDone) before the generation is known here. The DSW never
+	// calls back into the Refresher, and its signal does not block.
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	for _, pv := range pvs {
-		r.gens[pv]++
+		gen, ok := r.opts.Desired.RefreshPodVolume(pv.volume, pv.pod)
+		if !ok {
+			continue
+		}
+		r.want[pv] = gen
 		if _, ok := r.stale[pv]; !ok {
 			r.stale[pv] = now
 		}
 	}
-	r.mu.Unlock()
-	for _, pv := range pvs {
-		r.opts.Marker.MarkPodVolumeRemountRequired(pv.volume, pv.pod)
-		if r.opts.Retrier != nil {
-			r.opts.Retrier.ResetBackoff(pv.volume)
-		}
-	}
-	r.opts.Trigger()
 }
 
-// Generation is the count of changes a pod volume was told about; an
-// operation reads it before SetUp and hands it to MountDone.
-func (r *Refresher) Generation(name volume.UniqueName, pod types.UID) uint64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.gens[podVolume{pod, name}]
-}
-
-// MountDone is told that SetUp of a pod volume succeeded, having started
-// at generation gen. If a change came in meanwhile the volume is marked
-// again (what was written may predate it); otherwise its refresh is
-// complete. refreshAt, if set, schedules the next refresh.
+// MountDone is told that SetUp of a pod volume succeeded and wrote content
+// generation gen: if that is the last generation handed out for it, its
+// refresh is complete (an older one is followed by another set up, which
+// the planner plans from the DSW). refreshAt, if set, schedules the next
+// refresh.
 func (r *Refresher) MountDone(name volume.UniqueName, pod types.UID, gen uint64, refreshAt time.Time) {
 	pv := podVolume{pod, name}
 	now := r.opts.Clock.Now()
 	r.mu.Lock()
-	again := r.gens[pv] != gen
 	var took time.Duration
 	since, wasStale := r.stale[pv]
-	if !again && wasStale {
+	caughtUp := wasStale && gen >= r.want[pv]
+	if caughtUp {
 		took = now.Sub(since)
 		delete(r.stale, pv)
+		delete(r.want, pv)
 	}
 	if !refreshAt.IsZero() {
 		r.due[pv] = refreshAt
@@ -354,12 +334,7 @@ func (r *Refresher) MountDone(name volume.UniqueName, pod types.UID, gen uint64,
 		delete(r.due, pv)
 	}
 	r.mu.Unlock()
-	if again {
-		r.opts.Marker.MarkPodVolumeRemountRequired(name, pod)
-		r.opts.Trigger()
-		return
-	}
-	if wasStale && r.opts.Observer != nil {
+	if caughtUp && r.opts.Observer != nil {
 		r.opts.Observer.Refreshed(pluginOf(name), took)
 	}
 	if !refreshAt.IsZero() {

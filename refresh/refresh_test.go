@@ -17,28 +17,28 @@ import (
 	"github.com/volume-agent/volume-agent/volume"
 )
 
+// recorder fakes the DSW (RefreshPodVolume hands out generations, except
+// for the pod volumes in absent) and records what else the Refresher does.
 type recorder struct {
-	mu       sync.Mutex
-	marked   []string
-	resets   []string
-	triggers int
-	objects  map[types.UID][]string
-	forgot   []types.UID
-	tokens   []types.UID
-	took     []time.Duration
+	mu      sync.Mutex
+	marked  []string
+	gen     uint64
+	absent  map[volume.UniqueName]bool
+	objects map[types.UID][]string
+	forgot  []types.UID
+	tokens  []types.UID
+	took    []time.Duration
 }
 
-func (r *recorder) MarkPodVolumeRemountRequired(name volume.UniqueName, pod types.UID) bool {
+func (r *recorder) RefreshPodVolume(name volume.UniqueName, pod types.UID) (uint64, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.absent[name] {
+		return 0, false
+	}
 	r.marked = append(r.marked, string(name))
-	return true
-}
-
-func (r *recorder) ResetBackoff(name volume.UniqueName) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.resets = append(r.resets, string(name))
+	r.gen++
+	return r.gen, true
 }
 
 func (r *recorder) SetPodObjects(pod types.UID, ns string, cms, secrets []string, bundles []*v1.ClusterTrustBundleProjection) {
@@ -85,10 +85,9 @@ func (r *recorder) takeMarked() []string {
 }
 
 func newRefresher() (*Refresher, *recorder, *clocktesting.FakeClock) {
-	rec := &recorder{objects: map[types.UID][]string{}}
+	rec := &recorder{objects: map[types.UID][]string{}, absent: map[volume.UniqueName]bool{}}
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC))
-	r := New(Options{Marker: rec, Retrier: rec, Trigger: func() { rec.mu.Lock(); rec.triggers++; rec.mu.Unlock() },
-		Watches: rec, Tokens: tokenRecorder{rec}, Observer: rec, Clock: clk})
+	r := New(Options{Desired: rec, Watches: rec, Tokens: tokenRecorder{rec}, Observer: rec, Clock: clk})
 	return r, rec, clk
 }
 
@@ -133,9 +132,6 @@ func TestObjectChangeMarksExactlyItsVolumes(t *testing.T) {
 	want := []string{"kubernetes.io/configmap/a-config", "kubernetes.io/configmap/b-config"}
 	if got := rec.takeMarked(); !slices.Equal(got, want) {
 		t.Errorf("marked %v, want %v", got, want)
-	}
-	if len(rec.resets) != 2 || rec.triggers != 1 {
-		t.Errorf("resets %v, triggers %d", rec.resets, rec.triggers)
 	}
 	r.ObjectChanged(KindSecret, "ns", "a-secret")
 	if got := rec.takeMarked(); !slices.Equal(got, []string{"kubernetes.io/secret/a-creds"}) {
@@ -199,32 +195,44 @@ func TestPodMetadataChanges(t *testing.T) {
 	}
 }
 
-func TestChangeDuringSetUpMarksAgain(t *testing.T) {
+// TestRefreshLatency: a pod volume's refresh is complete once a set up
+// wrote the last generation the DSW handed out for it; one that wrote an
+// older one (the sources changed while it ran) leaves it stale, and the
+// planner plans the next set up from the DSW. The latency counts from the
+// first change.
+func TestRefreshLatency(t *testing.T) {
 	r, rec, clk := newRefresher()
 	r.PodUpdated(newPod("a", nil, cmVolume("config", "cm")))
 	name := volume.UniqueName("kubernetes.io/configmap/a-config")
 
 	r.ObjectChanged(KindConfigMap, "ns", "cm")
-	rec.takeMarked()
-	gen := r.Generation(name, "a")
+	first := rec.gen
 	clk.Step(100 * time.Millisecond)
 	r.ObjectChanged(KindConfigMap, "ns", "cm") // while SetUp runs
-	rec.takeMarked()
-	clk.Step(100 * time.Millisecond)
-	r.MountDone(name, "a", gen, time.Time{})
-	if got := rec.takeMarked(); !slices.Equal(got, []string{string(name)}) {
-		t.Fatalf("a SetUp that started before the last change must be followed by another: marked %v", got)
+	last := rec.gen
+	if got := rec.takeMarked(); len(got) != 2 || last <= first {
+		t.Fatalf("two changes gave generations %d, %d (marked %v): want two, increasing", first, last, got)
 	}
-	if len(rec.took) != 0 {
-		t.Errorf("latency observed for stale content: %v", rec.took)
+	clk.Step(100 * time.Millisecond)
+	r.MountDone(name, "a", first, time.Time{})
+	if len(rec.took) != 0 || r.Stats().Stale != 1 {
+		t.Fatalf("content of an older generation counted as caught up: latencies %v, stats %+v", rec.took, r.Stats())
 	}
 	clk.Step(50 * time.Millisecond)
-	r.MountDone(name, "a", r.Generation(name, "a"), time.Time{})
-	if got := rec.takeMarked(); len(got) != 0 {
-		t.Errorf("up to date, yet marked %v", got)
-	}
+	r.MountDone(name, "a", last, time.Time{})
 	if len(rec.took) != 1 || rec.took[0] != 250*time.Millisecond {
 		t.Errorf("refresh latency %v, want 250ms from the first change", rec.took)
+	}
+	if s := r.Stats(); s.Stale != 0 {
+		t.Errorf("stats %+v: nothing stale", s)
+	}
+
+	// A pod volume the DSW does not have (yet) is set up from its sources
+	// as they are then: nothing is stale.
+	rec.absent[name] = true
+	r.ObjectChanged(KindConfigMap, "ns", "cm")
+	if got := rec.takeMarked(); len(got) != 0 || r.Stats().Stale != 0 {
+		t.Errorf("marked %v, stats %+v: want nothing for a pod volume the DSW lacks", got, r.Stats())
 	}
 }
 

@@ -36,7 +36,7 @@ func bigNode(pods int) model.Input {
 			asw.SetPodMount(cache.VolumeIdentity{Name: pv.Name, Plugin: pv.Plugin, Spec: pv.Spec}, cache.ActualPodMount{
 				Pod: ref, SpecName: pv.Spec.Name, State: cache.Mounted, MountPath: "/var/lib/volume-agent/pods/" + string(ref.UID) + "/volumes/kubernetes.io~empty-dir/" + pv.Spec.Name,
 			})
-			ring.OperationFinished(operations.Key{Volume: pv.Name, Pod: ref.UID}, &operations.Operation{Name: operations.OpMountVolume, Pod: ref, Spec: pv.Spec}, time.Millisecond, nil, 0)
+			ring.OperationFinished(operations.Key{Volume: pv.Name, Pod: ref.UID}, &operations.Operation{Name: operations.OpMountVolume, Target: operations.Target{Pod: volume.PodInfo{PodRef: ref}, Spec: pv.Spec}}, time.Millisecond, nil, 0)
 		}
 	}
 	return model.Input{Now: now, Node: "node", Mode: "standalone", SourcesReady: true, DSW: dsw.Snapshot(), ASW: asw.Snapshot(), History: ring}

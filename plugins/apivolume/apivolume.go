@@ -81,7 +81,7 @@ type TrustBundles interface {
 // PodMetadata returns what downwardAPI items and token files need to know
 // about a pod beyond volume.PodInfo.
 type PodMetadata interface {
-	Pod(uid types.UID) (*payload.Pod, bool)
+	Pod(uid types.UID) (*Pod, bool)
 }
 
 // Sources are where the content comes from.

@@ -33,6 +33,11 @@ const (
 	VolumeConditionAbnormal    = "VolumeConditionAbnormal"
 )
 
+// FailedDetachVolume has no kubelet counterpart (the attach/detach
+// controller detaches, and only logs a failure): it is named after
+// FailedAttachVolume.
+const FailedDetachVolume = "FailedDetachVolume"
+
 // Object names what an event is about.
 type Object struct {
 	Kind      string `json:"kind"` // Pod, PersistentVolumeClaim, PersistentVolume

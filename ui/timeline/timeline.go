@@ -162,7 +162,7 @@ func (r *Ring) OperationFinished(k operations.Key, op *operations.Operation, too
 		rec.SpecName = op.Spec.Name
 	}
 	if k.Pod != "" {
-		rec.Pod = op.Pod
+		rec.Pod = op.Pod.PodRef
 	}
 	if err != nil {
 		rec.Outcome, rec.Error = Failed, err.Error()

@@ -29,7 +29,7 @@ func pod(uid string) volume.PodRef {
 
 func finish(r *Ring, vol string, p volume.PodRef, op operations.Op, err error) {
 	k := operations.Key{Volume: volume.UniqueName(vol), Pod: p.UID}
-	r.OperationFinished(k, &operations.Operation{Name: op, Pod: p, Spec: &volume.Spec{Name: "spec-" + vol}}, 250*time.Millisecond, err, time.Second)
+	r.OperationFinished(k, &operations.Operation{Name: op, Target: operations.Target{Pod: volume.PodInfo{PodRef: p}, Spec: &volume.Spec{Name: "spec-" + vol}}}, 250*time.Millisecond, err, time.Second)
 }
 
 func TestOutcomes(t *testing.T) {
@@ -124,7 +124,7 @@ func TestRecordingASuccessDoesNotAllocate(t *testing.T) {
 	r := New(Options{PerKey: 4, Keys: 8, Overall: 16})
 	p := pod("a")
 	k := operations.Key{Volume: "v", Pod: p.UID}
-	op := &operations.Operation{Name: operations.OpMountVolume, Pod: p}
+	op := &operations.Operation{Name: operations.OpMountVolume, Target: operations.Target{Pod: volume.PodInfo{PodRef: p}}}
 	r.OperationFinished(k, op, time.Millisecond, nil, 0) // the pod's ring
 	if n := testing.AllocsPerRun(100, func() { r.OperationFinished(k, op, time.Millisecond, nil, 0) }); n != 0 {
 		t.Errorf("recording a success allocates %v times", n)
@@ -137,7 +137,7 @@ func BenchmarkOperationFinished(b *testing.B) {
 	keys := make([]operations.Key, len(ops))
 	for i := range ops {
 		p := pod(fmt.Sprint(i))
-		ops[i] = &operations.Operation{Name: operations.OpMountVolume, Pod: p}
+		ops[i] = &operations.Operation{Name: operations.OpMountVolume, Target: operations.Target{Pod: volume.PodInfo{PodRef: p}}}
 		keys[i] = operations.Key{Volume: "v", Pod: p.UID}
 	}
 	b.ReportAllocs()
