@@ -223,7 +223,7 @@ func (a *Agent) newPopulator(wake, recheck *notify.Signal) *populator.Populator 
 
 func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
 	// Every pass wakes the runtime API's waiters.
-	observer := multiObserver{a.metrics, burstProcs{}, a.trimmer, pageTrigger{a.page}, a.runtimeAPI}
+	observer := multiObserver{a.metrics, burstProcs{a.cfg.Procs}, a.trimmer, pageTrigger{a.page}, a.runtimeAPI}
 	if a.podStatus != nil {
 		observer = append(observer, a.podStatus)
 	}
