@@ -26,9 +26,10 @@ run: build
 
 # Every test: lint, unit, real-mount integration, CSI conformance, the
 # end-to-end suites against a real etcd + kube-apiserver, and the operator
-# page in headless Chromium (required here: .ci/run installs it).
+# page in headless Chromium (required here: .ci/run installs it). Root is
+# required too: a test that needs it fails rather than skips without it.
 test: deps lint tools
-	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) VOLUME_AGENT_REQUIRE_BROWSER=1 $(GO) test -race -timeout 30m ./...
+	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) VOLUME_AGENT_REQUIRE_BROWSER=1 VOLUME_AGENT_REQUIRE_ROOT=1 $(GO) test -race -timeout 30m ./...
 
 # What the tests need from the machine (Debian packages, Chromium, loop
 # devices), installed when run as root: hack/test-deps.sh.
@@ -42,7 +43,7 @@ unit:
 # The end-to-end suites (standalone, cluster mode, CSI, expansion, restarts,
 # local volumes, a node without a kubelet with the real CSI sidecars) only.
 e2e: tools
-	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) $(GO) test -race -timeout 20m ./test/e2e/...
+	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) VOLUME_AGENT_REQUIRE_ROOT=1 $(GO) test -race -timeout 20m ./test/e2e/...
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

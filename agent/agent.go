@@ -26,6 +26,7 @@ import (
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/notify"
+	"github.com/volume-agent/volume-agent/internal/subpath"
 	"github.com/volume-agent/volume-agent/internal/trash"
 	"github.com/volume-agent/volume-agent/localpv"
 	"github.com/volume-agent/volume-agent/operations"
@@ -217,7 +218,7 @@ func (a *Agent) newPopulator(wake, recheck *notify.Signal) *populator.Populator 
 
 func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
 	// Every pass wakes the runtime API's waiters.
-	observer := multiObserver{a.metrics, burstProcs{}, a.trimmer, pageTrigger{a.page}, a.runtimeAPI}
+	observer := multiObserver{a.metrics, burstProcs{a.cfg.Procs}, a.trimmer, pageTrigger{a.page}, a.runtimeAPI}
 	if a.podStatus != nil {
 		observer = append(observer, a.podStatus)
 	}
@@ -227,6 +228,7 @@ func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
 	operator := &operations.Operator{
 		Plugins: a.plugins, ASW: a.asw, DSW: a.dsw, Paths: a.paths, Log: a.log.Named("operations"),
 		Claims: a.mode.claims(), Events: a.events, Refresh: a.api.refresh, Pins: a.pins,
+		SubPaths: subpath.Host{Mounter: a.mounter},
 	}
 	handler := &reconciler.OperatorHandler{Operator: operator}
 	return reconciler.New(reconciler.Options{

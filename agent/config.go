@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/volume-agent/volume-agent/internal/procs"
 	"github.com/volume-agent/volume-agent/runtimeapi"
 )
 
@@ -82,6 +83,11 @@ type Config struct {
 	// ShutdownGracePeriod bounds how long a stopping agent waits for
 	// running operations.
 	ShutdownGracePeriod time.Duration
+	// Procs is the runtime tuning of the process (internal/procs): spare
+	// Ps during a burst of teardown, and the CPUs manifests are parsed
+	// on. nil leaves the runtime's default alone (several agents in one
+	// test process).
+	Procs *procs.Tuning
 
 	Log *zap.Logger
 }

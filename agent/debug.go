@@ -119,9 +119,13 @@ type OperationsDocument struct {
 }
 
 func (a *Agent) dswDocument() DSWDocument {
-	s := a.dsw.Snapshot()
-	asw := a.asw.Snapshot()
-	doc := DSWDocument{Generation: s.Generation, SourcesReady: a.populator.Ready(), Volumes: []DSWVolume{}, Pods: []DSWPod{}}
+	return newDSWDocument(a.dsw.Snapshot(), a.asw.Snapshot(), a.populator.Ready())
+}
+
+// newDSWDocument only reads the snapshots, which the planner and the other
+// readers share (snapshots_test.go).
+func newDSWDocument(s *cache.DesiredSnapshot, asw *cache.ActualSnapshot, sourcesReady bool) DSWDocument {
+	doc := DSWDocument{Generation: s.Generation, SourcesReady: sourcesReady, Volumes: []DSWVolume{}, Pods: []DSWPod{}}
 	for _, v := range s.Volumes {
 		dv := DSWVolume{Name: v.Name, Plugin: v.Plugin, SpecName: v.SpecName, Attributes: v.Attributes, Mode: v.Attributes.Mode(), Pods: []DSWVolumePod{}}
 		if v.Spec != nil && v.Spec.PV != nil {
@@ -158,9 +162,11 @@ func (a *Agent) dswDocument() DSWDocument {
 	return doc
 }
 
-func (a *Agent) aswDocument() ASWDocument {
-	s := a.asw.Snapshot()
-	dsw := a.dsw.Snapshot()
+func (a *Agent) aswDocument() ASWDocument { return newASWDocument(a.asw.Snapshot(), a.dsw.Snapshot()) }
+
+// newASWDocument only reads the snapshots, as newDSWDocument; dsw gives
+// the content generations each mount must have.
+func newASWDocument(s *cache.ActualSnapshot, dsw *cache.DesiredSnapshot) ASWDocument {
 	doc := ASWDocument{Generation: s.Generation, Volumes: []ASWVolume{}}
 	for _, v := range s.Volumes {
 		av := ASWVolume{

@@ -41,7 +41,7 @@ func newMode(cfg Config) (*mode, error) {
 // newStandalone reads pods and what they reference from a directory; events
 // stay in the agent's log and the node's labels are the configured ones.
 func newStandalone(cfg Config) (*mode, error) {
-	src, err := manifest.New(manifest.Options{Dir: cfg.PodManifestPath, NodeName: cfg.NodeName, Logger: cfg.Log.Named("source")})
+	src, err := manifest.New(manifest.Options{Dir: cfg.PodManifestPath, NodeName: cfg.NodeName, Logger: cfg.Log.Named("source"), Procs: cfg.Procs})
 	if err != nil {
 		return nil, err
 	}

@@ -144,16 +144,16 @@ func (m *memoryTrimmer) wait() {
 // as the pods ran (the objects a burst allocates, spread over more Ps'
 // caches). It comes before the trimmer, so the spans the spare Ps cached
 // are free by the time the trimmer returns memory to the kernel.
-type burstProcs struct{}
+type burstProcs struct{ procs *procs.Tuning }
 
 // burstActions is how many unmounts in one pass make a burst: a pod or
 // two of a few volumes gain nothing from spare Ps.
 const burstActions = 16
 
 // Reconciled implements reconciler.Observer.
-func (burstProcs) Reconciled(_ *cache.DesiredSnapshot, _ *cache.ActualSnapshot, actions []reconciler.Action, _ time.Duration) {
+func (b burstProcs) Reconciled(_ *cache.DesiredSnapshot, _ *cache.ActualSnapshot, actions []reconciler.Action, _ time.Duration) {
 	if len(actions) == 0 {
-		procs.Steady()
+		b.procs.Steady()
 		return
 	}
 	unmounts := 0
@@ -163,6 +163,6 @@ func (burstProcs) Reconciled(_ *cache.DesiredSnapshot, _ *cache.ActualSnapshot, 
 		}
 	}
 	if unmounts >= burstActions {
-		procs.Burst()
+		b.procs.Burst()
 	}
 }

@@ -55,8 +55,8 @@ func TestMemoryTrimmer(t *testing.T) {
 // nothing.
 func TestBurstProcs(t *testing.T) {
 	t.Setenv("GOMAXPROCS", "")
-	t.Cleanup(procs.Steady)
-	procs.Steady()
+	b := burstProcs{procs.New()}
+	t.Cleanup(b.procs.Steady)
 	base := runtime.GOMAXPROCS(0)
 	actions := func(n int, op operations.Op) []reconciler.Action {
 		out := make([]reconciler.Action, n)
@@ -65,7 +65,6 @@ func TestBurstProcs(t *testing.T) {
 		}
 		return out
 	}
-	var b burstProcs
 	for _, step := range []struct {
 		name    string
 		actions []reconciler.Action

@@ -13,6 +13,7 @@ import (
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/status/events"
+	"github.com/volume-agent/volume-agent/volume"
 )
 
 // ClaimStatus records node expansion on a claim's status, the way the
@@ -69,7 +70,7 @@ func (o *Operator) ExpandVolume(ctx context.Context, t *Target) error {
 		o.ASW.SetResizeBlocked(t.Volume, err.Error())
 	}
 	o.expansionFailed(ctx, t, err)
-	return fmt.Errorf("growing the filesystem to %s: %w", t.DesiredSize, err)
+	return fmt.Errorf("growing the filesystem to %s: %w", volume.SizeString(t.DesiredSize), err)
 }
 
 // firstMountPath is one pod's mount of the volume (sorted, so the choice is
@@ -91,10 +92,12 @@ func firstMountPath(av *cache.ActualVolume) string {
 // expansionDone records the new size on the claim and then in the ASW. The
 // size is recorded only once the claim says so: if the claim update fails,
 // the error makes the (idempotent) expansion and the report run again.
+// size is the DSW's, shared with its snapshots: it is formatted with
+// volume.SizeString, never with its own String, which writes into it.
 func (o *Operator) expansionDone(ctx context.Context, t *Target, size *resource.Quantity) error {
 	if pvc := t.Spec.PVC; pvc != nil && o.Claims != nil {
 		if err := o.Claims.ResizeFinished(ctx, pvc, *size); err != nil {
-			return fmt.Errorf("the filesystem was grown to %s, but recording it on the claim failed: %w", size, err)
+			return fmt.Errorf("the filesystem was grown to %s, but recording it on the claim failed: %w", volume.SizeString(size), err)
 		}
 	}
 	o.ASW.SetSize(t.Volume, size)
@@ -102,7 +105,7 @@ func (o *Operator) expansionDone(ctx context.Context, t *Target, size *resource.
 	if t.Attributes.Block {
 		what = "raw block volume" // no filesystem: the device itself grew
 	}
-	o.event(t, events.Normal, events.FileSystemResizeSuccessful, fmt.Sprintf("%s %s grown to %s on node", what, t.Spec.Name, size))
+	o.event(t, events.Normal, events.FileSystemResizeSuccessful, fmt.Sprintf("%s %s grown to %s on node", what, t.Spec.Name, volume.SizeString(size)))
 	return nil
 }
 
@@ -115,7 +118,7 @@ func (o *Operator) expansionFailed(ctx context.Context, t *Target, cause error) 
 	}
 	if pvc != nil && o.Events != nil {
 		o.Events.Event(events.Object{Kind: "PersistentVolumeClaim", Namespace: pvc.Namespace, Name: pvc.Name, UID: string(pvc.UID)},
-			events.Warning, events.VolumeResizeFailed, fmt.Sprintf("growing the filesystem of volume %s to %s failed: %v", t.Spec.Name, t.DesiredSize, cause))
+			events.Warning, events.VolumeResizeFailed, fmt.Sprintf("growing the filesystem of volume %s to %s failed: %v", t.Spec.Name, volume.SizeString(t.DesiredSize), cause))
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -211,7 +212,10 @@ func newExpandFixture(t *testing.T, pluginName string) *expandFixture {
 	f.id = cache.VolumeIdentity{Name: name, Plugin: pluginName, Attributes: attrs, Spec: spec}
 	asw.SetDeviceState(f.id, cache.DeviceGloballyMounted, "/dev/loop7", "/var/lib/agent/plugins/x/mounts/pv-1/globalmount")
 	asw.SetPodMount(f.id, cache.ActualPodMount{Pod: f.pod1, SpecName: "pv-1", MountPath: "/var/lib/agent/pods/uid-1/volumes/x/pv-1", State: cache.Mounted, Spec: spec})
-	size := resource.MustParse("2Gi")
+	// From a byte count, as sizes reach the DSW from API objects: no
+	// formatted text inside, so formatting it in place would write into
+	// the DSW's value (see untouchedSize).
+	size := *resource.NewQuantity(2<<30, resource.BinarySI)
 	f.target = &Target{Volume: name, Plugin: pluginName, Attributes: attrs, Spec: spec, DesiredSize: &size, Waiting: []volume.PodRef{f.pod1}}
 	return f
 }
@@ -233,6 +237,16 @@ func (f *expandFixture) wantSize(t *testing.T, want string) {
 		t.Errorf("ASW size %s, want none", av.Size)
 	case want != "" && (av.Size == nil || av.Size.Cmp(resource.MustParse(want)) != 0):
 		t.Errorf("ASW size %v, want %s", av.Size, want)
+	}
+}
+
+// untouchedSize fails the test if the operation wrote into the target's
+// DesiredSize, which is the DSW's, shared with its snapshots and their
+// readers (Quantity.String caches its text inside).
+func (f *expandFixture) untouchedSize(t *testing.T) {
+	t.Helper()
+	if want := resource.NewQuantity(2<<30, resource.BinarySI); !reflect.DeepEqual(f.target.DesiredSize, want) {
+		t.Errorf("the desired size was written into: %#v, want %#v", *f.target.DesiredSize, *want)
 	}
 }
 
@@ -258,6 +272,7 @@ func TestExpandVolumeSuccess(t *testing.T) {
 		t.Errorf("Expand paths: device %q, device mount %q, volume %q: want the ASW's", req.DevicePath, req.DeviceMountPath, req.VolumePath)
 	}
 	f.wantSize(t, "2Gi")
+	f.untouchedSize(t)
 	if got, want := f.claims.whats(), []string{"InProgress ns/data", "Finished ns/data 2Gi"}; !sameLines(got, want) {
 		t.Errorf("claim calls %q, want %q", got, want)
 	}
@@ -407,6 +422,7 @@ func TestExpandVolumeFailure(t *testing.T) {
 		t.Errorf("a failed expansion must count as a failure (backoff), got an expected error %v", err)
 	}
 	f.wantSize(t, "")
+	f.untouchedSize(t)
 	if av := f.volume(t); av.ResizeBlocked != "" {
 		t.Errorf("ResizeBlocked %q for an ordinary failure, want none (retried with backoff)", av.ResizeBlocked)
 	}

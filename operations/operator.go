@@ -48,8 +48,9 @@ type Operator struct {
 	// content generation it wrote, and when the plugin wants it set up
 	// again (refresh.Refresher).
 	Refresh Refresh
-	// SubPaths prepares and removes containers' sub-paths of volumes
-	// (default: subpath.Host, on this node).
+	// SubPaths prepares and removes containers' sub-paths of volumes:
+	// subpath.Host with the plugins' Mounter on the node. Without it,
+	// sub-paths are still removed, but preparing one fails.
 	SubPaths SubPaths
 
 	dirs podDirs

@@ -12,6 +12,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/subpath"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -195,6 +196,7 @@ func TestSubPathsOnTheNode(t *testing.T) {
 	w := newOpWorld(t, opPodScoped)
 	w.paths = volume.Paths{Root: mounttest.TempDir(t)}
 	w.op.Paths = w.paths
+	w.op.SubPaths = subpath.Host{Mounter: mountutil.New()}
 	w.want(t, opPod)
 	w.mountPod(t)
 	if err := os.MkdirAll(filepath.Join(w.podDir(), "conf"), 0o755); err != nil {

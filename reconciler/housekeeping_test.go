@@ -417,7 +417,7 @@ func TestCleanPodDirsRemovesSubPathsOfGonePods(t *testing.T) {
 	for _, uid := range []types.UID{"gone", "desired"} {
 		for i, sub := range []string{"logs", "logs/app.log"} {
 			target := w.paths.SubPathTarget(uid, "kubernetes.io/local-volume", "pv-1", "app", i)
-			if err := subpath.Prepare(subpath.Request{VolumeDir: vol, SubPath: sub, Target: target}); err != nil {
+			if err := (subpath.Host{Mounter: mountutil.New()}).Prepare(subpath.Request{VolumeDir: vol, SubPath: sub, Target: target}); err != nil {
 				t.Fatal(err)
 			}
 		}

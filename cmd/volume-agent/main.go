@@ -22,6 +22,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/agent"
 	"github.com/volume-agent/volume-agent/internal/logging"
+	"github.com/volume-agent/volume-agent/internal/procs"
 	"github.com/volume-agent/volume-agent/ui/statuscmd"
 )
 
@@ -119,6 +120,7 @@ func run() error {
 	log, stopLog := logging.New(level, os.Stderr)
 	defer stopLog()
 	cfg.Log = log
+	cfg.Procs = procs.New()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

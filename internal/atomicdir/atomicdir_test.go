@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/volume-agent/volume-agent/internal/mounttest"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -231,9 +233,7 @@ func TestModes(t *testing.T) {
 }
 
 func TestFSGroupAndOwner(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: changing a file's group to an arbitrary fsGroup")
-	}
+	mounttest.RequireRoot(t) // changing a file's group to an arbitrary fsGroup
 	dir := t.TempDir()
 	p := Payload{
 		"a":     {Data: []byte("x"), Mode: 0o400},

@@ -1,7 +1,7 @@
-// Package mounttest helps tests that make real mounts: skipping when not
-// root, reading the mount table, temporary directories that are always
-// unmounted before they are removed, and loop devices that are always
-// detached. It is only imported by tests.
+// Package mounttest helps tests that make real mounts: the one place a
+// test says it needs root (RequireRoot), reading the mount table, temporary
+// directories that are always unmounted before they are removed, and loop
+// devices that are always detached. It is only imported by tests.
 package mounttest
 
 import (
@@ -18,12 +18,34 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// RequireRoot skips the test, saying why, unless it runs as root.
+// RequireRootEnv names the environment variable that, set to anything but
+// "" or "0" (as `make test` sets it), makes RequireRoot fail a test that
+// cannot run for want of root; so does CI.
+const RequireRootEnv = "VOLUME_AGENT_REQUIRE_ROOT"
+
+// RequireRoot is where every test that needs root says so. Unless it runs
+// as root it skips the test, saying why, so that `go test` and `make unit`
+// work as any user; but when root is required here (RequireRootEnv or CI is
+// set) it fails the test instead, so that a run meant to cover everything
+// cannot pass by skipping. -short (`make unit`) always skips.
 func RequireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: mounting needs root (run the tests as root, e.g. sudo -E go test ./...)")
+	if os.Geteuid() == 0 {
+		return
 	}
+	const why = "the test needs root (run the tests as root, e.g. sudo -E go test ./...)"
+	if rootRequired() && !testing.Short() {
+		t.Fatalf("%s; %s=%q, CI=%q: the tests that need root must run here", why, RequireRootEnv, os.Getenv(RequireRootEnv), os.Getenv("CI"))
+	}
+	t.Skip("skipping: " + why)
+}
+
+// rootRequired reports whether a test may not skip for want of root.
+func rootRequired() bool {
+	if v := os.Getenv(RequireRootEnv); v != "" && v != "0" {
+		return true
+	}
+	return os.Getenv("CI") != ""
 }
 
 // Mount is one line of /proc/self/mountinfo.

@@ -15,6 +15,10 @@
 // with it the runtime following changes to the cgroup's CPU limit. What
 // stays is the threads a burst made (the runtime keeps them): about 1.5 MiB
 // of RSS after unmounting 500 pods' volumes.
+//
+// GOMAXPROCS belongs to the process: the program makes one Tuning at start
+// and hands it to what bursts and to what asks how many CPUs it has. A nil
+// *Tuning leaves the runtime's default alone.
 package procs
 
 import (
@@ -26,20 +30,32 @@ import (
 // Spare is how many Ps beyond the CPUs a burst runs with.
 const Spare = 4
 
-var (
+// Tuning changes the runtime's Ps for bursts; make one per process (New).
+type Tuning struct {
+	// fixed: the operator set GOMAXPROCS in the environment, and it
+	// stands.
+	fixed bool
+
 	mu sync.Mutex
 	// bursting is true while the spare Ps are there.
 	bursting bool
-)
+}
+
+// New returns the process's Tuning, reading the GOMAXPROCS environment
+// variable now.
+func New() *Tuning { return &Tuning{fixed: os.Getenv("GOMAXPROCS") != ""} }
 
 // CPUs returns how many CPUs the agent may use (the runtime's default
 // GOMAXPROCS, within the cgroup's CPU limit, or the GOMAXPROCS environment
 // variable): how many goroutines are worth running at once for work that
 // only computes, such as parsing manifests.
-func CPUs() int {
-	mu.Lock()
-	defer mu.Unlock()
-	if bursting {
+func (t *Tuning) CPUs() int {
+	if t == nil {
+		return runtime.GOMAXPROCS(0)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.bursting {
 		return runtime.GOMAXPROCS(0) - Spare
 	}
 	return runtime.GOMAXPROCS(0)
@@ -47,27 +63,30 @@ func CPUs() int {
 
 // Burst adds Spare Ps for a burst of operations. An operator's GOMAXPROCS
 // (set in the environment) stands.
-func Burst() {
-	if os.Getenv("GOMAXPROCS") != "" {
+func (t *Tuning) Burst() {
+	if t == nil || t.fixed {
 		return
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if bursting {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.bursting {
 		return
 	}
-	bursting = true
+	t.bursting = true
 	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + Spare)
 }
 
 // Steady takes the spare Ps back once a burst is over, and lets the
 // runtime follow the CPUs (and the cgroup's CPU limit) again.
-func Steady() {
-	mu.Lock()
-	defer mu.Unlock()
-	if !bursting {
+func (t *Tuning) Steady() {
+	if t == nil {
 		return
 	}
-	bursting = false
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.bursting {
+		return
+	}
+	t.bursting = false
 	runtime.SetDefaultGOMAXPROCS()
 }

@@ -35,9 +35,7 @@ func benchTree(b *testing.B, dir string) {
 func benchSetups(b *testing.B, run func(b *testing.B, dir string)) {
 	b.Run("disk", func(b *testing.B) { run(b, b.TempDir()) })
 	b.Run("tmpfs", func(b *testing.B) {
-		if os.Geteuid() != 0 {
-			b.Skip("needs root to mount a tmpfs")
-		}
+		mounttest.RequireRoot(b) // to mount a tmpfs
 		dir := mounttest.TempDir(b)
 		if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1g"); err != nil {
 			b.Fatal(err)
@@ -74,9 +72,7 @@ func BenchmarkRemoveAll(b *testing.B) {
 }
 
 func BenchmarkSetGroup(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("needs root to change groups")
-	}
+	mounttest.RequireRoot(b) // to change groups
 	benchSetups(b, func(b *testing.B, tmp string) {
 		dir := filepath.Join(tmp, "vol")
 		benchTree(b, dir)

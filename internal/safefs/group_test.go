@@ -60,9 +60,7 @@ func gidOf(t *testing.T, p string) uint32 {
 
 // Applying an fsGroup to the same tree is bounded the same way.
 func TestSetGroupDeepTreeMemory(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root for clear_refs and chown")
-	}
+	mounttest.RequireRoot(t) // for clear_refs and chown
 	dir := filepath.Join(t.TempDir(), "vol")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)

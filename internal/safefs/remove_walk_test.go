@@ -122,9 +122,7 @@ func TestRemoveSymlinkSwapRace(t *testing.T) {
 // A pod nests 1,600 directories with 255-character names: removing them
 // must cost memory bounded by a constant, not by the square of the depth.
 func TestRemoveDeepTreeMemory(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root for clear_refs")
-	}
+	mounttest.RequireRoot(t) // for clear_refs
 	dir := filepath.Join(t.TempDir(), "vol")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)

@@ -34,7 +34,7 @@ func BenchmarkPrepare(b *testing.B) {
 		}{{"rw", false}, {"ro", true}} {
 			b.Run(fs+"/prepare+remove/"+rw.name, func(b *testing.B) {
 				for b.Loop() {
-					if err := Prepare(Request{VolumeDir: vol, SubPath: "a/b/c", Target: target, ReadOnly: rw.readOnly}); err != nil {
+					if err := testHost.Prepare(Request{VolumeDir: vol, SubPath: "a/b/c", Target: target, ReadOnly: rw.readOnly}); err != nil {
 						b.Fatal(err)
 					}
 					if err := Remove(target); err != nil {
@@ -44,11 +44,11 @@ func BenchmarkPrepare(b *testing.B) {
 			})
 		}
 		b.Run(fs+"/already-prepared", func(b *testing.B) {
-			if err := Prepare(Request{VolumeDir: vol, SubPath: "a/b/c", Target: target}); err != nil {
+			if err := testHost.Prepare(Request{VolumeDir: vol, SubPath: "a/b/c", Target: target}); err != nil {
 				b.Fatal(err)
 			}
 			for b.Loop() {
-				if err := Prepare(Request{VolumeDir: vol, SubPath: "a/b/c", Target: target}); err != nil {
+				if err := testHost.Prepare(Request{VolumeDir: vol, SubPath: "a/b/c", Target: target}); err != nil {
 					b.Fatal(err)
 				}
 			}

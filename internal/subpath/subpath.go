@@ -10,7 +10,8 @@
 // no openat2), creates missing directories as the kubelet does, bind-mounts
 // the descriptor it ended on (/proc/self/fd/N) onto a target outside the
 // volume, and checks that the target is the very inode it resolved. Remove
-// and Sync undo it. The package knows nothing of pods: callers choose the
+// and Sync undo it. It binds through the Mounter it is given (the agent's
+// plugins.Mounter). The package knows nothing of pods: callers choose the
 // targets (see volume.Paths.SubPathTarget).
 package subpath
 
@@ -45,16 +46,35 @@ type Request struct {
 	NoCreate bool
 }
 
-// afterResolve, when set by a test, runs between resolving the sub-path and
-// mounting it: the moment an attacker would swap a component.
-var afterResolve func()
+// Mounter is what preparing sub-paths needs of the mount table: the agent
+// passes its plugins.Mounter (*mountutil.Mounter).
+type Mounter interface {
+	// BindMount makes source visible at target, which must exist.
+	BindMount(source, target string, o mountutil.BindOptions) error
+	// IsMountPoint reports whether path is a mount point (asked only on
+	// kernels before 5.8, which lack STATX_ATTR_MOUNT_ROOT).
+	IsMountPoint(path string) (bool, error)
+}
+
+// Host prepares and removes sub-paths on this node, binding through
+// Mounter: the operations' SubPaths.
+type Host struct {
+	Mounter Mounter
+	// afterResolve, when set by a test, runs between resolving the
+	// sub-path and mounting it: the moment an attacker would swap a
+	// component.
+	afterResolve func()
+}
 
 // Prepare makes r.Target a bind mount of r.VolumeDir/r.SubPath, creating
 // missing directories of the sub-path with the mode of the volume's root.
 // A target already bound to the same inode (with the asked read-only
 // state) is kept; one bound to anything else is unmounted and bound again.
 // It is idempotent and safe to repeat after a crash at any point.
-func Prepare(r Request) error {
+func (h Host) Prepare(r Request) error {
+	if h.Mounter == nil {
+		return errors.New("preparing sub-paths needs a mounter: none was given")
+	}
 	sub, err := Validate(r.SubPath)
 	if err != nil {
 		return err
@@ -85,19 +105,19 @@ func Prepare(r Request) error {
 	if err := unix.Fstat(fd, &src); err != nil {
 		return fmt.Errorf("fstat %q: %w", sub, err)
 	}
-	if afterResolve != nil {
-		afterResolve()
+	if h.afterResolve != nil {
+		h.afterResolve()
 	}
 	isDir := src.Mode&unix.S_IFMT == unix.S_IFDIR
 
-	if done, err := alreadyPrepared(r.Target, &src, r.ReadOnly); err != nil || done {
+	if done, err := h.alreadyPrepared(r.Target, &src, r.ReadOnly); err != nil || done {
 		return err
 	}
 	if err := makeTarget(r.Target, isDir); err != nil {
 		return err
 	}
 	source := "/proc/self/fd/" + strconv.Itoa(fd)
-	if err := mounter.BindMount(source, r.Target, mountutil.BindOptions{ReadOnly: r.ReadOnly}); err != nil {
+	if err := h.Mounter.BindMount(source, r.Target, mountutil.BindOptions{ReadOnly: r.ReadOnly}); err != nil {
 		_ = removeTarget(r.Target)
 		return err
 	}
@@ -114,13 +134,11 @@ func Prepare(r Request) error {
 	return nil
 }
 
-var mounter = mountutil.New()
-
 // alreadyPrepared reports whether target is a mount of the inode src with
 // the asked read-only state. A mount of anything else stacked on target is
 // unmounted so the caller can bind it again.
-func alreadyPrepared(target string, src *unix.Stat_t, readOnly bool) (bool, error) {
-	mounted, err := isMountPoint(target)
+func (h Host) alreadyPrepared(target string, src *unix.Stat_t, readOnly bool) (bool, error) {
+	mounted, err := h.isMountPoint(target)
 	if err != nil || !mounted {
 		return false, err
 	}
@@ -151,7 +169,7 @@ func sameInode(path string, st *unix.Stat_t) (bool, error) {
 
 // isMountPoint reports whether path is the root of a mount, without
 // following a link in its last component.
-func isMountPoint(path string) (bool, error) {
+func (h Host) isMountPoint(path string) (bool, error) {
 	var stx unix.Statx_t
 	err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS, &stx)
 	if errors.Is(err, unix.ENOENT) {
@@ -163,7 +181,7 @@ func isMountPoint(path string) (bool, error) {
 	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
 		return stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
 	}
-	return mounter.IsMountPoint(path) // kernels before 5.8
+	return h.Mounter.IsMountPoint(path) // kernels before 5.8
 }
 
 // makeTarget creates target as an empty directory (for a directory source)
@@ -289,13 +307,13 @@ func (e *MountError) Unwrap() error { return e.Err }
 // Sync makes dir hold exactly the targets of want, bound into volumeDir:
 // each wanted one prepared (or kept), every other one removed. It prepares
 // all it can and returns every failure (MountErrors, joined).
-func Sync(volumeDir, dir string, want []Mount) error {
+func (h Host) Sync(volumeDir, dir string, want []Mount) error {
 	var errs []error
 	keep := map[string]bool{}
 	for _, m := range want {
 		target := m.Target(dir)
 		keep[target] = true
-		if err := Prepare(Request{VolumeDir: volumeDir, SubPath: m.SubPath, Target: target, ReadOnly: m.ReadOnly, NoCreate: m.NoCreate}); err != nil {
+		if err := h.Prepare(Request{VolumeDir: volumeDir, SubPath: m.SubPath, Target: target, ReadOnly: m.ReadOnly, NoCreate: m.NoCreate}); err != nil {
 			errs = append(errs, &MountError{Mount: m, Err: err})
 		}
 	}
@@ -304,13 +322,6 @@ func Sync(volumeDir, dir string, want []Mount) error {
 	}
 	return errors.Join(errs...)
 }
-
-// Host prepares and removes sub-paths on this node: the operations'
-// SubPaths.
-type Host struct{}
-
-// Sync is the package's Sync.
-func (Host) Sync(volumeDir, dir string, want []Mount) error { return Sync(volumeDir, dir, want) }
 
 // Clean is the package's Clean.
 func (Host) Clean(dir string) error { return Clean(dir) }

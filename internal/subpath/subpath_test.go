@@ -12,7 +12,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/internal/mountutil"
 )
+
+// testHost binds through the node's mount table, as the agent's does.
+var testHost = Host{Mounter: mountutil.New()}
 
 func TestValidate(t *testing.T) {
 	for _, tc := range []struct {
@@ -110,7 +114,7 @@ func TestPrepareDirectoryAndFile(t *testing.T) {
 		mounttest.WriteFile(t, filepath.Join(f.vol, "data/config"), "CONFIG")
 
 		dirTarget := filepath.Join(f.targets, "c", "0")
-		if err := Prepare(Request{VolumeDir: f.vol, SubPath: "data/logs", Target: dirTarget}); err != nil {
+		if err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: "data/logs", Target: dirTarget}); err != nil {
 			t.Fatal(err)
 		}
 		if got := mounttest.ReadFile(t, filepath.Join(dirTarget, "app.log")); got != "VOLUME" {
@@ -121,7 +125,7 @@ func TestPrepareDirectoryAndFile(t *testing.T) {
 		}
 
 		fileTarget := filepath.Join(f.targets, "c", "1")
-		if err := Prepare(Request{VolumeDir: f.vol, SubPath: "data/config", Target: fileTarget, ReadOnly: true}); err != nil {
+		if err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: "data/config", Target: fileTarget, ReadOnly: true}); err != nil {
 			t.Fatal(err)
 		}
 		if got := mounttest.ReadFile(t, fileTarget); got != "CONFIG" {
@@ -133,10 +137,10 @@ func TestPrepareDirectoryAndFile(t *testing.T) {
 
 		// Again: kept, not stacked.
 		for range 2 {
-			if err := Prepare(Request{VolumeDir: f.vol, SubPath: "data/logs", Target: dirTarget}); err != nil {
+			if err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: "data/logs", Target: dirTarget}); err != nil {
 				t.Fatal(err)
 			}
-			if err := Prepare(Request{VolumeDir: f.vol, SubPath: "data/config", Target: fileTarget, ReadOnly: true}); err != nil {
+			if err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: "data/config", Target: fileTarget, ReadOnly: true}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -145,7 +149,7 @@ func TestPrepareDirectoryAndFile(t *testing.T) {
 		}
 
 		// Read-only changed: bound again with the new state.
-		if err := Prepare(Request{VolumeDir: f.vol, SubPath: "data/logs", Target: dirTarget, ReadOnly: true}); err != nil {
+		if err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: "data/logs", Target: dirTarget, ReadOnly: true}); err != nil {
 			t.Fatal(err)
 		}
 		if ms := mounttest.MountsAt(t, dirTarget); len(ms) != 1 || !ms[0].HasOption("ro") {
@@ -173,10 +177,10 @@ func TestPrepareRebindsAWrongTarget(t *testing.T) {
 	f.mkdir(t, "old")
 	f.mkdir(t, "new")
 	target := filepath.Join(f.targets, "c", "0")
-	if err := Prepare(Request{VolumeDir: f.vol, SubPath: "old", Target: target}); err != nil {
+	if err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: "old", Target: target}); err != nil {
 		t.Fatal(err)
 	}
-	if err := Prepare(Request{VolumeDir: f.vol, SubPath: "new", Target: target}); err != nil {
+	if err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: "new", Target: target}); err != nil {
 		t.Fatal(err)
 	}
 	if inode(t, target) != inode(t, filepath.Join(f.vol, "new")) || mountsAt(t, target) != 1 {
@@ -184,7 +188,7 @@ func TestPrepareRebindsAWrongTarget(t *testing.T) {
 	}
 	// A directory target replaced by a file sub-path.
 	mounttest.WriteFile(t, filepath.Join(f.vol, "file"), "F")
-	if err := Prepare(Request{VolumeDir: f.vol, SubPath: "file", Target: target}); err != nil {
+	if err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: "file", Target: target}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mounttest.ReadFile(t, target); got != "F" {
@@ -202,7 +206,7 @@ func TestPrepareCreatesMissingDirectories(t *testing.T) {
 		old := unix.Umask(0o077)
 		defer unix.Umask(old)
 		target := filepath.Join(f.targets, "c", "0")
-		if err := Prepare(Request{VolumeDir: f.vol, SubPath: "x/y/z", Target: target}); err != nil {
+		if err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: "x/y/z", Target: target}); err != nil {
 			t.Fatal(err)
 		}
 		for _, rel := range []string{"x/y", "x/y/z"} {
@@ -218,13 +222,13 @@ func TestPrepareCreatesMissingDirectories(t *testing.T) {
 			t.Error("target is not the created directory")
 		}
 		// Not when asked not to.
-		err := Prepare(Request{VolumeDir: f.vol, SubPath: "x/other", Target: filepath.Join(f.targets, "c", "2"), NoCreate: true})
+		err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: "x/other", Target: filepath.Join(f.targets, "c", "2"), NoCreate: true})
 		if !errors.Is(err, unix.ENOENT) || !strings.Contains(err.Error(), "no directory is created") || mounttest.Exists(t, filepath.Join(f.vol, "x/other")) {
 			t.Errorf("NoCreate on a missing sub-path: %v", err)
 		}
 		// Through a link that stays in the volume.
 		f.symlink(t, "x", "link")
-		if err := Prepare(Request{VolumeDir: f.vol, SubPath: "link/new", Target: filepath.Join(f.targets, "c", "1")}); err != nil {
+		if err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: "link/new", Target: filepath.Join(f.targets, "c", "1")}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := os.Stat(filepath.Join(f.vol, "x/new")); err != nil {
@@ -253,7 +257,7 @@ func TestPrepareRefusesEscapes(t *testing.T) {
 		f.symlink(t, "loop", "loop")
 
 		ok := filepath.Join(f.targets, "ok", "0")
-		if err := Prepare(Request{VolumeDir: f.vol, SubPath: "cfg/key", Target: ok}); err != nil {
+		if err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: "cfg/key", Target: ok}); err != nil {
 			t.Fatalf("in-volume links: %v", err)
 		}
 		if got := mounttest.ReadFile(t, ok); got != "VALUE" {
@@ -261,7 +265,7 @@ func TestPrepareRefusesEscapes(t *testing.T) {
 		}
 		for i, sub := range []string{"abs", "abs/b", "rel", "rel/b/marker", "deep/er/up/b", "deep/er/climb/decoy", "absinside", "rel/b/new/dir", "abs/created"} {
 			target := filepath.Join(f.targets, "bad", string(rune('0'+i)))
-			err := Prepare(Request{VolumeDir: f.vol, SubPath: sub, Target: target})
+			err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: sub, Target: target})
 			if err == nil || !strings.Contains(err.Error(), "leaves the volume") {
 				t.Errorf("subPath %q: %v, want an error saying it leaves the volume", sub, err)
 			}
@@ -269,11 +273,11 @@ func TestPrepareRefusesEscapes(t *testing.T) {
 				t.Errorf("subPath %q: target %s left behind", sub, target)
 			}
 		}
-		if err := Prepare(Request{VolumeDir: f.vol, SubPath: "loop", Target: filepath.Join(f.targets, "loop", "0")}); !errors.Is(err, unix.ELOOP) {
+		if err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: "loop", Target: filepath.Join(f.targets, "loop", "0")}); !errors.Is(err, unix.ELOOP) {
 			t.Errorf("link loop: %v, want ELOOP", err)
 		}
 		// A dangling link inside the volume is not created through.
-		err := Prepare(Request{VolumeDir: f.vol, SubPath: "deep/er/dangling/x", Target: filepath.Join(f.targets, "dangling", "0")})
+		err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: "deep/er/dangling/x", Target: filepath.Join(f.targets, "dangling", "0")})
 		if err == nil || !strings.Contains(err.Error(), "not a directory") {
 			t.Errorf("through a dangling link: %v", err)
 		}
@@ -350,7 +354,7 @@ func TestPrepareSymlinkSwapRace(t *testing.T) {
 				sub = "a/b/marker"
 			}
 			target := filepath.Join(f.targets, "c", "0")
-			err := Prepare(Request{VolumeDir: f.vol, SubPath: sub, Target: target})
+			err := testHost.Prepare(Request{VolumeDir: f.vol, SubPath: sub, Target: target})
 			if err != nil {
 				refused++
 				if mounttest.Exists(t, target) && mountsAt(t, target) > 0 {
@@ -394,7 +398,8 @@ func TestPrepareSwapAfterResolve(t *testing.T) {
 	f := newFixture(t)
 	f.mkdir(t, "a/b")
 	mounttest.WriteFile(t, filepath.Join(f.vol, "a/b/marker"), "VOLUME")
-	afterResolve = func() {
+	h := testHost
+	h.afterResolve = func() {
 		if err := os.Rename(filepath.Join(f.vol, "a"), filepath.Join(f.vol, "moved")); err != nil {
 			t.Error(err)
 		}
@@ -402,9 +407,8 @@ func TestPrepareSwapAfterResolve(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	defer func() { afterResolve = nil }()
 	target := filepath.Join(f.targets, "c", "0")
-	if err := Prepare(Request{VolumeDir: f.vol, SubPath: "a/b", Target: target}); err != nil {
+	if err := h.Prepare(Request{VolumeDir: f.vol, SubPath: "a/b", Target: target}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mounttest.ReadFile(t, filepath.Join(target, "marker")); got != "VOLUME" {
@@ -419,7 +423,7 @@ func TestSyncAndClean(t *testing.T) {
 	}
 	dir := filepath.Join(f.targets, "vol")
 	first := []Mount{{Container: "app", Index: 0, SubPath: "one"}, {Container: "app", Index: 2, SubPath: "two"}, {Container: "side", Index: 1, SubPath: "three", ReadOnly: true}}
-	if err := Sync(f.vol, dir, first); err != nil {
+	if err := testHost.Sync(f.vol, dir, first); err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range first {
@@ -430,7 +434,7 @@ func TestSyncAndClean(t *testing.T) {
 	// A changed set: app/2 now binds "three", side/1 goes, a bad one fails
 	// without stopping the others.
 	second := []Mount{{Container: "app", Index: 0, SubPath: "one"}, {Container: "app", Index: 2, SubPath: "three"}, {Container: "app", Index: 3, MountPath: "/x", SubPath: "../x"}}
-	err := Sync(f.vol, dir, second)
+	err := testHost.Sync(f.vol, dir, second)
 	var me *MountError
 	if !errors.As(err, &me) || me.Mount.Index != 3 || !strings.Contains(err.Error(), `failed to prepare subPath "../x" for the volumeMount at /x of container "app"`) {
 		t.Fatalf("Sync with a bad sub-path: %v, want a MountError naming it", err)

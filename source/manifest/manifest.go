@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/volume-agent/volume-agent/internal/procs"
 	"github.com/volume-agent/volume-agent/source"
 )
 
@@ -41,6 +42,9 @@ type Options struct {
 	// ResyncPeriod is how often the directory is compared with what was
 	// read, to catch changes inotify missed. Defaults to 30s.
 	ResyncPeriod time.Duration
+	// Procs says how many CPUs to parse files on (the runtime's
+	// GOMAXPROCS if nil).
+	Procs *procs.Tuning
 }
 
 const (
@@ -75,6 +79,7 @@ const (
 type Source struct {
 	dir     string
 	log     *zap.Logger
+	procs   *procs.Tuning
 	resync  time.Duration
 	parser  parser
 	seed    maphash.Seed
@@ -135,6 +140,7 @@ func New(opts Options) (*Source, error) {
 	s := &Source{
 		dir:      dir,
 		log:      opts.Logger,
+		procs:    opts.Procs,
 		resync:   opts.ResyncPeriod,
 		parser:   parser{nodeName: opts.NodeName},
 		seed:     maphash.MakeSeed(),

@@ -15,8 +15,6 @@ import (
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/api/equality"
-
-	"github.com/volume-agent/volume-agent/internal/procs"
 )
 
 // fileState is what is known about one manifest file.
@@ -185,7 +183,7 @@ func (s *Source) publish() {
 // cost of a large directory) and hands each finished job to done, in the
 // calling goroutine, as soon as it is finished.
 func (s *Source) runJobs(jobs []job, done func(*job)) {
-	workers := min(procs.CPUs(), len(jobs))
+	workers := min(s.procs.CPUs(), len(jobs))
 	if workers <= 1 {
 		for i := range jobs {
 			s.read(&jobs[i])

@@ -19,6 +19,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/volume-agent/volume-agent/internal/mounttest"
 )
 
 var (
@@ -30,9 +32,7 @@ var (
 // where loop devices, mount(2) and mkfs.ext4 work.
 func requireLoopDevices(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root for loop devices and mount(2)")
-	}
+	mounttest.RequireRoot(t) // for loop devices and mount(2)
 	loopOnce.Do(func() {
 		for _, tool := range []string{"losetup", "blkid", "mkfs.ext4", "resize2fs", "e2fsck", "dumpe2fs"} {
 			if _, err := exec.LookPath(tool); err != nil {

@@ -5,5 +5,5 @@
 // table and the agent's debug endpoint.
 //
 // The tests need root (they mount tmpfs, bind mounts and loop devices) and
-// skip otherwise. Set VOLUME_AGENT_BINARY to test a binary built elsewhere.
+// skip otherwise, or fail where root is required (e2eutil.Skip). Set VOLUME_AGENT_BINARY to test a binary built elsewhere.
 package e2e

@@ -72,9 +72,7 @@ const (
 // first.
 func requireE2E(t *testing.T) {
 	t.Helper()
-	if skipReason != "" {
-		t.Skip("skipping: " + skipReason)
-	}
+	e2eutil.Skip(t, skipReason)
 }
 
 // agent is a standalone volume-agent with its own root and manifest

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/test/cluster"
 )
 
@@ -27,12 +28,10 @@ type Suite struct {
 	*ControlPlane
 }
 
-// Require skips the test if the suite cannot run.
+// Require skips the test if the suite cannot run (see Skip).
 func (s *Suite) Require(t testing.TB) {
 	t.Helper()
-	if s.Skip != "" {
-		t.Skip(s.Skip)
-	}
+	Skip(t, s.Skip)
 }
 
 // StartAgent starts an agent (StartAgent) for node on root in cluster mode,
@@ -75,11 +74,12 @@ type SuiteOptions struct {
 }
 
 // RunSuite is the TestMain of a cluster-mode suite; it returns the exit
-// code. Every test skips (s.Skip) in -short mode, with
+// code. Every test skips (s.Skip, through Skip) in -short mode, with
 // VOLUME_AGENT_SKIP_CLUSTER=1, when not run as root, or without the tools,
-// the control-plane binaries or (with Sidecars) the CSI sidecars. Otherwise RunSuite builds the binaries
-// (the agent with -race when the tests run with it), starts the control
-// plane, runs Setup, the tests and Check, and stops the control plane.
+// the control-plane binaries or (with Sidecars) the CSI sidecars. Otherwise
+// RunSuite builds the binaries (the agent with -race when the tests run
+// with it), starts the control plane, runs Setup, the tests and Check, and
+// stops the control plane.
 func RunSuite(m *testing.M, s *Suite, o SuiteOptions) int {
 	if !flag.Parsed() {
 		flag.Parse()
@@ -139,9 +139,23 @@ func (s *Suite) setup(o SuiteOptions) (err error) {
 	return nil
 }
 
+// Skip skips t, saying why, when reason (from SkipReason or the like) is
+// not empty. Without root the test goes through mounttest.RequireRoot
+// first, which fails it when root is required (as `make test` requires it).
+func Skip(t testing.TB, reason string) {
+	t.Helper()
+	if reason == "" {
+		return
+	}
+	if !testing.Short() {
+		mounttest.RequireRoot(t)
+	}
+	t.Skip("skipping: " + reason)
+}
+
 // SkipReason says why tests that mount cannot run here, or "": in -short
 // mode, when not run as root, or without one of the tools (losetup: or
-// without loop devices).
+// without loop devices). Tests skip with it through Skip.
 func SkipReason(tools ...string) string {
 	switch {
 	case testing.Short():

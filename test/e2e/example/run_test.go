@@ -95,9 +95,7 @@ func processesUsing(s string) []int {
 }
 
 func TestCtrlCLeavesNothingBehind(t *testing.T) {
-	if suite.skip != "" {
-		t.Skip("skipping: " + suite.skip)
-	}
+	e2eutil.Skip(t, suite.skip)
 	repo, err := cluster.RepoRoot()
 	if err != nil {
 		t.Fatal(err)

@@ -9,9 +9,10 @@
 // screenshots are saved in $VOLUME_AGENT_ARTIFACTS/page, or
 // test/artifacts/page.
 //
-// The tests need root (the agent mounts) and Chromium: without it they skip
-// with the reason, unless CI or VOLUME_AGENT_REQUIRE_BROWSER is set (as
-// `make test` does), where a missing browser fails them.
+// The tests need root (the agent mounts) and Chromium: without them they
+// skip with the reason, unless CI or VOLUME_AGENT_REQUIRE_BROWSER and
+// VOLUME_AGENT_REQUIRE_ROOT are set (as `make test` does), where a missing
+// browser or root fails them.
 package page_test
 
 import (
@@ -109,9 +110,7 @@ func artifactsDir() (string, error) {
 
 func require(t *testing.T) {
 	t.Helper()
-	if suite.skip != "" {
-		t.Skip("skipping: " + suite.skip)
-	}
+	e2eutil.Skip(t, suite.skip)
 }
 
 // examples starts an agent on a copy of examples/manifests whose host paths

@@ -66,9 +66,7 @@ func runMain(m *testing.M) int {
 // requireRoot skips the test when the package cannot run.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if bins.skip != "" {
-		t.Skip(bins.skip)
-	}
+	e2eutil.Skip(t, bins.skip)
 }
 
 // sharedPlane is the control plane the cluster tests share, started on
@@ -109,9 +107,7 @@ func clusterSkip() string {
 // sharedControlPlane starts the shared control plane on first use.
 func sharedControlPlane(t *testing.T) *e2eutil.ControlPlane {
 	t.Helper()
-	if why := clusterSkip(); why != "" {
-		t.Skip(why)
-	}
+	e2eutil.Skip(t, clusterSkip())
 	shared.once.Do(func() {
 		if shared.dir, shared.err = os.MkdirTemp("", "volume-agent-restart-cluster-"); shared.err != nil {
 			return
@@ -128,9 +124,7 @@ func sharedControlPlane(t *testing.T) *e2eutil.ControlPlane {
 // ends.
 func privateControlPlane(t *testing.T) *e2eutil.ControlPlane {
 	t.Helper()
-	if why := clusterSkip(); why != "" {
-		t.Skip(why)
-	}
+	e2eutil.Skip(t, clusterSkip())
 	cp, err := startControlPlane(t.TempDir())
 	if err != nil {
 		t.Fatalf("starting a control plane: %v", err)

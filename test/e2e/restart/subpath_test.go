@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/subpath"
 	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
@@ -66,7 +67,7 @@ func TestSubPathsAcrossCrash(t *testing.T) {
 	a.Kill()
 	m.Remove("gone.yaml")
 	stray := e2eutil.SubPathTarget(root, stays, e2eutil.EmptyDirPlugin, "disk", "old-container", 7)
-	if err := subpath.Prepare(subpath.Request{VolumeDir: e2eutil.VolumeDir(root, stays, e2eutil.EmptyDirPlugin, "disk"), SubPath: "out", Target: stray}); err != nil {
+	if err := (subpath.Host{Mounter: mountutil.New()}).Prepare(subpath.Request{VolumeDir: e2eutil.VolumeDir(root, stays, e2eutil.EmptyDirPlugin, "disk"), SubPath: "out", Target: stray}); err != nil {
 		t.Fatal(err)
 	}
 	a.Start()

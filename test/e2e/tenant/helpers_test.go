@@ -44,9 +44,7 @@ type agent struct {
 // and the given extra flags.
 func newAgent(t *testing.T, args ...string) *agent {
 	t.Helper()
-	if skipReason != "" {
-		t.Skip("skipping: " + skipReason)
-	}
+	e2eutil.Skip(t, skipReason)
 	root := mounttest.TempDir(t)
 	m := e2eutil.NewManifests(t)
 	args = append([]string{
@@ -162,6 +160,7 @@ type decoy struct {
 
 func newDecoy(t *testing.T) *decoy {
 	t.Helper()
+	e2eutil.Skip(t, skipReason) // it chowns, and comes before newAgent
 	dir := filepath.Join(mounttest.TempDir(t), "host-data")
 	for _, f := range []struct {
 		path     string
