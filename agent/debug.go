@@ -10,6 +10,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/reconciler"
 	"github.com/volume-agent/volume-agent/source"
@@ -143,7 +144,7 @@ func newDSWDocument(s *cache.DesiredSnapshot, asw *cache.ActualSnapshot, sources
 	}
 	sort.Slice(doc.Volumes, func(i, j int) bool { return doc.Volumes[i].Name < doc.Volumes[j].Name })
 	for _, p := range s.Pods {
-		dp := DSWPod{PodRef: p.Pod.PodRef, Volumes: p.Volumes, VolumesReady: cache.PodReady(p, s, asw), UnresolvedVolumes: p.Unresolved, Since: p.Since}
+		dp := DSWPod{PodRef: p.Pod.PodRef, Volumes: p.Volumes, VolumesReady: explain.PodReady(p, s, asw), UnresolvedVolumes: p.Unresolved, Since: p.Since}
 		if dp.Volumes == nil {
 			dp.Volumes = []volume.UniqueName{}
 		}

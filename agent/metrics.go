@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/reconciler"
 	"github.com/volume-agent/volume-agent/source"
@@ -133,7 +134,7 @@ func (m *Metrics) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsh
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for uid, p := range dsw.Pods {
-		if m.readyPods[uid] || !cache.PodReady(p, dsw, asw) {
+		if m.readyPods[uid] || !explain.PodReady(p, dsw, asw) {
 			continue
 		}
 		m.readyPods[uid] = true
@@ -166,7 +167,9 @@ var (
 		"Entries of the pending-operations map by operation and state (queued, running, timedOut, backoff).",
 		[]string{"operation", "state"}, nil)
 	podsWithErrorsDesc = prometheus.NewDesc(namespace+"_pods_with_volume_errors",
-		"Pods with at least one volume that cannot be resolved.", nil, nil)
+		"Pods with a volume that needs a change to the pod or to what it refers to (explain.NeedsChange).", nil, nil)
+	podsDesc = prometheus.NewDesc(namespace+"_pods",
+		"Pods by where their volumes stand, as the pods' VolumesReady condition, the page and the runtime API say it: ready, waiting, failing or needsChange.", []string{"status"}, nil)
 	inputErrorsDesc = prometheus.NewDesc(namespace+"_source_input_errors",
 		"Inputs (manifest files, objects) that are currently unusable.", nil, nil)
 	sourcesReadyDesc = prometheus.NewDesc(namespace+"_sources_ready",
@@ -174,7 +177,7 @@ var (
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{volumesDesc, deviceMountsDesc, pendingDesc, podsWithErrorsDesc, inputErrorsDesc, sourcesReadyDesc} {
+	for _, d := range []*prometheus.Desc{volumesDesc, deviceMountsDesc, pendingDesc, podsWithErrorsDesc, podsDesc, inputErrorsDesc, sourcesReadyDesc} {
 		ch <- d
 	}
 }
@@ -182,12 +185,12 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	type key struct{ a, b, c string }
 	counts := map[key]int{}
-	dsw := c.dsw.Snapshot()
+	dsw, asw := c.dsw.Snapshot(), c.asw.Snapshot()
 	for _, v := range dsw.Volumes {
 		counts[key{"desired", v.Plugin, "desired"}] += len(v.Pods)
 	}
 	devices := map[key]int{}
-	for _, v := range c.asw.Snapshot().Volumes {
+	for _, v := range asw.Volumes {
 		for _, m := range v.Pods {
 			state := "mounted"
 			if m.State == cache.MountUncertain {
@@ -212,13 +215,14 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for k, n := range pending {
 		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n), k.a, k.b)
 	}
-	withErrors := 0
+	pods := map[explain.Status]int{explain.Ready: 0, explain.Waiting: 0, explain.Failing: 0, explain.NeedsChange: 0}
 	for _, p := range dsw.Pods {
-		if len(p.Errors) > 0 {
-			withErrors++
-		}
+		pods[explain.Explain(p, dsw, asw, c.exec).Status]++
 	}
-	ch <- prometheus.MustNewConstMetric(podsWithErrorsDesc, prometheus.GaugeValue, float64(withErrors))
+	for st, n := range pods {
+		ch <- prometheus.MustNewConstMetric(podsDesc, prometheus.GaugeValue, float64(n), string(st))
+	}
+	ch <- prometheus.MustNewConstMetric(podsWithErrorsDesc, prometheus.GaugeValue, float64(pods[explain.NeedsChange]))
 	inputErrors := 0
 	if r, ok := c.src.(source.ErrorReporter); ok {
 		inputErrors = len(r.InputErrors())

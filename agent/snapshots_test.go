@@ -16,6 +16,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/reconciler"
 	runtimeserver "github.com/volume-agent/volume-agent/runtimeapi/server"
@@ -127,7 +128,8 @@ func TestReadersLeaveSnapshotsUnchanged(t *testing.T) {
 		{"pod condition", func(ds *cache.DesiredSnapshot, as *cache.ActualSnapshot) {
 			for _, p := range ds.Pods {
 				podstatus.Compute(p, ds, as, errs)
-				cache.PodReady(p, ds, as)
+				explain.PodReady(p, ds, as)
+				explain.Explain(p, ds, as, errs)
 			}
 		}},
 		{"node status", func(ds *cache.DesiredSnapshot, as *cache.ActualSnapshot) { nodestatus.InUse(ds, as) }},

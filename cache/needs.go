@@ -61,26 +61,9 @@ func SubPathsNeeded(want []volume.SubPath, m *ActualPodMount, gen uint64) bool {
 
 // PodVolumeReady reports whether a pod can be given a volume: the pod's
 // mount is set up and the sub-paths its containers want are in place. It
-// is the one definition of a ready volume (pod conditions, the runtime
-// API, metrics).
+// is the one definition of a ready volume; explain.Explain builds on it.
 func PodVolumeReady(want []volume.SubPath, m *ActualPodMount) bool {
 	return m != nil && m.State == Mounted && volume.SameSubPaths(want, m.SubPaths)
-}
-
-// PodReady reports whether a pod can be given all its volumes: none of
-// them has an error, every one resolved, and each is ready for it
-// (PodVolumeReady).
-func PodReady(p *DesiredPod, dsw *DesiredSnapshot, asw *ActualSnapshot) bool {
-	if len(p.Errors) > 0 || len(p.Unresolved) > 0 {
-		return false
-	}
-	for _, name := range p.Volumes {
-		m, _ := asw.PodMount(name, p.Pod.UID)
-		if !PodVolumeReady(dsw.PodSubPaths(name, p.Pod.UID), m) {
-			return false
-		}
-	}
-	return true
 }
 
 // PodUnmountNeeded reports whether a pod's mount must be torn down: the pod

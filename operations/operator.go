@@ -307,7 +307,7 @@ func (o *Operator) PrepareSubPaths(ctx context.Context, t *Target) error {
 			want[i] = subpath.Mount{Container: s.Container, Index: s.Index, MountPath: s.MountPath, SubPath: s.Path, ReadOnly: s.ReadOnly,
 				// The content of API data volumes is the agent's to keep
 				// in sync with its sources: no directory is added to it.
-				NoCreate: volume.ReadOnlyForContainers(t.Plugin)}
+				NoCreate: t.Attributes.ReadOnlyForContainers}
 		}
 		if err := o.subPaths().Sync(m.MountPath, dir, want); err != nil {
 			return err

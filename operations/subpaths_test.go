@@ -2,6 +2,7 @@ package operations
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -225,12 +226,14 @@ func TestSubPathsOnTheNode(t *testing.T) {
 	}
 }
 
-// In a configMap (secret, downwardAPI, projected) volume a missing sub-path
-// is not created: that content is kept in sync with its sources.
+// In a volume its plugin gives containers read-only (configMap, secret,
+// downwardAPI, projected) a missing sub-path is not created: that content
+// is kept in sync with its sources.
 func TestPrepareSubPathsNoCreateInAPIVolumes(t *testing.T) {
-	for plugin, noCreate := range map[string]bool{"kubernetes.io/configmap": true, "kubernetes.io/projected": true, opFakeName: false} {
+	for _, noCreate := range []bool{true, false} {
+		plugin := fmt.Sprintf("read-only for containers: %v", noCreate)
 		w := newOpWorld(t, opPodScoped)
-		w.pluginName = plugin
+		w.attrs.ReadOnlyForContainers = noCreate
 		f := withFakeSubPaths(w)
 		w.want(t, opPod)
 		w.mountPod(t)

@@ -31,6 +31,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/status/events"
@@ -361,7 +362,7 @@ func withSubPaths(pv cache.PodVolume, subPaths []volume.SubPath) cache.PodVolume
 	}
 	pv.SubPaths = make([]volume.SubPath, len(subPaths))
 	for i, s := range subPaths {
-		s.ReadOnly = s.ReadOnly || pv.Spec.ReadOnly || volume.ReadOnlyForContainers(pv.Plugin)
+		s.ReadOnly = s.ReadOnly || pv.Spec.ReadOnly || pv.Attributes.ReadOnlyForContainers
 		pv.SubPaths[i] = s
 	}
 	return pv
@@ -419,7 +420,7 @@ func (p *Populator) reportNewErrors(old *podState, errs []*volume.PodVolumeError
 		if known[e.Error()] {
 			continue
 		}
-		if e.Reason == ReasonNotRead {
+		if explain.ErrorStatus(e) == explain.Waiting {
 			// Waiting for a watch that started a moment ago: not a
 			// problem of the pod (the source logs one that lasts).
 			if p.opts.Log != nil {

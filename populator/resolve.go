@@ -127,7 +127,8 @@ func (r *resolver) pv(name string) (*v1.PersistentVolume, error) {
 // handle it.
 func (r *resolver) resolve(pod *v1.Pod, podInfo volume.PodInfo, vol *v1.Volume, use usage) (cache.PodVolume, *volume.PodVolumeError) {
 	fail := func(reason string, err error) (cache.PodVolume, *volume.PodVolumeError) {
-		return cache.PodVolume{}, &volume.PodVolumeError{Pod: podInfo.PodRef, Volume: vol.Name, Reason: reason, Err: err}
+		return cache.PodVolume{}, &volume.PodVolumeError{Pod: podInfo.PodRef, Volume: vol.Name, Reason: reason, Err: err,
+			Transient: reason == ReasonNotRead || reason == ReasonLookupFailed}
 	}
 	if err := volume.ValidatePathElement(vol.Name); err != nil {
 		return fail(ReasonInvalid, fmt.Errorf("volume name is not usable as a directory name: %w", err))
@@ -214,7 +215,7 @@ func (r *resolver) claim(pod *v1.Pod, name string, ephemeral bool) (*v1.Persiste
 	ns := pod.Namespace
 	pvc, err := r.pvc(ns, name)
 	if errors.Is(err, source.ErrNotRead) {
-		return nil, nil, ReasonNotRead, fmt.Errorf("PVC %s/%s is not read from the API server yet", ns, name)
+		return nil, nil, ReasonNotRead, volume.Waitingf("PVC %s/%s is not read from the API server yet", ns, name)
 	}
 	if apierrors.IsNotFound(err) {
 		return nil, nil, ReasonPVCNotFound, fmt.Errorf("PVC %s/%s not found", ns, name)
@@ -240,7 +241,7 @@ func (r *resolver) claim(pod *v1.Pod, name string, ephemeral bool) (*v1.Persiste
 	}
 	pv, err := r.pv(pvc.Spec.VolumeName)
 	if errors.Is(err, source.ErrNotRead) {
-		return nil, nil, ReasonNotRead, fmt.Errorf("PV %s (bound to PVC %s/%s) is not read from the API server yet", pvc.Spec.VolumeName, ns, name)
+		return nil, nil, ReasonNotRead, volume.Waitingf("PV %s (bound to PVC %s/%s) is not read from the API server yet", pvc.Spec.VolumeName, ns, name)
 	}
 	if apierrors.IsNotFound(err) {
 		return nil, nil, ReasonPVNotFound, fmt.Errorf("PV %s (bound to PVC %s/%s) not found", pvc.Spec.VolumeName, ns, name)

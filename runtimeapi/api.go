@@ -85,9 +85,12 @@ const (
 	// ReasonSubPathFailed: preparing a sub-path failed (Message says
 	// which and how); it is retried.
 	ReasonSubPathFailed = "SubPathFailed"
-	// Any other reason is a problem with the pod's spec or the objects it
-	// refers to (ClaimNotFound, InvalidSubPath, Unsupported...), named as
-	// in the agent's events and metrics: it needs a change to go away.
+	// Any other reason classifies a problem found resolving the volume,
+	// named as in the agent's events and metrics: NotReadYet (its claim is
+	// being read: a wait) and LookupFailed (retried) go away on their own;
+	// the others (PVCNotFound, InvalidSubPath, UnsupportedVolume...) need a
+	// change to the pod or to what it refers to, and say so in
+	// NeedsChange.
 )
 
 // Volume is one volume of the pod, by the name the pod gives it.
@@ -97,6 +100,10 @@ type Volume struct {
 	// Reason and Message say why the volume is not ready.
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`
+	// NeedsChange: the volume will not become ready until the pod or what
+	// it refers to changes (a runtime may fail the pod's start at once);
+	// false while it waits or its operation is retried.
+	NeedsChange bool `json:"needsChange,omitempty"`
 	// Plugin is the volume plugin (kubernetes.io/empty-dir...).
 	Plugin string `json:"plugin,omitempty"`
 	// VolumeMode is Filesystem (HostPath is set when ready) or Block

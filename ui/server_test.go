@@ -89,7 +89,7 @@ func TestPages(t *testing.T) {
 	}{
 		{"/", 200, []string{
 			"waiting-for-claim", "PVCNotFound: PVC default/does-not-exist not found", `href="/pods/team-b/db"`,
-			`class="badge state-error"`, "mount_device failed: rpc error", "next try", `data-until`,
+			`class="badge state-error"`, "MountFailed: rpc error", "next try", `data-until`,
 			"csi.example.com", "unresponsive", "broken-reg.sock", "etc-hosts", "/mnt/disks/ssd2", "the disk is gone",
 			"bad.yaml", "SuccessfulMountVolume", `<svg class="statebar"`, `data-stream="/?watch=1"`,
 		}, nil},

@@ -79,18 +79,3 @@ func SortSubPaths(s []SubPath) {
 		return a.Index - b.Index
 	})
 }
-
-// apiDataPlugins write content from API objects (configMap, secret,
-// downwardAPI, projected): like the kubelet (ReadOnlyAPIDataVolumes), their
-// volumes are given to containers read-only, whatever the pod says, so a
-// container never changes what the agent keeps in sync with its sources.
-var apiDataPlugins = map[string]bool{
-	"kubernetes.io/configmap":    true,
-	"kubernetes.io/secret":       true,
-	"kubernetes.io/downward-api": true,
-	"kubernetes.io/projected":    true,
-}
-
-// ReadOnlyForContainers reports whether containers get the plugin's
-// volumes read-only regardless of the pod's spec.
-func ReadOnlyForContainers(plugin string) bool { return apiDataPlugins[plugin] }

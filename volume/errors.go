@@ -75,6 +75,10 @@ type PodVolumeError struct {
 	Volume string // the pod's volume name
 	Reason string // a short CamelCase classification, used as a metric label
 	Err    error
+	// Transient: the error may go away with no change to the pod or to
+	// what it refers to (a lookup that failed is retried; a claim not
+	// read yet, whose Err is a Waiting error, is a normal wait).
+	Transient bool
 }
 
 func (e *PodVolumeError) Error() string {

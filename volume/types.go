@@ -93,6 +93,12 @@ type Attributes struct {
 	// (volumeMode Block): they are mapped, never formatted or mounted, and
 	// each pod gets an access point at Paths.PodDevicePath.
 	Block bool `json:"block,omitempty"`
+	// ReadOnlyForContainers volumes are given to containers read-only
+	// whatever the pod says, and nothing is ever created in them for a
+	// sub-path: their content is the agent's to keep in sync with its
+	// sources (the kubelet's ReadOnlyAPIDataVolumes: configMap, secret,
+	// downwardAPI, projected).
+	ReadOnlyForContainers bool `json:"readOnlyForContainers,omitempty"`
 }
 
 // Mode is the volume mode the attributes describe, as Kubernetes spells it.

@@ -167,7 +167,7 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 	if err := p.validate(&spec.Volume.VolumeSource); err != nil {
 		return volume.Attributes{}, err
 	}
-	return volume.Attributes{RequiresRemount: true}, nil
+	return volume.Attributes{RequiresRemount: true, ReadOnlyForContainers: true}, nil
 }
 
 func (p *Plugin) validate(vs *v1.VolumeSource) error {
@@ -363,7 +363,7 @@ func (p *Plugin) TearDown(ctx context.Context, req *plugins.TearDownRequest) err
 
 // ReconstructPodVolume implements plugins.Reconstructor.
 func (p *Plugin) ReconstructPodVolume(pod types.UID, specName, _ string) (volume.UniqueName, volume.Attributes, error) {
-	return volume.PodScopedName(p.name, pod, specName), volume.Attributes{RequiresRemount: true}, nil
+	return volume.PodScopedName(p.name, pod, specName), volume.Attributes{RequiresRemount: true, ReadOnlyForContainers: true}, nil
 }
 
 // getter serves payload.Getter for one SetUp and records what it used.

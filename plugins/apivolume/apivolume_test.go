@@ -124,8 +124,12 @@ func (f *fixture) request(t *testing.T, s *volume.Spec, p volume.PodInfo) (plugi
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pl.Attributes(s); err != nil {
+	attrs, err := pl.Attributes(s)
+	if err != nil {
 		t.Fatalf("Attributes: %v", err)
+	}
+	if !attrs.ReadOnlyForContainers || !attrs.RequiresRemount {
+		t.Fatalf("Attributes %+v: API data volumes are rewritten on changes and read-only for containers", attrs)
 	}
 	return pl, &plugins.SetUpRequest{
 		VolumeName: volume.PodScopedName(pl.Name(), p.UID, s.Name), Spec: s, Pod: p,

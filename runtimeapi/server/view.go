@@ -1,7 +1,6 @@
 package server
 
 import (
-	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -9,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/runtimeapi"
 	"github.com/volume-agent/volume-agent/volume"
@@ -24,17 +24,18 @@ type Errors interface {
 const hostPathPlugin = "kubernetes.io/host-path"
 
 // View is what the API says about one pod, from a pair of snapshots: a pure
-// function, so the same snapshots that make the pod's VolumesReady
-// condition True make Ready true (both are cache.PodReady).
+// function of explain.Explain, the answer the pod's VolumesReady condition
+// and the operator page give too.
 func View(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, errs Errors, paths volume.Paths) *runtimeapi.Pod {
 	uid := p.Pod.UID
+	ex := explain.Explain(p, dsw, asw, errs)
 	out := &runtimeapi.Pod{
 		APIVersion: runtimeapi.Version, UID: string(uid), Namespace: p.Pod.Namespace, Name: p.Pod.Name,
-		Ready: cache.PodReady(p, dsw, asw), Volumes: []runtimeapi.Volume{}, Containers: []runtimeapi.Container{},
+		Ready: ex.Ready, Volumes: []runtimeapi.Volume{}, Containers: []runtimeapi.Container{},
 	}
 	byName := map[string]*volumeView{}
 	for _, name := range usedVolumes(p.Containers) {
-		v := viewVolume(p, name, dsw, asw, errs, paths)
+		v := viewVolume(p, name, &ex, dsw, asw)
 		byName[name] = v
 		out.Volumes = append(out.Volumes, v.Volume)
 	}
@@ -74,19 +75,7 @@ func View(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualSnap
 		out.Containers = append(out.Containers, rc)
 	}
 	if !out.Ready {
-		out.Message = notReadyMessage(out.Volumes, podProblems(p, byName))
-	}
-	return out
-}
-
-// podProblems are the pod's errors that name none of its used volumes (a
-// pod UID that cannot be a directory name, say).
-func podProblems(p *cache.DesiredPod, used map[string]*volumeView) []string {
-	var out []string
-	for _, e := range p.Errors {
-		if _, ok := used[e.Volume]; !ok {
-			out = append(out, e.Error())
-		}
+		out.Message = NotReadyMessage(&ex)
 	}
 	return out
 }
@@ -113,106 +102,46 @@ func usedVolumes(containers []volume.Container) []string {
 	return slices.Compact(names)
 }
 
-// viewVolume says where one pod volume stands.
-func viewVolume(p *cache.DesiredPod, name string, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, errs Errors, paths volume.Paths) *volumeView {
+// viewVolume says where one pod volume stands, as the explanation says,
+// with the paths a runtime needs once it is ready.
+func viewVolume(p *cache.DesiredPod, name string, ex *explain.Pod, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) *volumeView {
 	v := &volumeView{Volume: runtimeapi.Volume{Name: name, VolumeMode: runtimeapi.Filesystem}}
-	uid := p.Pod.UID
-	dv, dp := desiredVolume(p, name, dsw)
-	if dv != nil {
-		v.Plugin, v.specName = dv.Plugin, dv.SpecName
-		v.ReadOnly = (dp.Spec != nil && dp.Spec.ReadOnly) || volume.ReadOnlyForContainers(dv.Plugin)
-		if dp.Spec != nil && dp.Spec.IsBlock() {
-			v.VolumeMode = runtimeapi.Block
-		}
-		v.SELinuxRelabel = v.VolumeMode == runtimeapi.Filesystem && dv.Plugin != hostPathPlugin
-	}
-	// Problems with the pod's spec or the objects it refers to come
-	// first: they need a change, not time.
-	var problems []string
-	for _, e := range p.Errors {
-		if e.Volume == name {
-			if v.Reason == "" {
-				v.Reason = e.Reason
-			}
-			problems = append(problems, e.Err.Error())
-		}
-	}
-	if len(problems) > 0 {
-		v.Message = strings.Join(problems, "; ")
+	e, ok := ex.Volume(name)
+	if !ok {
+		// A container names a volume the pod does not have: the populator
+		// reports it; nothing is explained for it.
+		v.Reason, v.Message = explain.ReasonWaitingForMount, "not resolved yet"
 		return v
 	}
-	if dv == nil {
-		// Not resolved and no error: the populator has not got to it.
-		v.Reason, v.Message = runtimeapi.ReasonWaitingForMount, "not resolved yet"
+	v.Plugin, v.ReadOnly, v.Ready = e.Plugin, e.ReadOnly, e.Ready()
+	v.Reason, v.Message, v.NeedsChange = e.Reason, e.Message, e.Status == explain.NeedsChange
+	if e.Block {
+		v.VolumeMode = runtimeapi.Block
+	}
+	v.SELinuxRelabel = e.Unique != "" && v.VolumeMode == runtimeapi.Filesystem && e.Plugin != hostPathPlugin
+	if !v.Ready {
 		return v
 	}
-	av := asw.Volumes[dv.Name]
-	var m *cache.ActualPodMount
-	if av != nil {
-		m = av.Pods[uid]
-	}
-	if cache.PodVolumeReady(dp.SubPaths, m) {
-		v.Ready = true
-		if v.VolumeMode == runtimeapi.Block {
-			v.DevicePath = m.MountPath
-		} else {
-			v.HostPath = m.MountPath
-		}
-		return v
-	}
-	podErr := lastError(errs, operations.Key{Volume: dv.Name, Pod: uid})
-	switch {
-	case m != nil && m.State == cache.Mounted:
-		v.Reason, v.Message = runtimeapi.ReasonWaitingForSubPaths, fmt.Sprintf("%d sub-paths to prepare", len(dp.SubPaths))
-		if podErr != nil {
-			v.Reason, v.Message = runtimeapi.ReasonSubPathFailed, podErr.Error()
-		}
-	case podErr != nil:
-		v.Reason, v.Message = runtimeapi.ReasonMountFailed, podErr.Error()
-	case lastError(errs, operations.Key{Volume: dv.Name}) != nil:
-		v.Reason, v.Message = runtimeapi.ReasonMountFailed, lastError(errs, operations.Key{Volume: dv.Name}).Error()
-	case cache.AttachNeeded(dv.Attributes, av):
-		v.Reason = runtimeapi.ReasonWaitingForAttach
-	case cache.DeviceMountNeeded(dv.Attributes, av):
-		v.Reason = runtimeapi.ReasonWaitingForDevice
-	default:
-		v.Reason = runtimeapi.ReasonWaitingForMount
-		if m != nil {
-			v.Message = "mount " + string(m.State)
-		}
+	dv := dsw.Volumes[e.Unique]
+	v.specName = dv.SpecName
+	m := asw.Volumes[e.Unique].Pods[p.Pod.UID]
+	if v.VolumeMode == runtimeapi.Block {
+		v.DevicePath = m.MountPath
+	} else {
+		v.HostPath = m.MountPath
 	}
 	return v
 }
 
-// desiredVolume finds the desired volume a pod volume name resolved to.
-func desiredVolume(p *cache.DesiredPod, name string, dsw *cache.DesiredSnapshot) (*cache.DesiredVolume, *cache.DesiredPodVolume) {
-	for _, u := range p.Volumes {
-		dv := dsw.Volumes[u]
-		if dv == nil {
-			continue
-		}
-		if dp := dv.Pods[p.Pod.UID]; dp != nil && slices.Contains(dp.OuterNames, name) {
-			return dv, dp
-		}
+// NotReadyMessage lists a pod's problems and the volumes that are not
+// ready and why, like the kubelet's "unmounted volumes=[...]" but with each
+// volume's reason.
+func NotReadyMessage(ex *explain.Pod) string {
+	var parts []string
+	for _, e := range ex.Problems {
+		parts = append(parts, e.Error())
 	}
-	return nil, nil
-}
-
-func lastError(errs Errors, key operations.Key) error {
-	if errs == nil {
-		return nil
-	}
-	return errs.LastError(key)
-}
-
-// notReadyMessage lists the volumes that are not ready and why, like the
-// kubelet's "unmounted volumes=[...]" but with each volume's reason.
-func notReadyMessage(vols []runtimeapi.Volume, podProblems []string) string {
-	parts := podProblems
-	for _, v := range vols {
-		if v.Ready {
-			continue
-		}
+	for _, v := range ex.NotReady() {
 		s := v.Name + " (" + v.Reason
 		if v.Message != "" {
 			s += ": " + v.Message
@@ -226,7 +155,7 @@ func notReadyMessage(vols []runtimeapi.Volume, podProblems []string) string {
 func List(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) *runtimeapi.PodList {
 	out := &runtimeapi.PodList{APIVersion: runtimeapi.Version, Pods: []runtimeapi.PodSummary{}}
 	for _, p := range dsw.Pods {
-		out.Pods = append(out.Pods, runtimeapi.PodSummary{UID: string(p.Pod.UID), Namespace: p.Pod.Namespace, Name: p.Pod.Name, Ready: cache.PodReady(p, dsw, asw)})
+		out.Pods = append(out.Pods, runtimeapi.PodSummary{UID: string(p.Pod.UID), Namespace: p.Pod.Namespace, Name: p.Pod.Name, Ready: explain.Explain(p, dsw, asw, nil).Ready})
 	}
 	sort.Slice(out.Pods, func(i, j int) bool {
 		a, b := out.Pods[i], out.Pods[j]

@@ -129,7 +129,7 @@ func TestView(t *testing.T) {
 	got := View(p, dsw, asw, errs, w.paths)
 
 	wantVolumes := []runtimeapi.Volume{
-		{Name: "claim", Reason: "ClaimNotFound", Message: `persistentvolumeclaim "db" not found`, VolumeMode: runtimeapi.Filesystem},
+		{Name: "claim", Reason: "ClaimNotFound", Message: `persistentvolumeclaim "db" not found`, NeedsChange: true, VolumeMode: runtimeapi.Filesystem},
 		{Name: "content", Reason: runtimeapi.ReasonWaitingForSubPaths, Message: "1 sub-paths to prepare", Plugin: localPlugin, VolumeMode: runtimeapi.Filesystem, ReadOnly: true, SELinuxRelabel: true},
 		{Name: "data", Reason: runtimeapi.ReasonWaitingForAttach, Plugin: csiPlugin, VolumeMode: runtimeapi.Filesystem, SELinuxRelabel: true},
 		{Name: "host", Ready: true, Plugin: "kubernetes.io/host-path", VolumeMode: runtimeapi.Filesystem, HostPath: hostDir},
@@ -229,7 +229,7 @@ func TestViewReasons(t *testing.T) {
 			n := w.volume("v", emptyDirPlugin, volume.Attributes{}, spec("v", fsMode, false))
 			w.mounted(n, emptyDirPlugin, volume.Attributes{}, "v", cache.MountUncertain)
 			return nil
-		}, runtimeapi.ReasonWaitingForMount, "mount Uncertain"},
+		}, runtimeapi.ReasonWaitingForMount, "may have been left half done"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld("u")
@@ -302,12 +302,13 @@ func TestViewAgreesWithVolumesReady(t *testing.T) {
 	}
 }
 
-// API data volumes go to containers read-only, as with the kubelet.
+// Volumes whose plugin says so (API data volumes) go to containers
+// read-only, as with the kubelet.
 func TestViewAPIVolumesReadOnly(t *testing.T) {
 	for _, plugin := range []string{apivolume.ConfigMapName, apivolume.SecretName, apivolume.DownwardAPIName, apivolume.ProjectedName} {
 		w := newWorld("u")
-		n := w.volume("cfg", plugin, volume.Attributes{RequiresRemount: true}, spec("cfg", v1.PersistentVolumeFilesystem, false))
-		w.mounted(n, plugin, volume.Attributes{RequiresRemount: true}, "cfg", cache.Mounted)
+		n := w.volume("cfg", plugin, volume.Attributes{RequiresRemount: true, ReadOnlyForContainers: true}, spec("cfg", v1.PersistentVolumeFilesystem, false))
+		w.mounted(n, plugin, volume.Attributes{RequiresRemount: true, ReadOnlyForContainers: true}, "cfg", cache.Mounted)
 		w.containers = []volume.Container{{Name: "app", Type: volume.RegularContainer, Mounts: []volume.ContainerMount{{Volume: "cfg", MountPath: "/etc/cfg"}}}}
 		p, dsw, asw := w.snapshots()
 		got := View(p, dsw, asw, nil, w.paths)

@@ -9,6 +9,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/status/podstatus"
@@ -96,7 +97,7 @@ func TestCompute(t *testing.T) {
 			// wait, not an error.
 			name:      "claim not read yet",
 			volumes:   []volume.UniqueName{volA},
-			podErrors: []*volume.PodVolumeError{{Pod: pod.PodRef, Volume: "logs", Reason: populator.ReasonNotRead, Err: errors.New("PVC ns/logs is not read from the API server yet")}},
+			podErrors: []*volume.PodVolumeError{{Pod: pod.PodRef, Volume: "logs", Reason: populator.ReasonNotRead, Err: volume.Waitingf("PVC ns/logs is not read from the API server yet"), Transient: true}},
 			mounts:    []mount{{volA, pod.PodRef, cache.Mounted}},
 			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonWaiting,
 				Message: "waiting for volumes to be mounted: logs"},
@@ -104,28 +105,27 @@ func TestCompute(t *testing.T) {
 		{
 			name: "errors before waits",
 			podErrors: []*volume.PodVolumeError{
-				{Pod: pod.PodRef, Volume: "logs", Reason: populator.ReasonNotRead, Err: errors.New("not read yet")},
+				{Pod: pod.PodRef, Volume: "logs", Reason: populator.ReasonNotRead, Err: volume.Waitingf("not read yet"), Transient: true},
 				{Pod: pod.PodRef, Volume: "config", Reason: "Unsupported", Err: errors.New("no plugin supports gitRepo volumes")},
 			},
 			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonVolumeErrors,
 				Message: `volume "config": no plugin supports gitRepo volumes`},
 		},
 		{
-			// A volume the pod has no mount of is named by its unique
-			// name, one it has by the pod's directory name.
+			// Volumes are named by the pod's names for them.
 			name:    "waiting",
 			volumes: []volume.UniqueName{volA, volB},
 			mounts:  []mount{{volA, otherPod, cache.Mounted}, {volB, pod.PodRef, cache.MountUncertain}},
 			errs:    lastErrors{},
 			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonWaiting,
-				Message: "waiting for volumes to be mounted: data, " + string(volA)},
+				Message: "waiting for volumes to be mounted: cache, data"},
 		},
 		{
 			name:    "waiting, no backoff known",
 			volumes: []volume.UniqueName{volA, volB},
 			mounts:  []mount{{volA, pod.PodRef, cache.Mounted}},
 			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonWaiting,
-				Message: "waiting for volumes to be mounted: " + string(volB)},
+				Message: "waiting for volumes to be mounted: data"},
 		},
 		{
 			// Failed volumes are reported, without the ones still
@@ -142,14 +142,14 @@ func TestCompute(t *testing.T) {
 			volumes: []volume.UniqueName{volB},
 			errs:    lastErrors{{Volume: volB}: stuck, {Volume: volB, Pod: otherPod.UID}: boom},
 			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonMountFailed,
-				Message: string(volB) + ": NodeStageVolume: driver not registered"},
+				Message: "data: NodeStageVolume: driver not registered"},
 		},
 		{
 			name:    "the pod's own error first",
 			volumes: []volume.UniqueName{volB},
 			errs:    lastErrors{{Volume: volB}: stuck, {Volume: volB, Pod: pod.UID}: boom},
 			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonMountFailed,
-				Message: string(volB) + ": mount: permission denied"},
+				Message: "data: mount: permission denied"},
 		},
 		{
 			name:     "sub-paths prepared",
@@ -181,7 +181,7 @@ func TestCompute(t *testing.T) {
 			mounts:  []mount{{volB, pod.PodRef, cache.MountUncertain}},
 			errs:    lastErrors{{Volume: volA}: stuck, {Volume: volB, Pod: pod.UID}: boom},
 			want: podstatus.Condition{Status: v1.ConditionFalse, Reason: podstatus.ReasonMountFailed,
-				Message: "data: mount: permission denied; " + string(volA) + ": NodeStageVolume: driver not registered"},
+				Message: "cache: NodeStageVolume: driver not registered; data: mount: permission denied"},
 		},
 	}
 	for _, c := range cases {
@@ -212,8 +212,8 @@ func TestCompute(t *testing.T) {
 			if got != c.want {
 				t.Errorf("Compute:\n got %+v\nwant %+v", got, c.want)
 			}
-			if ready := cache.PodReady(p, dsw.Snapshot(), asw.Snapshot()); ready != (got.Status == v1.ConditionTrue) {
-				t.Errorf("cache.PodReady = %v, but the condition is %s", ready, got.Status)
+			if ready := explain.PodReady(p, dsw.Snapshot(), asw.Snapshot()); ready != (got.Status == v1.ConditionTrue) {
+				t.Errorf("explain.Ready = %v, but the condition is %s", ready, got.Status)
 			}
 		})
 	}

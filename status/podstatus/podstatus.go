@@ -28,8 +28,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/operations"
-	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/reconciler"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -114,55 +114,48 @@ func New(o Options) *Reporter {
 	}
 }
 
-// Compute derives the condition of a pod from the snapshots. It is True
-// exactly when cache.PodReady holds.
+// Compute derives the condition of a pod from the snapshots: the pod's
+// explanation (explain.Explain) in the condition's words. It is True
+// exactly when the explanation says ready; its reason is the explanation's
+// worst state.
 func Compute(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, errs Errors) Condition {
-	var msgs, waiting, failed []string
-	for _, e := range p.Errors {
-		if e.Reason == populator.ReasonNotRead {
-			// Its claim or volume is being read: a wait, not an error.
-			waiting = append(waiting, e.Volume)
+	ex := explain.Explain(p, dsw, asw, errs)
+	var msgs []string
+	for _, e := range ex.Problems {
+		msgs = append(msgs, e.Err.Error())
+	}
+	for _, v := range ex.NotReady() {
+		if v.Status != ex.Status {
 			continue
 		}
-		msgs = append(msgs, fmt.Sprintf("volume %q: %v", e.Volume, e.Err))
+		switch v.Status {
+		case explain.NeedsChange:
+			msgs = append(msgs, fmt.Sprintf("volume %q: %s", v.Name, v.Message))
+		case explain.Failing:
+			msgs = append(msgs, volumeLabel(v)+": "+v.Message)
+		default:
+			msgs = append(msgs, volumeLabel(v))
+		}
 	}
-	if len(msgs) > 0 {
-		sort.Strings(msgs)
+	sort.Strings(msgs)
+	switch ex.Status {
+	case explain.NeedsChange:
 		return Condition{Status: v1.ConditionFalse, Reason: ReasonVolumeErrors, Message: strings.Join(msgs, "; ")}
-	}
-	for _, name := range p.Volumes {
-		m, ok := asw.PodMount(name, p.Pod.UID)
-		if cache.PodVolumeReady(dsw.PodSubPaths(name, p.Pod.UID), m) {
-			continue
-		}
-		label := string(name)
-		if ok {
-			label = m.SpecName
-			if m.State == cache.Mounted {
-				label += " (sub-paths)"
-			}
-		}
-		if errs != nil {
-			err := errs.LastError(operations.Key{Volume: name, Pod: p.Pod.UID})
-			if err == nil {
-				err = errs.LastError(operations.Key{Volume: name})
-			}
-			if err != nil {
-				failed = append(failed, fmt.Sprintf("%s: %v", label, err))
-				continue
-			}
-		}
-		waiting = append(waiting, label)
-	}
-	switch {
-	case len(failed) > 0:
-		sort.Strings(failed)
-		return Condition{Status: v1.ConditionFalse, Reason: ReasonMountFailed, Message: strings.Join(failed, "; ")}
-	case len(waiting) > 0:
-		sort.Strings(waiting)
-		return Condition{Status: v1.ConditionFalse, Reason: ReasonWaiting, Message: "waiting for volumes to be mounted: " + strings.Join(waiting, ", ")}
+	case explain.Failing:
+		return Condition{Status: v1.ConditionFalse, Reason: ReasonMountFailed, Message: strings.Join(msgs, "; ")}
+	case explain.Waiting:
+		return Condition{Status: v1.ConditionFalse, Reason: ReasonWaiting, Message: "waiting for volumes to be mounted: " + strings.Join(msgs, ", ")}
 	}
 	return Condition{Status: v1.ConditionTrue, Reason: ReasonMounted, Message: "all volumes are mounted"}
+}
+
+// volumeLabel names a volume in a message, saying when only its sub-paths
+// are missing.
+func volumeLabel(v explain.Volume) string {
+	if v.Reason == explain.ReasonWaitingForSubPaths || v.Reason == explain.ReasonSubPathFailed {
+		return v.Name + " (sub-paths)"
+	}
+	return v.Name
 }
 
 // Reconciled implements reconciler.Observer.

@@ -135,12 +135,14 @@ func (r *recorder) next(t *testing.T) patch {
 type world map[string]bool
 
 func (w world) snapshots() (*cache.DesiredSnapshot, *cache.ActualSnapshot) {
-	dsw := &cache.DesiredSnapshot{Pods: map[types.UID]*cache.DesiredPod{}}
+	dsw := &cache.DesiredSnapshot{Pods: map[types.UID]*cache.DesiredPod{}, Volumes: map[volume.UniqueName]*cache.DesiredVolume{}}
 	asw := &cache.ActualSnapshot{Volumes: map[volume.UniqueName]*cache.ActualVolume{}}
 	for name, mounted := range w {
 		ref := volume.PodRef{UID: types.UID("uid-" + name), Namespace: "ns", Name: name}
 		vol := volume.PodScopedName(plugin, ref.UID, "data")
 		dsw.Pods[ref.UID] = &cache.DesiredPod{Pod: volume.PodInfo{PodRef: ref}, Volumes: []volume.UniqueName{vol}}
+		dsw.Volumes[vol] = &cache.DesiredVolume{Name: vol, Plugin: plugin, SpecName: "data",
+			Pods: map[types.UID]*cache.DesiredPodVolume{ref.UID: {OuterNames: []string{"data"}}}}
 		if mounted {
 			asw.Volumes[vol] = &cache.ActualVolume{Name: vol, Pods: map[types.UID]*cache.ActualPodMount{
 				ref.UID: {Pod: ref, SpecName: "data", State: cache.Mounted},

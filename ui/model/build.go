@@ -2,9 +2,9 @@ package model
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -13,6 +13,7 @@ import (
 	"github.com/volume-agent/volume-agent/csi/nodeinfo"
 	"github.com/volume-agent/volume-agent/csi/registration"
 	"github.com/volume-agent/volume-agent/csi/registry"
+	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/localpv"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/reconciler"
@@ -208,52 +209,44 @@ func sortVolumes(vs []PodVolume) {
 	slices.SortFunc(vs, func(a, b PodVolume) int { return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Volume, b.Volume)) })
 }
 
-// desiredPod is a pod of the DSW with its resolved volumes, those that do
-// not resolve, and mounts of volumes it no longer wants.
+// desiredPod is a pod of the DSW with its volumes as its explanation
+// (explain.Explain) gives them, and mounts of volumes it no longer wants.
+// The pod's state and readiness are the explanation's; the page adds where
+// each volume is in its life (attached, device mounted, mounted...) and
+// since when.
 func (ix *indexed) desiredPod(dp *cache.DesiredPod) Pod {
 	p := Pod{PodRef: dp.Pod.PodRef, Volumes: []PodVolume{}}
 	uid := dp.Pod.UID
+	ex := explain.Explain(dp, ix.DSW, ix.ASW, ix)
 	history := ix.history(uid, dp.Volumes)
-	errs := map[string]*volume.PodVolumeError{}
-	var podErr *volume.PodVolumeError
-	for _, e := range dp.Errors {
-		if e.Volume == "" {
-			podErr = e
-		} else {
-			errs[e.Volume] = e
-		}
-	}
-	named := map[string]bool{}
-	for _, name := range dp.Volumes {
-		dv := ix.DSW.Volumes[name]
-		if dv == nil || dv.Pods[uid] == nil {
-			continue
-		}
-		v := ix.desiredVolume(dp, dv, dv.Pods[uid], history)
-		for _, n := range dv.Pods[uid].OuterNames {
-			named[n] = true
-			if e := errs[n]; e != nil && v.State != Error {
-				// Resolved once, failing now: it stays desired with its
-				// last spec.
-				if v.State == Mounted {
-					v.Reason = "still mounted; " + errorText(e)
-				} else {
-					v.State, v.Reason, v.Since = Error, errorText(e), dp.Since
+	// One entry per volume the pod's names resolve to (two names of one
+	// claim share it), and one per name that does not resolve.
+	byVolume := map[volume.UniqueName]int{}
+	for _, e := range ex.Volumes {
+		if e.Unique != "" {
+			if i, ok := byVolume[e.Unique]; ok {
+				v := &p.Volumes[i]
+				v.Name += ", " + e.Name
+				if severity(e.Status) > severity(v.Status) {
+					v.Status, v.Ready, v.Reason = e.Status, false, reasonText(e)
+					if e.Status == explain.Failing || e.Status == explain.NeedsChange {
+						v.State = errorState(v.State)
+					}
 				}
+				continue
+			}
+			if dv := ix.DSW.Volumes[e.Unique]; dv != nil && dv.Pods[uid] != nil {
+				byVolume[e.Unique] = len(p.Volumes)
+				p.Volumes = append(p.Volumes, ix.desiredVolume(dp, dv, dv.Pods[uid], e, history))
+				continue
 			}
 		}
+		v := PodVolume{Name: e.Name, Volume: e.Unique, Plugin: e.Plugin, State: Desired, Since: dp.Since,
+			Status: e.Status, Ready: e.Ready(), Reason: reasonText(e), ReadOnly: e.ReadOnly}
+		if e.Status == explain.NeedsChange || e.Status == explain.Failing {
+			v.State = Error
+		}
 		p.Volumes = append(p.Volumes, v)
-	}
-	for _, e := range dp.Errors {
-		if e.Volume != "" && !named[e.Volume] {
-			named[e.Volume] = true
-			p.Volumes = append(p.Volumes, PodVolume{Name: e.Volume, State: Error, Since: dp.Since, Reason: errorText(e)})
-		}
-	}
-	for _, n := range dp.Unresolved {
-		if !named[n] {
-			p.Volumes = append(p.Volumes, PodVolume{Name: n, State: Desired, Since: dp.Since, Reason: "not resolved yet"})
-		}
 	}
 	// Mounts of volumes the pod no longer wants.
 	for _, m := range ix.mounts[uid] {
@@ -262,24 +255,77 @@ func (ix *indexed) desiredPod(dp *cache.DesiredPod) Pod {
 		}
 	}
 	sortVolumes(p.Volumes)
-	p.State, p.Since = PodReady, time.Time{}
-	for _, v := range p.Volumes {
-		switch {
-		case v.State == Error && p.State != PodError:
-			p.State, p.Since, p.Reason = PodError, v.Since, v.Name+": "+v.Reason
-		case !v.State.Ready() && p.State == PodReady:
-			p.State, p.Since, p.Reason = PodWaiting, dp.Since, v.Name+": "+cmp.Or(v.Reason, string(v.State))
-		case p.State == PodReady && v.Since.After(p.Since):
+	p.State, p.Since = podState(ex.Status), time.Time{}
+	var worst *PodVolume
+	for i := range p.Volumes {
+		v := &p.Volumes[i]
+		if v.Status != "" && v.Status != explain.Ready && (worst == nil || severity(v.Status) > severity(worst.Status)) {
+			worst = v
+		}
+		if v.Ready && v.Since.After(p.Since) {
 			p.Since = v.Since // ready since its last volume was
 		}
 	}
-	if podErr != nil {
-		p.State, p.Since, p.Reason = PodError, dp.Since, errorText(podErr)
+	switch {
+	case len(ex.Problems) > 0:
+		p.Since, p.Reason = dp.Since, errorText(ex.Problems[0])
+	case worst != nil:
+		p.Reason = worst.Name + ": " + worst.Reason
+		p.Since = dp.Since
+		if worst.State == Error {
+			p.Since = worst.Since
+		}
 	}
 	if p.Since.IsZero() {
 		p.Since = dp.Since
 	}
 	return p
+}
+
+// podState is the page's word for a pod in the explanation's state.
+func podState(s explain.Status) PodState {
+	switch s {
+	case explain.Ready:
+		return PodReady
+	case explain.Waiting:
+		return PodWaiting
+	}
+	return PodError
+}
+
+func severity(s explain.Status) int {
+	return slices.Index([]explain.Status{explain.Ready, explain.Waiting, explain.Failing, explain.NeedsChange}, s)
+}
+
+// errorState: a volume that fails is shown as an error unless it is still
+// mounted (it stays mounted while its pod wants it).
+func errorState(s State) State {
+	if s == Mounted {
+		return s
+	}
+	return Error
+}
+
+// reasonText is an explained volume's reason with its details.
+func reasonText(e explain.Volume) string {
+	if e.Message == "" {
+		return e.Reason
+	}
+	return e.Reason + ": " + e.Message
+}
+
+// LastError implements explain.Failures from the operations listed (so the
+// pods and the operations of a page agree).
+func (ix *indexed) LastError(key operations.Key) error {
+	o := ix.ops[key]
+	if o == nil || o.State != "backoff" || o.LastError == "" {
+		return nil
+	}
+	err := errors.New(o.LastError)
+	if o.Waiting {
+		return volume.Waiting(err)
+	}
+	return err
 }
 
 func (ix *indexed) history(pod types.UID, vols []volume.UniqueName) []timeline.Record {
@@ -289,15 +335,14 @@ func (ix *indexed) history(pod types.UID, vols []volume.UniqueName) []timeline.R
 	return ix.History.ForPod(pod, vols)
 }
 
-// desiredVolume is the state of a volume a pod wants.
-func (ix *indexed) desiredVolume(dp *cache.DesiredPod, dv *cache.DesiredVolume, dpv *cache.DesiredPodVolume, history []timeline.Record) PodVolume {
+// desiredVolume is a volume a pod wants: where it is in its life, with
+// the explanation's readiness and reason.
+func (ix *indexed) desiredVolume(dp *cache.DesiredPod, dv *cache.DesiredVolume, dpv *cache.DesiredPodVolume, e explain.Volume, history []timeline.Record) PodVolume {
 	uid := dp.Pod.UID
 	v := PodVolume{
-		Name: strings.Join(dpv.OuterNames, ", "), Volume: dv.Name, Plugin: dv.Plugin,
+		Name: e.Name, Volume: dv.Name, Plugin: dv.Plugin,
 		Source: Describe(dpv.Spec, dv.Plugin), State: Desired, Since: dpv.Since,
-	}
-	if dpv.Spec != nil {
-		v.ReadOnly = dpv.Spec.ReadOnly
+		Status: e.Status, Ready: e.Ready(), Reason: reasonText(e), ReadOnly: e.ReadOnly,
 	}
 	av := ix.ASW.Volumes[dv.Name]
 	var m *cache.ActualPodMount
@@ -313,19 +358,16 @@ func (ix *indexed) desiredVolume(dp *cache.DesiredPod, dv *cache.DesiredVolume, 
 	if failed == nil || failed.State != "backoff" {
 		failed = volOp
 	}
-	if failed != nil && failed.Waiting {
-		// A normal wait (for the attach/detach controller) is no error:
-		// the volume stays desired, and says what it waits for.
-		failed = nil
-	}
 	switch {
 	case m != nil && m.State == cache.Mounted:
 		v.State, v.Since = Mounted, m.Since
-	case failed != nil && failed.State == "backoff":
-		v.State, v.Reason = Error, failed.Operation+" failed: "+failed.LastError
-		v.Since = failingSince(history, failed, uid)
+	case e.Status == explain.Failing || e.Status == explain.NeedsChange:
+		v.State, v.Since = Error, dp.Since
+		if failed != nil && failed.State == "backoff" {
+			v.Since = failingSince(history, failed, uid)
+		}
 	case m != nil && m.State == cache.MountUncertain:
-		v.State, v.Since, v.Reason = Uncertain, m.Since, "the last mount may have been left half done; it is retried"
+		v.State, v.Since = Uncertain, m.Since
 	case av != nil && av.DeviceState == cache.DeviceMountUncertain:
 		v.State, v.Reason = Uncertain, "the last device mount may have been left half done; it is retried"
 		v.Since = lastSuccess(history, operations.ForMode(operations.OpMountDevice, dv.Attributes.Block), "", dv.Name, dpv.Since)
@@ -343,17 +385,14 @@ func (ix *indexed) desiredVolume(dp *cache.DesiredPod, dv *cache.DesiredVolume, 
 				t := *o.RetryAt
 				v.RetryAt = &t
 			}
-			if v.State == Desired && v.Reason == "" {
-				v.Reason = o.Operation + " " + o.State
-				if o.Waiting {
-					v.Reason = o.LastError
-				}
-			}
 			break
 		}
 	}
-	if v.State == Desired && v.Reason == "" && !ix.SourcesReady {
-		v.Reason = "waiting for the sources to be read"
+	if v.Status == explain.Waiting && e.Message == "" && v.Operation != "" {
+		v.Reason += ": " + v.Operation // what the wait is doing
+	}
+	if v.Status == explain.Waiting && v.Operation == "" && !ix.SourcesReady {
+		v.Reason += " (waiting for the sources to be read)"
 	}
 	return v
 }

@@ -47,11 +47,11 @@ func TestBuildVolumeStates(t *testing.T) {
 	}{
 		{fixture.Web, "cache", model.Mounted, at(time.Minute + 300*time.Millisecond), "", "", false},
 		{fixture.Web, "content", model.Mounted, at(time.Minute + 300*time.Millisecond), "", "", false},
-		{fixture.Worker, "tmp", model.Desired, at(time.Minute), "mount_volume running", "mount_volume running", false},
+		{fixture.Worker, "tmp", model.Desired, at(time.Minute), "WaitingForMount: mount_volume running", "mount_volume running", false},
 		{fixture.Waiting, "data", model.Error, at(time.Minute), "PVCNotFound: PVC default/does-not-exist not found", "", false},
 		{fixture.Waiting, "scratch", model.Mounted, at(time.Minute + 300*time.Millisecond), "", "", false},
 		// The first failure in a row, from the timeline (not the last one).
-		{fixture.DB, "data", model.Error, at(5*time.Minute + 31*time.Second + 300*time.Millisecond), "mount_device failed: rpc error", "mount_device backoff", true},
+		{fixture.DB, "data", model.Error, at(5*time.Minute + 31*time.Second + 300*time.Millisecond), "MountFailed: rpc error", "mount_device backoff", true},
 		{fixture.Old, "scratch", model.Error, at(2*time.Minute + 300*time.Millisecond), "device or resource busy", "unmount_volume backoff", true},
 	}
 	for _, tc := range tests {
@@ -81,9 +81,9 @@ func TestBuildPodStates(t *testing.T) {
 		reason string
 	}{
 		{fixture.Web, model.PodReady, ""},
-		{fixture.Worker, model.PodWaiting, "tmp: mount_volume running"},
+		{fixture.Worker, model.PodWaiting, "tmp: WaitingForMount: mount_volume running"},
 		{fixture.Waiting, model.PodError, "data: PVCNotFound"},
-		{fixture.DB, model.PodError, "data: mount_device failed"},
+		{fixture.DB, model.PodError, "data: MountFailed: rpc error"},
 		{fixture.Old, model.PodTerminating, "scratch: unmount_volume failed"},
 	}
 	for _, tc := range tests {
@@ -249,7 +249,7 @@ func TestBuildWaitIsNoError(t *testing.T) {
 	page := model.Build(in)
 	p := findPod(t, page, fixture.DB)
 	v := findVolume(t, p, "data")
-	if v.State != model.Desired || v.Reason != wait {
+	if v.State != model.Desired || v.Reason != "WaitingForAttach: "+wait {
 		t.Errorf("volume %s %q, want no error and the reason %q", v.State, v.Reason, wait)
 	}
 	if p.State != model.PodWaiting {

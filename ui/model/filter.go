@@ -19,7 +19,7 @@ type Filter struct {
 	State string
 }
 
-// NotReady is the Filter.State of every volume that is not mounted.
+// NotReady is the Filter.State of every volume that is not ready.
 const NotReady = "not-ready"
 
 // IsZero reports whether f matches everything.
@@ -36,7 +36,7 @@ func (f Filter) matchesPod(p *Pod) bool {
 		return true
 	}
 	for _, v := range p.Volumes {
-		if string(v.State) == f.State || (f.State == NotReady && !v.State.Ready()) {
+		if string(v.State) == f.State || (f.State == NotReady && !v.Ready) {
 			return true
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/ui/timeline"
 	"github.com/volume-agent/volume-agent/volume"
@@ -41,9 +42,6 @@ const (
 
 // States lists the volume states in the order the page shows them.
 var States = []State{Error, Uncertain, Desired, Attached, DeviceMounted, Mounted, Unmounting}
-
-// Ready reports whether the volume is ready for its pod.
-func (s State) Ready() bool { return s == Mounted }
 
 // PodState is a pod's overall state.
 type PodState string
@@ -129,11 +127,18 @@ type PodVolume struct {
 	// Source says what the volume is: "emptyDir (Memory)", "PVC
 	// default/data → PV pv-1 (local /mnt/disks/a)"...
 	Source string `json:"source,omitempty"`
-	State  State  `json:"state"`
+	// State is where the volume is in its life (attached, mounted...).
+	State State `json:"state"`
 	// Since is when the volume reached its state, as well as it is known
 	// (zero when unknown).
 	Since time.Time `json:"since,omitzero"`
-	// Reason explains a state that is not ready.
+	// Ready and Status are the pod's explanation of the volume
+	// (explain.Explain): a mounted volume whose sub-paths are missing is
+	// not ready. Status is empty for a volume the pod no longer wants.
+	Ready  bool           `json:"ready"`
+	Status explain.Status `json:"status,omitempty"`
+	// Reason explains a volume that is not ready: the explanation's
+	// reason and details.
 	Reason string `json:"reason,omitempty"`
 	// Operation is the operation running or in backoff for it, if any.
 	Operation string `json:"operation,omitempty"`
