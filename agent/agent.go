@@ -35,6 +35,7 @@ import (
 	"github.com/volume-agent/volume-agent/plugins/local"
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/reconciler"
+	"github.com/volume-agent/volume-agent/reconciler/housekeeping"
 	"github.com/volume-agent/volume-agent/refresh"
 	runtimeserver "github.com/volume-agent/volume-agent/runtimeapi/server"
 	"github.com/volume-agent/volume-agent/source"
@@ -63,7 +64,7 @@ type Agent struct {
 	csi        *csiParts
 	api        *apiVolumes
 	localPV    *localpv.Provisioner
-	orphans    *reconciler.Orphans
+	orphans    *housekeeping.Orphans
 	history    *timeline.Ring
 	page       *ui.Server
 	paths      volume.Paths
@@ -72,6 +73,9 @@ type Agent struct {
 	// pins keeps raw block devices open under pods' access points.
 	pins       *blockpin.Loops
 	runtimeAPI *runtimeserver.Server
+
+	// housekeeping cleans what gone pods left, after passes.
+	housekeeping *housekeeping.Loop
 
 	debugListener   net.Listener
 	metricsListener net.Listener
@@ -149,7 +153,7 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 		events:  events.NewLog(log.Named("events"), 200, m.sink),
 		metrics: NewMetrics(),
 		trimmer: &memoryTrimmer{},
-		orphans: reconciler.NewOrphans(log.Named("orphans")),
+		orphans: housekeeping.NewOrphans(log.Named("orphans")),
 		history: timeline.New(timeline.Options{}),
 		mounter: mountutil.New(), pins: &blockpin.Loops{},
 	}
@@ -233,14 +237,20 @@ func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
 		Plugins: a.plugins, ASW: a.asw, DSW: a.dsw, Paths: a.paths, Log: a.log.Named("operations"),
 		Claims: a.mode.claims(), Events: a.events, Refresh: a.api.refresh, Pins: a.pins,
 	}
-	handler := &reconciler.OperatorHandler{Operator: operator}
+	a.housekeeping = housekeeping.NewLoop(housekeeping.LoopOptions{
+		DSW: a.dsw, ASW: a.asw, Paths: a.paths, IsMountPoint: a.mounter.IsMountPoint,
+		SourcesComplete: func() bool { return a.populator.Ready() && a.sourcesComplete() },
+		Idle:            a.executor.Idle,
+		Orphans:         a.orphans,
+		Period:          a.cfg.ResyncPeriod,
+	})
+	observer = append(observer, a.housekeeping)
 	return reconciler.New(reconciler.Options{
 		DSW: a.dsw, ASW: a.asw, Executor: a.executor,
-		Handler:           handler,
+		Handler:           operator,
 		SetUpWithoutMount: a.setUpWithoutMount,
 		SourcesReady:      a.populator.Ready,
 		SourcesComplete:   a.sourcesComplete,
-		Housekeeping:      a.housekeeping,
 		ResyncPeriod:      a.cfg.ResyncPeriod,
 		Wake:              wake,
 		Observer:          observer,
@@ -322,12 +332,6 @@ func (a *Agent) sourcesComplete() bool {
 	return !ok || len(c.UnreadInputs()) == 0
 }
 
-// housekeeping removes what is left of gone pods and records what it
-// cannot remove.
-func (a *Agent) housekeeping(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) {
-	a.orphans.Set("housekeeping", reconciler.CleanPodDirs(a.paths, dsw, asw, a.mounter.IsMountPoint))
-}
-
 // emptyTrash finishes the removals an earlier run left in the trash (it
 // stopped half way), then looks again every resync period; what cannot be
 // removed (another mount inside) is reported as an orphan. It runs beside
@@ -340,9 +344,9 @@ func (a *Agent) emptyTrash(ctx context.Context) error {
 	tick := time.NewTicker(period)
 	defer tick.Stop()
 	for {
-		var problems []reconciler.Problem
+		var problems []housekeeping.Problem
 		for _, l := range trash.Empty(ctx, a.paths.TrashDir()) {
-			problems = append(problems, reconciler.Problem{Path: l.Path, Reason: "cannot finish deleting it: " + l.Err.Error()})
+			problems = append(problems, housekeeping.Problem{Path: l.Path, Reason: "cannot finish deleting it: " + l.Err.Error()})
 		}
 		a.orphans.Set("trash", problems)
 		select {
@@ -361,7 +365,7 @@ func (a *Agent) reconstruct() error {
 	if err != nil {
 		return fmt.Errorf("listing the pins of raw block volumes: %w", err)
 	}
-	r, err := reconciler.Reconstruct(a.paths, a.plugins, a.mounter.IsMountPoint, func(path string) (bool, error) {
+	r, err := housekeeping.Reconstruct(a.paths, a.plugins, a.mounter.IsMountPoint, func(path string) (bool, error) {
 		return a.blockMapped(pins, path)
 	})
 	if err != nil {
@@ -399,7 +403,7 @@ func (a *Agent) blockMapped(pins *blockpin.Snapshot, path string) (bool, error) 
 // sweepPins releases pins below the pods directory that no reconstructed
 // access point accounts for (a pin always sits on an access point, so this
 // finds nothing unless something else removed one).
-func (a *Agent) sweepPins(r *reconciler.Reconstruction) {
+func (a *Agent) sweepPins(r *housekeeping.Reconstruction) {
 	known := map[string]bool{}
 	for _, v := range r.Volumes {
 		if !v.Attributes.Block {
@@ -481,6 +485,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		l.run("local volume provisioner", a.localPV.Run)
 	}
 	l.run("reconciler", untilDone(a.reconciler.Run))
+	l.run("housekeeping", untilDone(a.housekeeping.Run))
 	l.run("volume refresh", untilDone(a.api.refresh.Run))
 	// Per-object watches start and stop with the pods that reference
 	// them; whatever is still watched stops with the agent.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/operations"
-	"github.com/volume-agent/volume-agent/reconciler"
+	"github.com/volume-agent/volume-agent/reconciler/housekeeping"
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/source/objectwatch"
 	"github.com/volume-agent/volume-agent/status/events"
@@ -187,7 +187,7 @@ type SourcesDocument struct {
 
 // OrphansDocument is GET /debug/orphans.
 type OrphansDocument struct {
-	Orphans []reconciler.OrphanStatus `json:"orphans"`
+	Orphans []housekeeping.OrphanStatus `json:"orphans"`
 }
 
 // EventsDocument is GET /debug/events.

@@ -1,4 +1,4 @@
-package reconciler
+package planner
 
 import (
 	"fmt"
@@ -18,7 +18,7 @@ import (
 // the next pass would plan it again, every few milliseconds, forever.
 func TestPlannedActionsAreNeeded(t *testing.T) {
 	planned := map[operations.Op]int{}
-	check := func(ctx string, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) {
+	check := func(ctx string, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts Options) {
 		t.Helper()
 		for _, a := range Plan(dsw, asw, opts) {
 			planned[a.Op]++
@@ -31,7 +31,7 @@ func TestPlannedActionsAreNeeded(t *testing.T) {
 			}
 		}
 	}
-	allOpts := []PlanOptions{{}, {SourcesReady: true}, {SourcesReady: true, OrphanCleanupAllowed: true}}
+	allOpts := []Options{{}, {SourcesReady: true}, {SourcesReady: true, OrphanCleanupAllowed: true}}
 	for _, tc := range planCases() {
 		for _, opts := range allOpts {
 			check(tc.name, desiredSnapshot(tc.dsw, tc.pods), actualSnapshot(tc.asw), opts)
