@@ -328,8 +328,7 @@ func (a *Agent) setUpWithoutMount(plugin string, spec *volume.Spec) bool {
 // sourcesComplete: no input of the source is unreadable (see
 // source.Completeness).
 func (a *Agent) sourcesComplete() bool {
-	c, ok := a.source.(source.Completeness)
-	return !ok || len(c.UnreadInputs()) == 0
+	return len(a.source.UnreadInputs()) == 0
 }
 
 // emptyTrash finishes the removals an earlier run left in the trash (it

@@ -208,9 +208,7 @@ func (a *Agent) debugMux() *http.ServeMux {
 	})
 	mux.HandleFunc("GET /debug/sources", func(w http.ResponseWriter, _ *http.Request) {
 		doc := SourcesDocument{Synced: a.source.HasSynced(), InputErrors: []source.InputError{}, Watches: []objectwatch.KeyStatus{}}
-		if r, ok := a.source.(source.ErrorReporter); ok {
-			doc.InputErrors = append(doc.InputErrors, r.InputErrors()...)
-		}
+		doc.InputErrors = append(doc.InputErrors, a.source.InputErrors()...)
 		if c := a.mode.cluster; c != nil {
 			doc.Watches = append(doc.Watches, c.source.Watches()...)
 		}
