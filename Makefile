@@ -49,6 +49,8 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+	@# The planner stays pure: it imports nothing that touches the machine.
+	$(GO) test -count=1 -run '^TestPlannerImportsNothingThatTouchesTheMachine$$' ./reconciler/planner/
 
 # Planner and executor micro-benchmarks, then the end-to-end standalone
 # benchmark (500 pods x 4 Memory emptyDirs at once, and arriving at 100 pods
@@ -58,7 +60,7 @@ lint:
 # VolumesReady condition True, 100 and 500 pods x 4 PVCs); see
 # docs/performance.md. The many-node simulation takes longer: make bench-scale.
 bench: build tools
-	$(GO) test -run '^$$' -bench . -benchmem ./volume/ ./reconciler/ ./operations/ ./source/manifest/ ./internal/atomicdir/ ./ui/ ./ui/timeline/ ./internal/subpath/ ./runtimeapi/server/ ./internal/safefs/ ./status/podstatus/
+	$(GO) test -run '^$$' -bench . -benchmem ./volume/ ./reconciler/planner/ ./operations/ ./source/manifest/ ./internal/atomicdir/ ./ui/ ./ui/timeline/ ./internal/subpath/ ./runtimeapi/server/ ./internal/safefs/ ./status/podstatus/
 	$(GO) build -o bin/bench ./test/bench
 	bin/bench -agent $(BIN) -pods 500 -volumes 4
 	bin/bench -agent $(BIN) -pods 1000 -volumes 4 -idle 5s

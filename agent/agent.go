@@ -36,6 +36,7 @@ import (
 	"github.com/volume-agent/volume-agent/plugins/local"
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/reconciler"
+	"github.com/volume-agent/volume-agent/reconciler/housekeeping"
 	runtimeserver "github.com/volume-agent/volume-agent/runtimeapi/server"
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/status/events"
@@ -63,7 +64,7 @@ type Agent struct {
 	csi        *csiParts
 	api        *apiVolumes
 	localPV    *localpv.Provisioner
-	orphans    *reconciler.Orphans
+	orphans    *housekeeping.Orphans
 	history    *timeline.Ring
 	page       *ui.Server
 	paths      volume.Paths
@@ -72,6 +73,9 @@ type Agent struct {
 	// pins keeps raw block devices open under pods' access points.
 	pins       *blockpin.Loops
 	runtimeAPI *runtimeserver.Server
+
+	// housekeeping cleans what gone pods left, after passes.
+	housekeeping *housekeeping.Loop
 
 	debugListener   net.Listener
 	metricsListener net.Listener
@@ -149,7 +153,7 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 		events:  events.NewLog(log.Named("events"), 200, m.sink),
 		metrics: NewMetrics(),
 		trimmer: &memoryTrimmer{},
-		orphans: reconciler.NewOrphans(log.Named("orphans")),
+		orphans: housekeeping.NewOrphans(log.Named("orphans")),
 		history: timeline.New(timeline.Options{}),
 		mounter: mountutil.New(), pins: &blockpin.Loops{},
 	}
@@ -230,14 +234,20 @@ func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
 		Claims: a.mode.claims(), Events: a.events, Refresh: a.api.refresh, Pins: a.pins,
 		SubPaths: subpath.Host{Mounter: a.mounter},
 	}
-	handler := &reconciler.OperatorHandler{Operator: operator}
+	a.housekeeping = housekeeping.NewLoop(housekeeping.LoopOptions{
+		DSW: a.dsw, ASW: a.asw, Paths: a.paths, IsMountPoint: a.mounter.IsMountPoint,
+		SourcesComplete: func() bool { return a.populator.Ready() && a.sourcesComplete() },
+		Idle:            a.executor.Idle,
+		Orphans:         a.orphans,
+		Period:          a.cfg.ResyncPeriod,
+	})
+	observer = append(observer, a.housekeeping)
 	return reconciler.New(reconciler.Options{
 		DSW: a.dsw, ASW: a.asw, Executor: a.executor,
-		Handler:           handler,
+		Handler:           operator,
 		SetUpWithoutMount: a.setUpWithoutMount,
 		SourcesReady:      a.populator.Ready,
 		SourcesComplete:   a.sourcesComplete,
-		Housekeeping:      a.housekeeping,
 		ResyncPeriod:      a.cfg.ResyncPeriod,
 		Wake:              wake,
 		Observer:          observer,
@@ -315,14 +325,7 @@ func (a *Agent) setUpWithoutMount(plugin string, spec *volume.Spec) bool {
 // sourcesComplete: no input of the source is unreadable (see
 // source.Completeness).
 func (a *Agent) sourcesComplete() bool {
-	c, ok := a.source.(source.Completeness)
-	return !ok || len(c.UnreadInputs()) == 0
-}
-
-// housekeeping removes what is left of gone pods and records what it
-// cannot remove.
-func (a *Agent) housekeeping(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) {
-	a.orphans.Set("housekeeping", reconciler.CleanPodDirs(a.paths, dsw, asw, a.mounter.IsMountPoint))
+	return len(a.source.UnreadInputs()) == 0
 }
 
 // emptyTrash finishes the removals an earlier run left in the trash (it
@@ -337,9 +340,9 @@ func (a *Agent) emptyTrash(ctx context.Context) error {
 	tick := time.NewTicker(period)
 	defer tick.Stop()
 	for {
-		var problems []reconciler.Problem
+		var problems []housekeeping.Problem
 		for _, l := range trash.Empty(ctx, a.paths.TrashDir()) {
-			problems = append(problems, reconciler.Problem{Path: l.Path, Reason: "cannot finish deleting it: " + l.Err.Error()})
+			problems = append(problems, housekeeping.Problem{Path: l.Path, Reason: "cannot finish deleting it: " + l.Err.Error()})
 		}
 		a.orphans.Set("trash", problems)
 		select {
@@ -358,7 +361,7 @@ func (a *Agent) reconstruct() error {
 	if err != nil {
 		return fmt.Errorf("listing the pins of raw block volumes: %w", err)
 	}
-	r, err := reconciler.Reconstruct(a.paths, a.plugins, a.mounter.IsMountPoint, func(path string) (bool, error) {
+	r, err := housekeeping.Reconstruct(a.paths, a.plugins, a.mounter.IsMountPoint, func(path string) (bool, error) {
 		return a.blockMapped(pins, path)
 	})
 	if err != nil {
@@ -396,7 +399,7 @@ func (a *Agent) blockMapped(pins *blockpin.Snapshot, path string) (bool, error) 
 // sweepPins releases pins below the pods directory that no reconstructed
 // access point accounts for (a pin always sits on an access point, so this
 // finds nothing unless something else removed one).
-func (a *Agent) sweepPins(r *reconciler.Reconstruction) {
+func (a *Agent) sweepPins(r *housekeeping.Reconstruction) {
 	known := map[string]bool{}
 	for _, v := range r.Volumes {
 		if !v.Attributes.Block {
@@ -478,6 +481,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		l.run("local volume provisioner", a.localPV.Run)
 	}
 	l.run("reconciler", untilDone(a.reconciler.Run))
+	l.run("housekeeping", untilDone(a.housekeeping.Run))
 	l.run("volume refresh", untilDone(a.api.refresh.Run))
 	// Per-object watches start and stop with the pods that reference
 	// them; whatever is still watched stops with the agent.

@@ -12,7 +12,7 @@ import (
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/operations"
-	"github.com/volume-agent/volume-agent/reconciler"
+	"github.com/volume-agent/volume-agent/reconciler/housekeeping"
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/source/objectwatch"
 	"github.com/volume-agent/volume-agent/status/events"
@@ -209,7 +209,7 @@ type SourcesDocument struct {
 
 // OrphansDocument is GET /debug/orphans.
 type OrphansDocument struct {
-	Orphans []reconciler.OrphanStatus `json:"orphans"`
+	Orphans []housekeeping.OrphanStatus `json:"orphans"`
 }
 
 // EventsDocument is GET /debug/events.
@@ -230,9 +230,7 @@ func (a *Agent) debugMux() *http.ServeMux {
 	})
 	mux.HandleFunc("GET /debug/sources", func(w http.ResponseWriter, _ *http.Request) {
 		doc := SourcesDocument{Synced: a.source.HasSynced(), InputErrors: []source.InputError{}, Watches: []objectwatch.KeyStatus{}}
-		if r, ok := a.source.(source.ErrorReporter); ok {
-			doc.InputErrors = append(doc.InputErrors, r.InputErrors()...)
-		}
+		doc.InputErrors = append(doc.InputErrors, a.source.InputErrors()...)
 		if c := a.mode.cluster; c != nil {
 			doc.Watches = append(doc.Watches, c.source.Watches()...)
 		}

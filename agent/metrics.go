@@ -223,11 +223,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(podsDesc, prometheus.GaugeValue, float64(n), string(st))
 	}
 	ch <- prometheus.MustNewConstMetric(podsWithErrorsDesc, prometheus.GaugeValue, float64(pods[explain.NeedsChange]))
-	inputErrors := 0
-	if r, ok := c.src.(source.ErrorReporter); ok {
-		inputErrors = len(r.InputErrors())
-	}
-	ch <- prometheus.MustNewConstMetric(inputErrorsDesc, prometheus.GaugeValue, float64(inputErrors))
+	ch <- prometheus.MustNewConstMetric(inputErrorsDesc, prometheus.GaugeValue, float64(len(c.src.InputErrors())))
 	ready := 0.0
 	if c.sourcesReady() {
 		ready = 1

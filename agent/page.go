@@ -5,7 +5,6 @@ import (
 
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/reconciler"
-	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/ui"
 	"github.com/volume-agent/volume-agent/ui/model"
 )
@@ -35,9 +34,7 @@ func (a *Agent) pageInput() model.Input {
 		doc := a.localPV.Status()
 		in.LocalVolumes = &doc
 	}
-	if r, ok := a.source.(source.ErrorReporter); ok {
-		in.InputErrors = r.InputErrors()
-	}
+	in.InputErrors = a.source.InputErrors()
 	return in
 }
 

@@ -18,7 +18,7 @@ import (
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/operations"
-	"github.com/volume-agent/volume-agent/reconciler"
+	"github.com/volume-agent/volume-agent/reconciler/planner"
 	runtimeserver "github.com/volume-agent/volume-agent/runtimeapi/server"
 	"github.com/volume-agent/volume-agent/status/nodestatus"
 	"github.com/volume-agent/volume-agent/status/podstatus"
@@ -100,7 +100,7 @@ func TestReadersLeaveSnapshotsUnchanged(t *testing.T) {
 	paths := volume.Paths{Root: "/var/lib/volume-agent"}
 	errs := lastErrors{{Volume: volume.SharedName("kubernetes.io/csi", "pv-1"), Pod: "b"}: errors.New("mount failed")}
 	plan := func(ds *cache.DesiredSnapshot, as *cache.ActualSnapshot) {
-		reconciler.Plan(ds, as, reconciler.PlanOptions{SourcesReady: true, OrphanCleanupAllowed: true})
+		planner.Plan(ds, as, planner.Options{SourcesReady: true, OrphanCleanupAllowed: true})
 	}
 	for _, tc := range []struct {
 		name string

@@ -47,13 +47,15 @@ type fakeSource struct {
 }
 
 var (
-	_ source.Source     = (*fakeSource)(nil)
-	_ source.PodChanges = (*fakeSource)(nil)
+	_ source.Source = (*fakeSource)(nil)
+	_ source.Source = fullSource{}
 )
 
-// fullSource hides a source's PodChanges: the populator looks at every pod
-// on every pass.
+// fullSource names no pod changes, leaving the source's own to whoever
+// takes them: the populator looks at every pod on every pass.
 type fullSource struct{ source.Source }
+
+func (fullSource) TakePodChanges() (bool, map[source.PodKey]struct{}) { return true, nil }
 
 func newFakeSource() *fakeSource {
 	return &fakeSource{
@@ -133,6 +135,10 @@ func (f *fakeSource) CSIDriver(name string) (*storagev1.CSIDriver, error) {
 }
 
 func (f *fakeSource) Run(ctx context.Context) error { <-ctx.Done(); return nil }
+
+func (f *fakeSource) InputErrors() []source.InputError { return nil }
+
+func (f *fakeSource) UnreadInputs() []string { return nil }
 
 func (f *fakeSource) HasSynced() bool {
 	f.mu.Lock()

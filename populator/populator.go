@@ -85,8 +85,6 @@ type PodObserver interface {
 type Populator struct {
 	opts  Options
 	ready atomic.Bool
-	// changes is the source's record of pod changes, if it keeps one.
-	changes source.PodChanges
 
 	mu    sync.Mutex
 	state map[types.UID]*podState
@@ -127,7 +125,6 @@ func New(opts Options) *Populator {
 		opts.Clock = clock.RealClock{}
 	}
 	p := &Populator{opts: opts, state: map[types.UID]*podState{}, byKey: map[source.PodKey]types.UID{}, waiting: map[source.PodKey]struct{}{}}
-	p.changes, _ = opts.Source.(source.PodChanges)
 	return p
 }
 
@@ -172,10 +169,7 @@ func (p *Populator) Sync(force bool) {
 	}
 	// The changes first, then the pods: a change made in between is seen
 	// now and looked at again next pass.
-	all, changed := true, map[source.PodKey]struct{}(nil)
-	if p.changes != nil {
-		all, changed = p.changes.TakePodChanges()
-	}
+	all, changed := p.opts.Source.TakePodChanges()
 	node := p.opts.Node()
 
 	p.mu.Lock()
@@ -239,7 +233,7 @@ func (p *Populator) syncChanged(changed map[source.PodKey]struct{}, node Node) {
 	current := make(map[source.PodKey]*v1.Pod, len(changed))
 	uids := make(map[types.UID]bool, len(changed))
 	for key := range changed {
-		if pod, ok := p.changes.Pod(key.Namespace, key.Name); ok && !p.opts.IsTerminated(pod) {
+		if pod, ok := p.opts.Source.Pod(key.Namespace, key.Name); ok && !p.opts.IsTerminated(pod) {
 			current[key] = pod
 			uids[pod.UID] = true
 		}

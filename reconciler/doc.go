@@ -1,8 +1,7 @@
-// Package reconciler makes the actual state of world match the desired one.
-// Plan is a pure function from the two snapshots to a list of actions in the
-// kubelet's fixed order: (1) unmount what pods no longer want, (2) attach,
-// mount devices and set up volumes for pods (and expand them), (3) unmount
-// devices and detach volumes no pod uses. The Reconciler runs Plan when
-// something changed (a source, an operation finishing, a backoff expiring)
-// and on a slow periodic resync, and hands each action to the executor.
+// Package reconciler owns when the node acts: it runs a pass when something
+// changed (a source, an operation finishing, a backoff expiring) and on a
+// slow periodic resync, plans it with the planner (reconciler/planner) and
+// hands each action that can start to the executor, through the Handler
+// (*operations.Operator) that owns how. After a restart it adopts, at the
+// first pass with ready sources, the state found on disk that pods want.
 package reconciler

@@ -6,24 +6,32 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/reconciler/planner"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
-// Handler performs actions and adoptions. The reconciler owns when; the
-// handler owns how.
+// Action is what a pass planned: the planner's output, handed to the
+// Observer (an alias, so observers need not import the planner).
+type Action = planner.Action
+
+// Handler performs actions and adoptions: *operations.Operator. The
+// reconciler owns when; the handler owns how.
 type Handler interface {
-	// Operation returns the executor operation for an action, or nil when
-	// the action needs no operation in this configuration.
-	Operation(a *Action) *operations.Operation
-	// Adopt confirms reconstructed state that pods want, without an
+	// Operation returns the executor operation for an action's kind on its
+	// target, or nil when the kind needs no operation.
+	Operation(op operations.Op, t operations.Target) *operations.Operation
+	// AdoptVolume confirms reconstructed state that pods want, without an
 	// operation.
-	Adopt(a Adoption)
+	AdoptVolume(id cache.VolumeIdentity, device bool, pods map[types.UID]cache.ActualPodMount)
 }
+
+var _ Handler = (*operations.Operator)(nil)
 
 // Executor runs operations: *operations.Executor.
 type Executor interface {
@@ -61,9 +69,6 @@ type Options struct {
 	// SetUpWithoutMount tells, for adoption, which volumes are set up
 	// without a mount.
 	SetUpWithoutMount func(plugin string, spec *volume.Spec) bool
-	// Housekeeping, when set, removes what is left of gone pods once the
-	// reconciler is idle, at most once per ResyncPeriod.
-	Housekeeping func(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot)
 	// ResyncPeriod is the longest time between two passes (default 1m).
 	ResyncPeriod time.Duration
 	// MinInterval spaces passes triggered in quick succession, so a burst
@@ -88,10 +93,9 @@ type Reconciler struct {
 	opts    Options
 	trigger *notify.Signal
 
-	lastHousekeeping time.Time
-	lastFullPlan     time.Time
-	planner          planner
-	planBuf          []Action
+	lastFullPlan time.Time
+	planner      planner.Incremental
+	planBuf      []Action
 }
 
 // New returns a Reconciler.
@@ -180,11 +184,11 @@ func (r *Reconciler) ReconcileOnce() []Action {
 	// being adopted, and once per resync period: planning only what
 	// changed must never be the only way a volume gets planned.
 	full := r.opts.Clock.Since(r.lastFullPlan) >= r.opts.ResyncPeriod
-	if ready && HasReconstructed(asw) {
+	if ready && asw.HasReconstructed() {
 		full = true
-		adoptions := Adoptions(dsw, asw, r.opts.SetUpWithoutMount)
+		adoptions := planner.Adoptions(dsw, asw, r.opts.SetUpWithoutMount)
 		for _, a := range adoptions {
-			r.opts.Handler.Adopt(a)
+			r.opts.Handler.AdoptVolume(a.ID, a.Device, a.Pods)
 		}
 		if len(adoptions) > 0 {
 			asw = r.opts.ASW.Snapshot()
@@ -194,7 +198,7 @@ func (r *Reconciler) ReconcileOnce() []Action {
 		r.lastFullPlan = start
 	}
 	complete := ready && (r.opts.SourcesComplete == nil || r.opts.SourcesComplete())
-	actions := r.planner.plan(r.planBuf, dsw, asw, PlanOptions{SourcesReady: ready, OrphanCleanupAllowed: complete}, dchg, achg, full)
+	actions := r.planner.Plan(r.planBuf, dsw, asw, planner.Options{SourcesReady: ready, OrphanCleanupAllowed: complete}, dchg, achg, full)
 	// Keep the slice for the next pass while there is work; drop it once a
 	// pass plans nothing, so an idle agent holds no stale actions.
 	r.planBuf = nil
@@ -214,7 +218,7 @@ func (r *Reconciler) ReconcileOnce() []Action {
 	}
 	// Failed keys of pods and volumes that are gone will never be retried:
 	// their backoff entries go, or they would pile up under pod churn.
-	r.opts.Executor.Forget(func(k operations.Key) bool { return Relevant(dsw, asw, k) })
+	r.opts.Executor.Forget(func(k operations.Key) bool { return planner.Relevant(dsw, asw, k) })
 	if r.opts.Log != nil && started > 0 {
 		r.opts.Log.Debug("reconciled", zap.Int("actions", len(actions)), zap.Int("started", started),
 			zap.Bool("sourcesReady", ready), zap.Duration("took", r.opts.Clock.Since(start)))
@@ -222,16 +226,11 @@ func (r *Reconciler) ReconcileOnce() []Action {
 	if r.opts.Observer != nil {
 		r.opts.Observer.Reconciled(dsw, asw, actions, r.opts.Clock.Since(start))
 	}
-	if r.opts.Housekeeping != nil && complete && started == 0 && !HasReconstructed(asw) &&
-		r.opts.Clock.Since(r.lastHousekeeping) >= r.opts.ResyncPeriod {
-		r.lastHousekeeping = r.opts.Clock.Now()
-		r.opts.Housekeeping(dsw, asw)
-	}
 	return actions
 }
 
 func (r *Reconciler) dispatch(a *Action) {
-	op := r.opts.Handler.Operation(a)
+	op := r.opts.Handler.Operation(a.Op, a.Target)
 	if op == nil {
 		return
 	}
@@ -240,20 +239,4 @@ func (r *Reconciler) dispatch(a *Action) {
 		r.opts.Log.Error("starting operation", zap.String("operation", string(a.Op)),
 			zap.String("volume", string(a.Volume)), zap.Error(fmt.Errorf("%s: %w", a.Reason, err)))
 	}
-}
-
-// Relevant reports whether an operation key still concerns something the
-// snapshots know of: for a pod's key, a pod that wants the volume or has it
-// mounted (or may have); for a volume-wide key, a volume some pod wants or
-// that is attached or mounted. It is a pure function of the snapshots.
-func Relevant(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, key operations.Key) bool {
-	if key.Pod == "" {
-		_, actual := asw.Volumes[key.Volume]
-		return actual || dsw.HasVolume(key.Volume)
-	}
-	if dsw.HasPodVolume(key.Volume, key.Pod) {
-		return true
-	}
-	_, mounted := asw.PodMount(key.Volume, key.Pod)
-	return mounted
 }

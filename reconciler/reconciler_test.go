@@ -49,12 +49,12 @@ func (e *fakeExecutor) Run(key operations.Key, op *operations.Operation) error {
 // opHandler builds an operation for every action and records which.
 type opHandler struct{ built []string }
 
-func (h *opHandler) Operation(a *Action) *operations.Operation {
-	h.built = append(h.built, rcActs([]Action{*a})[0])
-	return &operations.Operation{Name: a.Op, Target: a.Target, Fn: func(context.Context) error { return nil }}
+func (h *opHandler) Operation(op operations.Op, t operations.Target) *operations.Operation {
+	h.built = append(h.built, rcActs([]Action{{Op: op, Target: t}})[0])
+	return &operations.Operation{Name: op, Target: t, Fn: func(context.Context) error { return nil }}
 }
 
-func (h *opHandler) Adopt(Adoption) {}
+func (h *opHandler) AdoptVolume(cache.VolumeIdentity, bool, map[types.UID]cache.ActualPodMount) {}
 
 // A pass plans, asks the executor which actions can start, and builds and
 // runs exactly those, each on its own key.
@@ -91,12 +91,12 @@ func TestReconcilerRunsOnlyStartableActions(t *testing.T) {
 // failingHandler builds operations that always fail.
 type failingHandler struct{}
 
-func (failingHandler) Operation(a *Action) *operations.Operation {
-	return &operations.Operation{Name: a.Op, Target: a.Target,
+func (failingHandler) Operation(op operations.Op, t operations.Target) *operations.Operation {
+	return &operations.Operation{Name: op, Target: t,
 		Fn: func(context.Context) error { return errors.New("device busy") }}
 }
 
-func (failingHandler) Adopt(Adoption) {}
+func (failingHandler) AdoptVolume(cache.VolumeIdentity, bool, map[types.UID]cache.ActualPodMount) {}
 
 // Pods come and go while their volumes fail to mount: the executor's
 // entries (what /debug/operations lists and the pending-operations metric
@@ -130,28 +130,6 @@ func TestExecutorForgetsKeysOfGonePods(t *testing.T) {
 	}
 	if st := exec.Status(); len(st) != 0 {
 		t.Errorf("entries of gone pods remain: %+v", st)
-	}
-}
-
-func TestRelevant(t *testing.T) {
-	const v, other = volume.UniqueName("p/v"), volume.UniqueName("p/other")
-	dsw := desiredSnapshot([]*cache.DesiredVolume{dvol(v, volume.Attributes{}, "wants")}, nil)
-	asw := actualSnapshot([]*cache.ActualVolume{avol(other, volume.Attributes{}, mounted("has"))})
-	for _, tc := range []struct {
-		key  operations.Key
-		want bool
-	}{
-		{operations.Key{Volume: v, Pod: "wants"}, true},
-		{operations.Key{Volume: other, Pod: "has"}, true},
-		{operations.Key{Volume: v, Pod: "gone"}, false},
-		{operations.Key{Volume: other, Pod: "wants"}, false},
-		{operations.Key{Volume: v}, true},
-		{operations.Key{Volume: other}, true},
-		{operations.Key{Volume: "p/nothing"}, false},
-	} {
-		if got := Relevant(dsw, asw, tc.key); got != tc.want {
-			t.Errorf("Relevant(%+v) = %v, want %v", tc.key, got, tc.want)
-		}
 	}
 }
 

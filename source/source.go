@@ -33,9 +33,13 @@ type Store interface {
 	CSIDriver(name string) (*storagev1.CSIDriver, error)
 }
 
-// Source is a Store that follows changes.
+// Source is a Store that follows changes. Every source implements every
+// part: a consumer never asks a source what it is.
 type Source interface {
 	Store
+	PodChanges
+	ErrorReporter
+	Completeness
 	// Run reads the inputs and follows them until ctx ends.
 	Run(ctx context.Context) error
 	// HasSynced reports whether every input has been read completely at least
@@ -58,14 +62,14 @@ type InputError struct {
 	Error string `json:"error"`
 }
 
-// ErrorReporter is implemented by sources that can report bad inputs.
+// ErrorReporter reports bad inputs (none for a source whose inputs are
+// validated before it reads them, like the API server's objects).
 type ErrorReporter interface {
 	InputErrors() []InputError
 }
 
-// Completeness is implemented by sources whose inputs can be unusable from
-// the start (a manifest file that never parsed): the objects in them are
-// unknown, so volumes found on disk after a restart that no known pod wants
+// Completeness names the inputs that were unusable from the start (a
+// manifest file that never parsed): the objects in them are unknown, so volumes found on disk after a restart that no known pod wants
 // may still belong to one of them. Cleaning such orphans waits until
 // UnreadInputs is empty; everything else proceeds.
 type Completeness interface {
@@ -93,8 +97,7 @@ type PodKey struct{ Namespace, Name string }
 // KeyOf is the key of a pod.
 func KeyOf(pod *v1.Pod) PodKey { return PodKey{pod.Namespace, pod.Name} }
 
-// PodChanges is implemented by sources that can name the pods that changed,
-// so that the populator's pass after one pod arrives looks at that pod, not
+// PodChanges names the pods that changed, so that the populator's pass after one pod arrives looks at that pod, not
 // at every pod of the node. It has one consumer.
 type PodChanges interface {
 	// TakePodChanges returns the keys of the pods added, changed or

@@ -195,7 +195,15 @@ func (s *Source) objectChanged(obj any) {
 	s.changed.Notify()
 }
 
-var _ source.PodChanges = (*Source)(nil)
+var _ source.Source = (*Source)(nil)
+
+// InputErrors implements source.ErrorReporter: the API server validates
+// objects before the informers see them, so there are none.
+func (s *Source) InputErrors() []source.InputError { return nil }
+
+// UnreadInputs implements source.Completeness: an object not read yet is
+// answered ErrNotRead on lookup, and nothing is decided on it.
+func (s *Source) UnreadInputs() []string { return nil }
 
 // TakePodChanges implements source.PodChanges.
 func (s *Source) TakePodChanges() (all bool, keys map[source.PodKey]struct{}) {

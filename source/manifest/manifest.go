@@ -119,10 +119,7 @@ type Source struct {
 	podChanges source.PodChangeLog
 }
 
-var (
-	_ source.Source        = (*Source)(nil)
-	_ source.ErrorReporter = (*Source)(nil)
-)
+var _ source.Source = (*Source)(nil)
 
 // New checks that opts.Dir is a directory and returns a Source that reads it
 // once Run is called.

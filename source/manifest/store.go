@@ -179,8 +179,6 @@ func (s *Source) rebuild() bool {
 	return true
 }
 
-var _ source.PodChanges = (*Source)(nil)
-
 // TakePodChanges implements source.PodChanges.
 func (s *Source) TakePodChanges() (all bool, keys map[source.PodKey]struct{}) {
 	return s.podChanges.Take()

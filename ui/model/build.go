@@ -16,7 +16,7 @@ import (
 	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/localpv"
 	"github.com/volume-agent/volume-agent/operations"
-	"github.com/volume-agent/volume-agent/reconciler"
+	"github.com/volume-agent/volume-agent/reconciler/housekeeping"
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/ui/timeline"
@@ -39,7 +39,7 @@ type Input struct {
 	NodeInfo []nodeinfo.DriverStatus
 	// ProbePeriod is how often drivers are probed (for their health).
 	ProbePeriod time.Duration
-	Orphans     []reconciler.OrphanStatus
+	Orphans     []housekeeping.OrphanStatus
 	// LocalVolumes is nil when the local volume provisioner is off.
 	LocalVolumes *localpv.Document
 	InputErrors  []source.InputError

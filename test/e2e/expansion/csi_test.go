@@ -444,7 +444,7 @@ func TestCSIExpandWithoutStaging(t *testing.T) {
 		}
 		found, _, err := f.findEvents(ctx, "PersistentVolumeClaim", "data", "VolumeResizeFailed", "not mounted anywhere to expand")
 		if err == nil && len(found) > 0 && found[0].Count >= 3 { // retried, failing the same way
-			t.Skipf("known bug (reconciler/plan.go planMounts with operations/plugins/csi/expand.go): a driver without "+
+			t.Skipf("known bug (reconciler/planner/plan.go planMounts with operations/plugins/csi/expand.go): a driver without "+
 				"STAGE_UNSTAGE_VOLUME: expansion is planned before publishing and pod mounts wait for it, but it cannot run "+
 				"before publishing: %s (count %d); pod %s never gets the volume", found[0].Message, found[0].Count, second.Name)
 		}

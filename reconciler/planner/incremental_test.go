@@ -1,4 +1,4 @@
-package reconciler
+package planner
 
 import (
 	"fmt"
@@ -144,11 +144,11 @@ func (c *churn) change() {
 // after any sequence of changes to the caches, planning only what they
 // report changed gives exactly what planning everything gives.
 func TestIncrementalPlanMatchesPlan(t *testing.T) {
-	optionSets := []PlanOptions{{}, {SourcesReady: true}, {SourcesReady: true, OrphanCleanupAllowed: true}}
+	optionSets := []Options{{}, {SourcesReady: true}, {SourcesReady: true, OrphanCleanupAllowed: true}}
 	incremental := 0
 	for seed := range uint64(40) {
 		c := newChurn(seed, 12, 8)
-		var p planner
+		var p Incremental
 		opts := optionSets[2]
 		for step := range 300 {
 			for range c.r.IntN(4) + 1 {
@@ -162,7 +162,7 @@ func TestIncrementalPlanMatchesPlan(t *testing.T) {
 			if p.valid && !dchg.All && !achg.All && opts == p.opts {
 				incremental++
 			}
-			got := p.plan(nil, dsw, asw, opts, dchg, achg, false)
+			got := p.Plan(nil, dsw, asw, opts, dchg, achg, false)
 			want := Plan(dsw, asw, opts)
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("seed %d step %d (%+v): incremental plan differs from Plan:\ngot  %v\nwant %v", seed, step, opts, summarize(got), summarize(want))
@@ -181,8 +181,8 @@ func TestIncrementalPlanMatchesPlan(t *testing.T) {
 func TestIncrementalPlanCatchesUpWithConcurrentChanges(t *testing.T) {
 	for seed := range uint64(20) {
 		c := newChurn(seed, 12, 8)
-		opts := PlanOptions{SourcesReady: true, OrphanCleanupAllowed: true}
-		var p planner
+		opts := Options{SourcesReady: true, OrphanCleanupAllowed: true}
+		var p Incremental
 		var wg sync.WaitGroup
 		wg.Add(1)
 		done := make(chan struct{})
@@ -198,7 +198,7 @@ func TestIncrementalPlanCatchesUpWithConcurrentChanges(t *testing.T) {
 		pass := func() ([]Action, *cache.DesiredSnapshot, *cache.ActualSnapshot) {
 			dchg, achg := c.dsw.TakeChanges(), c.asw.TakeChanges()
 			dsw, asw := c.dsw.Snapshot(), c.asw.Snapshot()
-			return p.plan(nil, dsw, asw, opts, dchg, achg, false), dsw, asw
+			return p.Plan(nil, dsw, asw, opts, dchg, achg, false), dsw, asw
 		}
 		passes := 0
 	loop:
@@ -223,13 +223,13 @@ func TestIncrementalPlanCatchesUpWithConcurrentChanges(t *testing.T) {
 // keeps no memo (a storm's thousands of entries would stay otherwise).
 func TestPlannerHoldsNothingWhenIdle(t *testing.T) {
 	dsw, asw := benchWorld(100, false)
-	opts := PlanOptions{SourcesReady: true}
-	var p planner
-	if got := p.plan(nil, dsw, asw, opts, cache.Changes{All: true}, cache.Changes{}, false); len(got) != 100 || len(p.memo) != 100 {
+	opts := Options{SourcesReady: true}
+	var p Incremental
+	if got := p.Plan(nil, dsw, asw, opts, cache.Changes{All: true}, cache.Changes{}, false); len(got) != 100 || len(p.memo) != 100 {
 		t.Fatalf("%d actions, %d memo entries; want 100 each", len(got), len(p.memo))
 	}
 	dsw, asw = benchWorld(100, true)
-	if got := p.plan(nil, dsw, asw, opts, cache.Changes{All: true}, cache.Changes{}, false); len(got) != 0 || p.memo != nil {
+	if got := p.Plan(nil, dsw, asw, opts, cache.Changes{All: true}, cache.Changes{}, false); len(got) != 0 || p.memo != nil {
 		t.Fatalf("%d actions, memo %v; want none and no memo", len(got), p.memo)
 	}
 }
@@ -258,12 +258,12 @@ func BenchmarkPassOnePodArrives(b *testing.B) {
 				dsw.SetPod(pod, []cache.PodVolume{pv}, nil, nil)
 				asw.SetPodMount(id, cache.ActualPodMount{Pod: pod.PodRef, SpecName: "scratch", State: cache.Mounted})
 			}
-			opts := PlanOptions{SourcesReady: true, OrphanCleanupAllowed: true}
-			var p planner
+			opts := Options{SourcesReady: true, OrphanCleanupAllowed: true}
+			var p Incremental
 			var buf []Action
 			pass := func() int {
 				dchg, achg := dsw.TakeChanges(), asw.TakeChanges()
-				buf = p.plan(buf, dsw.Snapshot(), asw.Snapshot(), opts, dchg, achg, full)
+				buf = p.Plan(buf, dsw.Snapshot(), asw.Snapshot(), opts, dchg, achg, full)
 				return len(buf)
 			}
 			pass()

@@ -1,4 +1,4 @@
-package reconciler
+package housekeeping
 
 import (
 	"errors"
@@ -223,62 +223,3 @@ func podVolumeEntries(paths volume.Paths, uid types.UID) []podVolumeEntry {
 	}
 	return out
 }
-
-// Adoption confirms reconstructed state that pods want.
-type Adoption struct {
-	Volume volume.UniqueName
-	// Plugin, Attributes and Spec are what the desired state says of the
-	// volume: they replace what was guessed from disk.
-	Plugin     string
-	Attributes volume.Attributes
-	Spec       *volume.Spec
-	// Device: the device mount was in place.
-	Device bool
-	// Pods whose mounts were in place (or need none).
-	Pods map[types.UID]AdoptedPod
-}
-
-// AdoptedPod is one adopted pod mount.
-type AdoptedPod struct {
-	Pod  volume.PodRef
-	Spec *volume.Spec
-}
-
-// Adoptions matches reconstructed state with what pods want: a device mount
-// that was found mounted, for a volume a pod wants, is adopted as mounted; a
-// pod mount that was found mounted (or, for volumes set up without a mount,
-// found at all), for a pod that wants it, is adopted as mounted. Adopting
-// runs no operation: the volume is neither mounted again (no stacked
-// mounts) nor unmounted. It is a pure function of the snapshots.
-func Adoptions(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, setUpWithoutMount func(plugin string, spec *volume.Spec) bool) []Adoption {
-	var out []Adoption
-	for name, av := range asw.Volumes {
-		dv, wanted := dsw.Volumes[name]
-		if !wanted {
-			continue
-		}
-		a := Adoption{Volume: name, Plugin: dv.Plugin, Attributes: dv.Attributes, Spec: dv.Spec,
-			Device: av.DeviceReconstructed && av.DeviceFoundMounted}
-		for uid, m := range av.Pods {
-			dp, ok := dv.Pods[uid]
-			if !ok || !m.Reconstructed {
-				continue
-			}
-			if m.FoundMounted || (setUpWithoutMount != nil && setUpWithoutMount(av.Plugin, dp.Spec)) {
-				if a.Pods == nil {
-					a.Pods = map[types.UID]AdoptedPod{}
-				}
-				a.Pods[uid] = AdoptedPod{Pod: dp.Pod.PodRef, Spec: dp.Spec}
-			}
-		}
-		if a.Device || len(a.Pods) > 0 {
-			out = append(out, a)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Volume < out[j].Volume })
-	return out
-}
-
-// HasReconstructed reports whether the ASW still holds unmatched
-// reconstructed state.
-func HasReconstructed(asw *cache.ActualSnapshot) bool { return asw.HasReconstructed() }

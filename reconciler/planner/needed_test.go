@@ -1,4 +1,4 @@
-package reconciler
+package planner
 
 import (
 	"fmt"
@@ -18,7 +18,7 @@ import (
 // the next pass would plan it again, every few milliseconds, forever.
 func TestPlannedActionsAreNeeded(t *testing.T) {
 	planned := map[operations.Op]int{}
-	check := func(ctx string, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) {
+	check := func(ctx string, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts Options) {
 		t.Helper()
 		for _, a := range Plan(dsw, asw, opts) {
 			planned[a.Op]++
@@ -31,7 +31,7 @@ func TestPlannedActionsAreNeeded(t *testing.T) {
 			}
 		}
 	}
-	allOpts := []PlanOptions{{}, {SourcesReady: true}, {SourcesReady: true, OrphanCleanupAllowed: true}}
+	allOpts := []Options{{}, {SourcesReady: true}, {SourcesReady: true, OrphanCleanupAllowed: true}}
 	for _, tc := range planCases() {
 		for _, opts := range allOpts {
 			check(tc.name, desiredSnapshot(tc.dsw, tc.pods), actualSnapshot(tc.asw), opts)
@@ -125,15 +125,15 @@ func TestRewriteCarriesGeneration(t *testing.T) {
 	dv.Pods["p1"].ContentGeneration = 5
 	av := avol(vA, remountAttrs, mounted("p1"))
 	av.Pods["p1"].ContentGeneration = 3
-	actions := Plan(desiredSnapshot([]*cache.DesiredVolume{dv}, nil), actualSnapshot([]*cache.ActualVolume{av}), PlanOptions{SourcesReady: true})
+	actions := Plan(desiredSnapshot([]*cache.DesiredVolume{dv}, nil), actualSnapshot([]*cache.ActualVolume{av}), Options{SourcesReady: true})
 	if len(actions) != 1 || actions[0].Op != operations.OpMountVolume || actions[0].ContentGeneration != 5 {
 		t.Fatalf("plan %v: want one mount_volume for generation 5", summarize(actions))
 	}
-	if got := (&OperatorHandler{}).Operation(&actions[0]).ContentGeneration; got != 5 {
+	if got := (&operations.Operator{}).Operation(actions[0].Op, actions[0].Target).ContentGeneration; got != 5 {
 		t.Errorf("operation generation %d, want 5", got)
 	}
 	av.Pods["p1"].ContentGeneration = 5
-	if actions := Plan(desiredSnapshot([]*cache.DesiredVolume{dv}, nil), actualSnapshot([]*cache.ActualVolume{av}), PlanOptions{SourcesReady: true}); len(actions) != 0 {
+	if actions := Plan(desiredSnapshot([]*cache.DesiredVolume{dv}, nil), actualSnapshot([]*cache.ActualVolume{av}), Options{SourcesReady: true}); len(actions) != 0 {
 		t.Errorf("content current, yet planned %v", summarize(actions))
 	}
 }

@@ -1,4 +1,4 @@
-package reconciler
+package planner
 
 import (
 	"fmt"
@@ -809,7 +809,7 @@ func TestPlan(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dsw := desiredSnapshot(tc.dsw, tc.pods)
 			asw := actualSnapshot(tc.asw)
-			got := summarize(Plan(dsw, asw, PlanOptions{SourcesReady: !tc.notReady}))
+			got := summarize(Plan(dsw, asw, Options{SourcesReady: !tc.notReady}))
 			if !sameActs(got, tc.want) {
 				t.Errorf("Plan:\n got:\n%s want:\n%s", formatActs(got), formatActs(tc.want))
 			}
@@ -829,7 +829,7 @@ func TestPlanCaseCount(t *testing.T) {
 func TestPlanActionFields(t *testing.T) {
 	t.Run("mount_volume carries the pod's own spec", func(t *testing.T) {
 		dv := dvol(vDir, sharedDirAttrs, "p1")
-		got := Plan(desiredSnapshot([]*cache.DesiredVolume{dv}, nil), actualSnapshot(nil), PlanOptions{SourcesReady: true})
+		got := Plan(desiredSnapshot([]*cache.DesiredVolume{dv}, nil), actualSnapshot(nil), Options{SourcesReady: true})
 		if len(got) != 1 {
 			t.Fatalf("got %d actions, want 1", len(got))
 		}
@@ -846,7 +846,7 @@ func TestPlanActionFields(t *testing.T) {
 	})
 	t.Run("unmount_volume carries the recorded mount", func(t *testing.T) {
 		av := avol(vDir, sharedDirAttrs, uncertain("p1"))
-		got := Plan(desiredSnapshot(nil, nil), actualSnapshot([]*cache.ActualVolume{av}), PlanOptions{SourcesReady: true})
+		got := Plan(desiredSnapshot(nil, nil), actualSnapshot([]*cache.ActualVolume{av}), Options{SourcesReady: true})
 		if len(got) != 1 {
 			t.Fatalf("got %d actions, want 1", len(got))
 		}
@@ -862,7 +862,7 @@ func TestPlanActionFields(t *testing.T) {
 		av := avol(vA, perPodAttrs, mounted("p1"))
 		av.Pods["p1"].Spec = nil
 		av.Spec = nil
-		got := Plan(desiredSnapshot(nil, nil), actualSnapshot([]*cache.ActualVolume{av}), PlanOptions{SourcesReady: true})
+		got := Plan(desiredSnapshot(nil, nil), actualSnapshot([]*cache.ActualVolume{av}), Options{SourcesReady: true})
 		if len(got) != 1 || got[0].Spec != nil || got[0].MountPath == "" {
 			t.Fatalf("got %+v", got)
 		}
@@ -884,7 +884,7 @@ func TestPlanActionFields(t *testing.T) {
 				if tc.av != nil {
 					avs = append(avs, tc.av)
 				}
-				got := Plan(desiredSnapshot([]*cache.DesiredVolume{tc.dv}, nil), actualSnapshot(avs), PlanOptions{SourcesReady: true})
+				got := Plan(desiredSnapshot([]*cache.DesiredVolume{tc.dv}, nil), actualSnapshot(avs), Options{SourcesReady: true})
 				if len(got) != 1 || got[0].Op != tc.op {
 					t.Fatalf("got %v, want one %s", summarize(got), tc.op)
 				}
@@ -901,7 +901,7 @@ func TestPlanActionFields(t *testing.T) {
 	})
 	t.Run("device teardown carries the recorded spec", func(t *testing.T) {
 		av := avol(vDisk, attachableAttrs, attach(cache.Attached), device(cache.DeviceMountUncertain))
-		got := Plan(desiredSnapshot(nil, nil), actualSnapshot([]*cache.ActualVolume{av}), PlanOptions{SourcesReady: true})
+		got := Plan(desiredSnapshot(nil, nil), actualSnapshot([]*cache.ActualVolume{av}), Options{SourcesReady: true})
 		if len(got) != 1 || got[0].Op != operations.OpUnmountDevice || got[0].Spec != av.Spec || got[0].Attributes != attachableAttrs {
 			t.Fatalf("got %+v", got)
 		}
@@ -934,7 +934,7 @@ func TestPlanDoesNotModifyInputs(t *testing.T) {
 		})
 	}
 	for i, build := range worlds {
-		for _, opts := range []PlanOptions{{}, {SourcesReady: true}, {SourcesReady: true, OrphanCleanupAllowed: true}} {
+		for _, opts := range []Options{{}, {SourcesReady: true}, {SourcesReady: true, OrphanCleanupAllowed: true}} {
 			dsw, asw := buildIsolated(build)
 			wantDSW, wantASW := buildIsolated(build)
 			if !reflect.DeepEqual(dsw, wantDSW) || !reflect.DeepEqual(asw, wantASW) {
@@ -1036,12 +1036,12 @@ func TestPlanInvariants(t *testing.T) {
 	for i := range 300 {
 		dsw, asw := randomWorld(r, 20, 10)
 		for _, ready := range []bool{false, true} {
-			got := Plan(dsw, asw, PlanOptions{SourcesReady: ready})
+			got := Plan(dsw, asw, Options{SourcesReady: ready})
 			ctx := fmt.Sprintf("world %d, ready=%v", i, ready)
 
 			// Deterministic: planning again (maps iterate in another
 			// order) gives the same result.
-			if again := Plan(dsw, asw, PlanOptions{SourcesReady: ready}); !reflect.DeepEqual(got, again) {
+			if again := Plan(dsw, asw, Options{SourcesReady: ready}); !reflect.DeepEqual(got, again) {
 				t.Fatalf("%s: Plan is not deterministic:\n%v\n%v", ctx, summarize(got), summarize(again))
 			}
 			perVolume := map[volume.UniqueName][]operations.Op{}
@@ -1126,12 +1126,12 @@ func TestPlanDeterministic(t *testing.T) {
 		}
 	}
 	dsw, asw := desiredSnapshot(dvs, nil), actualSnapshot(avs)
-	first := Plan(dsw, asw, PlanOptions{SourcesReady: true})
+	first := Plan(dsw, asw, Options{SourcesReady: true})
 	if len(first) == 0 {
 		t.Fatal("no actions")
 	}
 	for range 20 {
-		if again := Plan(dsw, asw, PlanOptions{SourcesReady: true}); !reflect.DeepEqual(first, again) {
+		if again := Plan(dsw, asw, Options{SourcesReady: true}); !reflect.DeepEqual(first, again) {
 			t.Fatalf("Plan is not deterministic:\n%s\n%s", formatActs(summarize(first)), formatActs(summarize(again)))
 		}
 	}
@@ -1184,7 +1184,7 @@ func BenchmarkPlan10000Volumes(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				if got := Plan(dsw, asw, PlanOptions{SourcesReady: true}); len(got) != bc.wantActions {
+				if got := Plan(dsw, asw, Options{SourcesReady: true}); len(got) != bc.wantActions {
 					b.Fatalf("%d actions, want %d", len(got), bc.wantActions)
 				}
 			}

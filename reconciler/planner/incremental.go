@@ -1,11 +1,11 @@
-package reconciler
+package planner
 
 import (
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
-// planner is Plan made incremental: it keeps the actions each volume
+// Incremental is Plan made incremental: it keeps the actions each volume
 // needed when it was last planned and plans again only the volumes the
 // caches say changed since (cache.Changes). A volume's actions depend only
 // on its own two entries, the options and whether its pods are protected
@@ -17,17 +17,17 @@ import (
 // one (as the API server binds them) planned all of its volumes for each,
 // and a thousand pods arriving over four seconds cost three and a half
 // seconds of CPU, most of it planning volumes that were long mounted.
-type planner struct {
+type Incremental struct {
 	// memo holds the actions of each volume that needs any.
 	memo  map[volume.UniqueName][]Action
-	opts  PlanOptions
+	opts  Options
 	valid bool
 }
 
-// plan returns the actions Plan would return for the snapshots, appending
+// Plan returns the actions Plan would return for the snapshots, appending
 // to buf[:0]. dchg and achg are the changes taken from the caches before
 // the snapshots; full asks for every volume to be planned again.
-func (p *planner) plan(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions,
+func (p *Incremental) Plan(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts Options,
 	dchg, achg cache.Changes, full bool) []Action {
 	if full || !p.valid || opts != p.opts || dchg.All || achg.All {
 		p.memo = nil
@@ -58,7 +58,7 @@ func (p *planner) plan(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.Actu
 }
 
 // replan plans one volume again and records its actions.
-func (p *planner) replan(name volume.UniqueName, dsw *cache.DesiredSnapshot, dv *cache.DesiredVolume, av *cache.ActualVolume, opts PlanOptions) {
+func (p *Incremental) replan(name volume.UniqueName, dsw *cache.DesiredSnapshot, dv *cache.DesiredVolume, av *cache.ActualVolume, opts Options) {
 	old := p.memo[name]
 	actions := planVolume(old[:0], dsw, dv, av, opts)
 	switch {

@@ -1,4 +1,4 @@
-package reconciler
+package planner
 
 import (
 	"cmp"
@@ -32,8 +32,8 @@ type Action struct {
 	Reason string
 }
 
-// PlanOptions are the facts outside the two caches that decisions depend on.
-type PlanOptions struct {
+// Options are the facts outside the two caches that decisions depend on.
+type Options struct {
 	// SourcesReady is true once every source was read completely and the
 	// DSW reflects it. Until then nothing is torn down: a pod that is not in
 	// the DSW yet may simply not have been read.
@@ -51,15 +51,8 @@ type PlanOptions struct {
 // within a phase, sorted by volume and pod, so the result is deterministic.
 // Whether an action can start now (another operation on the volume, backoff)
 // is the executor's business, not the plan's.
-func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) []Action {
-	return PlanInto(nil, dsw, asw, opts)
-}
-
-// PlanInto is Plan appending to buf[:0]: a reconciler passes the previous
-// pass's slice back, so a storm of passes that each plan thousands of
-// actions does not grow a new slice every time.
-func PlanInto(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts PlanOptions) []Action {
-	out := buf[:0]
+func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts Options) []Action {
+	var out []Action
 	eachVolume(dsw, asw, func(_ volume.UniqueName, dv *cache.DesiredVolume, av *cache.ActualVolume) {
 		out = planVolume(out, dsw, dv, av, opts)
 	})
@@ -84,7 +77,7 @@ func eachVolume(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, fn func(v
 // volume's actions depend on nothing else but the options and, for its
 // pods' mounts, on whether those pods are protected (protectedPod): the
 // incremental planner relies on it.
-func planVolume(out []Action, dsw *cache.DesiredSnapshot, dv *cache.DesiredVolume, av *cache.ActualVolume, opts PlanOptions) []Action {
+func planVolume(out []Action, dsw *cache.DesiredSnapshot, dv *cache.DesiredVolume, av *cache.ActualVolume, opts Options) []Action {
 	if opts.SourcesReady && av != nil {
 		out = planUnmounts(dsw, dv, av, opts.OrphanCleanupAllowed, out)
 	}
