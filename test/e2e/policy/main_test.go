@@ -7,11 +7,12 @@
 // that it may patch its own pods' and node's status, create, label and delete its
 // local PersistentVolumes and VolumeAttachments, and is refused for node
 // B's pod, node, PersistentVolume and VolumeAttachment, for a token of
-// its own service account, and for writes through a status subresource
-// beyond its own fields (labels, finalizers, other conditions). The real
-// agent binary then runs under the same policies (pod condition, local
-// PersistentVolumes), and after the tests TestMain checks in the audit log
-// that nothing the agent itself did was refused.
+// its own service account, and for writes beyond its own fields (owner
+// references, finalizers, labels and annotations through a status
+// subresource, status fields not its own, local PVs outside their class's
+// parameters). The real agent binary then runs under the same policies
+// (pod condition, local PersistentVolumes), and after the tests TestMain
+// checks in the audit log that nothing the agent itself did was refused.
 //
 // The tests need root (the agent mounts) and skip otherwise, in -short
 // mode, with VOLUME_AGENT_SKIP_CLUSTER=1, or without the control-plane
