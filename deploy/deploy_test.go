@@ -19,6 +19,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -34,6 +35,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
+	"github.com/volume-agent/volume-agent/localpv"
 	"github.com/volume-agent/volume-agent/test/cluster"
 )
 
@@ -665,7 +667,7 @@ func checkAdmissionPolicies(t *testing.T, objs []*unstructured.Unstructured, sa 
 	t.Helper()
 	user := "system:serviceaccount:" + sa.Namespace + ":" + sa.Name
 	policies := map[string]*admissionregistrationv1.ValidatingAdmissionPolicy{}
-	bound := map[string]bool{}
+	bound, params := map[string]bool{}, map[string]bool{}
 	var rules []rbacv1.PolicyRule
 	for _, o := range objs {
 		switch o.GetKind() {
@@ -683,8 +685,21 @@ func checkAdmissionPolicies(t *testing.T, objs []*unstructured.Unstructured, sa 
 			if !slices.Equal(b.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
 				t.Errorf("ValidatingAdmissionPolicyBinding %s: validationActions %v, want [Deny]", b.Name, b.Spec.ValidationActions)
 			}
-			if b.Spec.ParamRef != nil || b.Spec.MatchResources != nil {
-				t.Errorf("ValidatingAdmissionPolicyBinding %s narrows or parameterises its policy; the policy alone should say what it matches", b.Name)
+			if b.Spec.MatchResources != nil {
+				t.Errorf("ValidatingAdmissionPolicyBinding %s narrows its policy; the policy alone should say what it matches", b.Name)
+			}
+			// Parameters come from a ConfigMap of the agent's namespace
+			// that the kustomization renders; without it the policy
+			// refuses (parameterNotFoundAction Deny).
+			if r := b.Spec.ParamRef; r != nil {
+				if r.Selector != nil || r.Namespace != sa.Namespace || r.ParameterNotFoundAction == nil ||
+					*r.ParameterNotFoundAction != admissionregistrationv1.DenyAction ||
+					!slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool {
+						return o.GetKind() == "ConfigMap" && o.GetNamespace() == r.Namespace && o.GetName() == r.Name
+					}) {
+					t.Errorf("ValidatingAdmissionPolicyBinding %s: paramRef %+v is not a rendered ConfigMap of namespace %s, refused when missing", b.Name, r, sa.Namespace)
+				}
+				params[b.Spec.PolicyName] = true
 			}
 			bound[b.Spec.PolicyName] = true
 		case "ClusterRole":
@@ -705,6 +720,9 @@ func checkAdmissionPolicies(t *testing.T, objs []*unstructured.Unstructured, sa 
 	for name, p := range policies {
 		if !bound[name] {
 			t.Errorf("ValidatingAdmissionPolicy %s has no binding", name)
+		}
+		if pk := p.Spec.ParamKind; (pk != nil) != params[name] || pk != nil && (pk.APIVersion != "v1" || pk.Kind != "ConfigMap") {
+			t.Errorf("ValidatingAdmissionPolicy %s: paramKind %+v, and its binding has paramRef: %v; want both or neither, of a ConfigMap", name, pk, params[name])
 		}
 		if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionregistrationv1.Fail {
 			t.Errorf("ValidatingAdmissionPolicy %s: failurePolicy %v, want Fail", name, p.Spec.FailurePolicy)
@@ -768,4 +786,69 @@ func matches(p *admissionregistrationv1.ValidatingAdmissionPolicy, group, resour
 		}
 	}
 	return false
+}
+
+// The local volume policy's parameters (deploy/local-volumes/policy-params.yaml)
+// say, for each storage class of the provisioner's configuration
+// (config.yaml), what its PVs may be: the same classes, discovery
+// directories, volume modes, access modes, labels and fsTypes, and a
+// maximum capacity. A class the policy does not know would have its PVs
+// refused; one the configuration does not know would be a hole.
+func TestLocalVolumePolicyParams(t *testing.T) {
+	objs := render(t, "local-volumes")
+	data := map[string]map[string]string{}
+	for _, o := range objs {
+		if o.GetKind() == "ConfigMap" {
+			cm := &corev1.ConfigMap{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, cm, true); err != nil {
+				t.Fatal(err)
+			}
+			data[cm.Name] = cm.Data
+		}
+	}
+	cfg, classErrs, err := localpv.ParseConfig("config.yaml", []byte(data["volume-agent-local-volumes"]["config.yaml"]))
+	if err != nil || len(classErrs) > 0 || len(cfg.Classes) == 0 {
+		t.Fatalf("deploy/local-volumes/config.yaml: %v %v, %d classes", err, classErrs, len(cfg.Classes))
+	}
+	params := data["volume-agent-local-volumes-policy"]
+	want := map[string]string{}
+	for name, c := range cfg.Classes {
+		modes := make([]string, len(c.AccessModes))
+		for i, m := range c.AccessModes {
+			modes[i] = string(m)
+		}
+		labels := make([]string, 0, len(c.Labels))
+		for k, v := range c.Labels {
+			labels = append(labels, k+"="+v)
+		}
+		want[name+".discoveryDir"] = c.DiscoveryDir
+		want[name+".volumeMode"] = string(c.VolumeMode)
+		want[name+".accessModes"] = strings.Join(modes, ",")
+		want[name+".labels"] = strings.Join(labels, ",")
+		if c.FSType != "" {
+			want[name+".fsType"] = c.FSType
+		}
+		max, ok := params[name+".maxCapacity"]
+		if q, err := resource.ParseQuantity(max); !ok || err != nil || q.Sign() <= 0 {
+			t.Errorf("policy-params.yaml: class %s: maxCapacity %q is not a positive quantity", name, max)
+		}
+		want[name+".maxCapacity"] = max
+	}
+	sorted := func(list string) string {
+		return strings.Join(slices.Sorted(slices.Values(strings.Split(list, ","))), ",")
+	}
+	for k, v := range want {
+		got, ok := params[k]
+		if strings.HasSuffix(k, ".accessModes") || strings.HasSuffix(k, ".labels") {
+			got, v = sorted(got), sorted(v)
+		}
+		if !ok || got != v {
+			t.Errorf("policy-params.yaml: %s is %q, config.yaml says %q", k, params[k], v)
+		}
+	}
+	for k := range params {
+		if _, ok := want[k]; !ok {
+			t.Errorf("policy-params.yaml: %s belongs to no class of config.yaml", k)
+		}
+	}
 }

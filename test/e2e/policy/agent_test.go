@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
+	"github.com/volume-agent/volume-agent/localpv"
 	"github.com/volume-agent/volume-agent/test/cluster"
 	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
@@ -71,6 +73,52 @@ func TestAgentWorksUnderPolicies(t *testing.T) {
 	if err := os.WriteFile(config, fmt.Appendf(nil, "storageClasses:\n  %s:\n    discoveryDir: %s\n", class, disks), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The class in the local volume policy's parameters, as an
+	// administrator adds it with the class (deploy/local-volumes/policy-params.yaml),
+	// in force before the agent starts: none of its requests may be refused.
+	params, err := suite.Admin.CoreV1().ConfigMaps(sa.Namespace).Get(ctx, policyParams, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{".discoveryDir": disks, ".volumeMode": "Filesystem", ".accessModes": "ReadWriteOnce", ".labels": "", ".maxCapacity": "1Gi"} {
+		params.Data[class+k] = v
+	}
+	if _, err := suite.Admin.CoreV1().ConfigMaps(sa.Namespace).Update(ctx, params, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		params, err := suite.Admin.CoreV1().ConfigMaps(sa.Namespace).Get(context.Background(), policyParams, metav1.GetOptions{})
+		if err == nil {
+			for k := range params.Data {
+				if strings.HasPrefix(k, class+".") {
+					delete(params.Data, k)
+				}
+			}
+			_, err = suite.Admin.CoreV1().ConfigMaps(sa.Namespace).Update(context.Background(), params, metav1.UpdateOptions{})
+		}
+		if err != nil {
+			t.Errorf("removing class %s from %s: %v", class, policyParams, err)
+		}
+	})
+	probe := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "works-probe", Labels: map[string]string{localpv.LabelNode: node},
+			Annotations: map[string]string{localpv.AnnProvisionedBy: localpv.ProvisionerName(node)}},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("16Mi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+			StorageClassName:              class,
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: filepath.Join(disks, "probe")}},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: hostnameIn(corev1.NodeSelectorOpIn, node)}}}},
+		},
+	}
+	probeClient := client(t, kubeconfig, "policy-test/agent-of-"+node)
+	e2eutil.Poll(t, 60*time.Second, "class "+class+" in the local volume policy's parameters", func(ctx context.Context) (bool, string) {
+		_, err := probeClient.CoreV1().PersistentVolumes().Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil, fmt.Sprint(err)
+	})
+
 	root := mounttest.TempDir(t)
 	e2eutil.StartAgent(t, e2eutil.AgentOptions{
 		Binary: suite.AgentBin, Kubeconfig: kubeconfig, Node: node, Root: filepath.Join(root, "agent"),

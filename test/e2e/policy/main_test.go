@@ -7,11 +7,12 @@
 // that it may patch its own pods' and node's status, create, label and delete its
 // local PersistentVolumes and VolumeAttachments, and is refused for node
 // B's pod, node, PersistentVolume and VolumeAttachment, for a token of
-// its own service account, and for writes through a status subresource
-// beyond its own fields (labels, finalizers, other conditions). The real
-// agent binary then runs under the same policies (pod condition, local
-// PersistentVolumes), and after the tests TestMain checks in the audit log
-// that nothing the agent itself did was refused.
+// its own service account, and for writes beyond its own fields (owner
+// references, finalizers, labels and annotations through a status
+// subresource, status fields not its own, local PVs outside their class's
+// parameters). The real agent binary then runs under the same policies
+// (pod condition, local PersistentVolumes), and after the tests TestMain
+// checks in the audit log that nothing the agent itself did was refused.
 //
 // The tests need root (the agent mounts) and skip otherwise, in -short
 // mode, with VOLUME_AGENT_SKIP_CLUSTER=1, or without the control-plane
@@ -22,8 +23,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/volume-agent/volume-agent/test/cluster"
 	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
@@ -46,10 +51,37 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-// setup adds deploy/self-attach: its RBAC and its policy.
+// setup adds deploy/self-attach (its RBAC and its policy) and the local
+// volume policy's parameters, the ConfigMap deploy/local-volumes renders
+// (the control plane creates no ConfigMaps).
 func setup(ctx context.Context, s *e2eutil.Suite) error {
-	return s.ApplyKustomization(ctx, "deploy/self-attach", true)
+	if err := s.ApplyKustomization(ctx, "deploy/self-attach", true); err != nil {
+		return err
+	}
+	root, err := cluster.RepoRoot()
+	if err != nil {
+		return err
+	}
+	objs, err := e2eutil.RenderKustomization(filepath.Join(root, "deploy/local-volumes"))
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		if o.GetKind() != "ConfigMap" || o.GetName() != policyParams {
+			continue
+		}
+		cm := &corev1.ConfigMap{}
+		if err := e2eutil.FromUnstructured(o, cm); err != nil {
+			return err
+		}
+		_, err := s.Admin.CoreV1().ConfigMaps(cm.Namespace).Create(ctx, cm, metav1.CreateOptions{})
+		return err
+	}
+	return fmt.Errorf("deploy/local-volumes renders no ConfigMap %s", policyParams)
 }
+
+// policyParams is the ConfigMap of the local volume policy's parameters.
+const policyParams = "volume-agent-local-volumes-policy"
 
 // checkAgentRequests reads the requests the agent binary made (its user
 // agent is volume-agent/<node>) from the audit log: under the policies, none

@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -16,9 +17,13 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/localpv"
+	"github.com/volume-agent/volume-agent/plugins"
+	"github.com/volume-agent/volume-agent/status/claimstatus"
+	"github.com/volume-agent/volume-agent/status/podstatus"
 	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
@@ -235,8 +240,10 @@ func boundTo(kind string, obj metav1.Object) *authenticationv1.BoundObjectRefere
 	return &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: kind, Name: obj.GetName(), UID: obj.GetUID()}
 }
 
-// localPV is a local PV of the provisioner of annotatedNode (none if
-// empty) with one node-affinity term per element of terms.
+// localPV is a local PV of class local-ssd (as deploy/local-volumes
+// configures it) of the provisioner of annotatedNode (none if empty),
+// labelled as that provisioner labels its PVs, with one node-affinity term
+// per element of terms.
 func localPV(name, annotatedNode string, terms ...[]corev1.NodeSelectorRequirement) *corev1.PersistentVolume {
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -250,6 +257,7 @@ func localPV(name, annotatedNode string, terms ...[]corev1.NodeSelectorRequireme
 	}
 	if annotatedNode != "" {
 		pv.Annotations = map[string]string{provisionedBy: "volume-agent.io/" + annotatedNode}
+		pv.Labels = map[string]string{localpv.LabelNode: localpv.NodeLabelValue(annotatedNode)}
 	}
 	if len(terms) > 0 {
 		sel := &corev1.NodeSelector{}
@@ -260,6 +268,61 @@ func localPV(name, annotatedNode string, terms ...[]corev1.NodeSelectorRequireme
 	}
 	return pv
 }
+
+// ownPV is a local PV of node as its provisioner makes it, changed by
+// change.
+func ownPV(name, node string, change func(*corev1.PersistentVolume)) *corev1.PersistentVolume {
+	pv := localPV(name, node, hostnameIn(corev1.NodeSelectorOpIn, node))
+	change(pv)
+	return pv
+}
+
+// claimReporter is the agent's claim status writer (status/claimstatus),
+// sending its patches as client c.
+type claimReporter struct {
+	c   kubernetes.Interface
+	dry []string
+}
+
+func (r claimReporter) PatchPVCStatus(ctx context.Context, ns, name string, pt types.PatchType, patch []byte) (*corev1.PersistentVolumeClaim, error) {
+	return r.c.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, name, pt, patch, metav1.PatchOptions{DryRun: r.dry}, "status")
+}
+
+// expansion makes one of the agent's claim status writes (step) to claim
+// ns/name, computed from the claim as the administrator reads it, exactly
+// as the agent sends them.
+func expansion(ns, name string, step func(context.Context, *claimstatus.Reporter, *corev1.PersistentVolumeClaim) error) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
+		current := func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
+			return suite.Admin.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
+		}
+		pvc, err := current(ns, name)
+		if err != nil {
+			return nil, err
+		}
+		return nil, step(ctx, claimstatus.New(claimReporter{c, dry}, current), pvc)
+	}
+}
+
+// volumesReady patches pod ns/name's VolumesReady condition as
+// status/podstatus does: a strategic merge patch with the pod's UID as a
+// precondition.
+func volumesReady(ns, name string, uid types.UID) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+	now := metav1.Now()
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": uid},
+		"status": map[string]any{"conditions": []corev1.PodCondition{{
+			Type: podstatus.ConditionType, Status: corev1.ConditionFalse, Reason: "MountFailed", Message: "volume data: test",
+			LastProbeTime: now, LastTransitionTime: now,
+		}}},
+	})
+	if err != nil {
+		panic(err)
+	}
+	return podStatus(ns, name, types.StrategicMergePatchType, string(patch))
+}
+
+const ghostOwner = `"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"gone","uid":"00000000-0000-0000-0000-000000000000"}]`
 
 func hostnameIn(op corev1.NodeSelectorOperator, nodes ...string) []corev1.NodeSelectorRequirement {
 	return []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: op, Values: nodes}}
@@ -369,6 +432,7 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 	// PV node A's provisioner made before PVs were labelled, bound.
 	aOld := localPV("a-old", a, hostnameIn(corev1.NodeSelectorOpIn, a))
 	aOld.Spec.ClaimRef = &corev1.ObjectReference{Namespace: f.ns, Name: "old-claim"}
+	aOld.Labels = nil
 	for _, pv := range []*corev1.PersistentVolume{
 		localPV("b-local", b, hostnameIn(corev1.NodeSelectorOpIn, b)),
 		aOld,
@@ -409,8 +473,23 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 			do: podStatus(f.ns, "tenant-a", types.MergePatchType, `{"status":{"podIP":"10.9.9.9","podIPs":[{"ip":"10.9.9.9"}]}}`)},
 		{name: "own node's pod: a label, through status", refusedBy: podStatusPolicy, msg: "labels", effect: podLabelled,
 			do: podStatus(f.ns, "tenant-a", types.MergePatchType, `{"metadata":{"labels":{"role":"db"}}}`)},
-		{name: "own node's pod: its finalizer, through status", refusedBy: podStatusPolicy, msg: "finalizers", effect: podReleased,
+		{name: "own node's pod: its finalizer, through status", refusedBy: podStatusPolicy, msg: "metadata.finalizers", effect: podReleased,
 			do: podStatus(f.ns, "tenant-a", types.MergePatchType, `{"metadata":{"finalizers":null}}`)},
+		{name: "own node's pod: its VolumesReady condition, as status/podstatus sends it", do: volumesReady(f.ns, "tenant-a", f.podA.UID)},
+		{name: "own node's pod: an annotation, through status", refusedBy: podStatusPolicy, msg: "metadata.annotations",
+			effect: func(o runtime.Object) bool { return o.(*corev1.Pod).Annotations["example.com/x"] == "y" },
+			do:     podStatus(f.ns, "tenant-a", types.MergePatchType, `{"metadata":{"annotations":{"example.com/x":"y"}}}`)},
+		{name: "own node's pod: a finalizer added, through status", refusedBy: podStatusPolicy, msg: "metadata.finalizers",
+			effect: func(o runtime.Object) bool { return len(o.(*corev1.Pod).Finalizers) == 2 },
+			do:     podStatus(f.ns, "tenant-a", types.MergePatchType, `{"metadata":{"finalizers":["`+holdFinalizer+`","example.com/keep"]}}`)},
+		{name: "own node's pod: a status field the policy never named (observedGeneration)", refusedBy: podStatusPolicy, msg: "status.observedGeneration",
+			effect: func(o runtime.Object) bool { return o.(*corev1.Pod).Status.ObservedGeneration == 1 },
+			do:     podStatus(f.ns, "tenant-a", types.MergePatchType, `{"status":{"observedGeneration":1}}`)},
+		// The pod status strategy itself drops owner references sent
+		// through pods/status: accepted, and nothing changes (checked
+		// below).
+		{name: "own node's pod: an owner reference, through status (the API server drops it)",
+			do: podStatus(f.ns, "tenant-a", types.MergePatchType, `{"metadata":{`+ghostOwner+`}}`)},
 
 		// Nodes.
 		{name: "own node: volumesInUse", do: nodeStatus(a, types.MergePatchType, `{"status":{"volumesInUse":["kubernetes.io/csi/csi.example.com^vol-1"]}}`)},
@@ -425,6 +504,20 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 		{name: "own node: its hostname label, through status", refusedBy: nodeStatusPolicy, msg: "labels",
 			effect: func(o runtime.Object) bool { return o.(*corev1.Node).Labels[corev1.LabelHostname] == b },
 			do:     nodeStatus(a, types.MergePatchType, `{"metadata":{"labels":{"kubernetes.io/hostname":"`+b+`"}}}`)},
+		{name: "own node: no volumes in use, as status/nodestatus sends it", do: nodeStatus(a, types.MergePatchType, `{"status":{"volumesInUse":[]}}`)},
+		{name: "own node: an owner that does not exist, through status (the garbage collector would delete the node)", refusedBy: nodeStatusPolicy,
+			msg:    "metadata.ownerReferences",
+			effect: func(o runtime.Object) bool { return len(o.(*corev1.Node).OwnerReferences) == 1 },
+			do:     nodeStatus(a, types.MergePatchType, `{"metadata":{`+ghostOwner+`}}`)},
+		{name: "own node: a finalizer, through status", refusedBy: nodeStatusPolicy, msg: "metadata.finalizers",
+			effect: func(o runtime.Object) bool { return len(o.(*corev1.Node).Finalizers) == 1 },
+			do:     nodeStatus(a, types.MergePatchType, `{"metadata":{"finalizers":["example.com/keep"]}}`)},
+		{name: "own node: an annotation, through status", refusedBy: nodeStatusPolicy, msg: "metadata.annotations",
+			effect: func(o runtime.Object) bool { return o.(*corev1.Node).Annotations["example.com/x"] == "y" },
+			do:     nodeStatus(a, types.MergePatchType, `{"metadata":{"annotations":{"example.com/x":"y"}}}`)},
+		{name: "own node: a status field no policy named before (images, which the scheduler scores)", refusedBy: nodeStatusPolicy, msg: "status.images",
+			effect: func(o runtime.Object) bool { return len(o.(*corev1.Node).Status.Images) == 1 },
+			do:     nodeStatus(a, types.MergePatchType, `{"status":{"images":[{"names":["registry.example.com/app:1"],"sizeBytes":1}]}}`)},
 		{name: "own node: the Ready condition", refusedBy: nodeStatusPolicy, msg: "volumesInUse",
 			do: nodeStatus(a, types.StrategicMergePatchType, `{"status":{"conditions":[{"type":"Ready","status":"True"}]}}`)},
 		{name: "own node: volumesAttached", refusedBy: nodeStatusPolicy, msg: "volumesInUse",
@@ -461,9 +554,12 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 			do: patchNode(a, types.MergePatchType, `{"spec":{"taints":[{"key":"k","value":"v","effect":"NoSchedule"}]}}`)},
 		{name: "own node: unschedulable", refusedBy: nodeMetaPolicy, msg: "spec",
 			do: patchNode(a, types.MergePatchType, `{"spec":{"unschedulable":true}}`)},
-		{name: "own node: an owner that does not exist (the garbage collector would delete the node)", refusedBy: nodeMetaPolicy, msg: "owner references",
+		{name: "own node: a finalizer", refusedBy: nodeMetaPolicy, msg: "metadata.finalizers",
+			effect: func(o runtime.Object) bool { return len(o.(*corev1.Node).Finalizers) == 1 },
+			do:     patchNode(a, types.MergePatchType, `{"metadata":{"finalizers":["example.com/keep"]}}`)},
+		{name: "own node: an owner that does not exist (the garbage collector would delete the node)", refusedBy: nodeMetaPolicy, msg: "metadata.ownerReferences",
 			effect: func(o runtime.Object) bool { return len(o.(*corev1.Node).OwnerReferences) == 1 },
-			do:     patchNode(a, types.MergePatchType, `{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"gone","uid":"00000000-0000-0000-0000-000000000000"}]}}`)},
+			do:     patchNode(a, types.MergePatchType, `{"metadata":{`+ghostOwner+`}}`)},
 
 		// CSINodes: its own node's only, owned by its Node.
 		{name: "other node: a CSINode", refusedBy: csiNodePolicy, msg: "not " + b, do: createCSINode(csiNode(b+"-x", a, uidA))},
@@ -497,8 +593,45 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 		{name: "a claim: its pvc-protection finalizer, through status", refusedBy: claimStatusPolicy, msg: "finalizers",
 			effect: func(o runtime.Object) bool { return len(o.(*corev1.PersistentVolumeClaim).Finalizers) == 0 },
 			do:     claimStatus(f.ns, "claim", types.MergePatchType, `{"metadata":{"finalizers":null}}`)},
-		{name: "a claim: its phase", refusedBy: claimStatusPolicy, msg: "capacity",
+		{name: "a claim: its phase", refusedBy: claimStatusPolicy, msg: "status.phase",
 			do: claimStatus(f.ns, "claim", types.MergePatchType, `{"status":{"phase":"Lost"}}`)},
+		{name: "a claim: expansion in progress, as status/claimstatus sends it",
+			do: expansion(f.ns, "claim", func(ctx context.Context, r *claimstatus.Reporter, pvc *corev1.PersistentVolumeClaim) error {
+				return r.ResizeInProgress(ctx, pvc)
+			})},
+		{name: "a claim: expansion failed, as status/claimstatus sends it",
+			do: expansion(f.ns, "claim", func(ctx context.Context, r *claimstatus.Reporter, pvc *corev1.PersistentVolumeClaim) error {
+				return r.ResizeFailed(ctx, pvc, fmt.Errorf("resize2fs: test"))
+			})},
+		{name: "a claim: expansion infeasible, as status/claimstatus sends it",
+			do: expansion(f.ns, "claim", func(ctx context.Context, r *claimstatus.Reporter, pvc *corev1.PersistentVolumeClaim) error {
+				return r.ResizeFailed(ctx, pvc, fmt.Errorf("test: %w", plugins.ErrExpansionInfeasible))
+			})},
+		{name: "a claim: expansion finished, as status/claimstatus sends it",
+			do: expansion(f.ns, "claim", func(ctx context.Context, r *claimstatus.Reporter, pvc *corev1.PersistentVolumeClaim) error {
+				return r.ResizeFinished(ctx, pvc, resource.MustParse("2Gi"))
+			})},
+		{name: "a claim: an owner that does not exist, through status (the garbage collector would delete the claim and its volume)",
+			refusedBy: claimStatusPolicy, msg: "metadata.ownerReferences",
+			effect: func(o runtime.Object) bool { return len(o.(*corev1.PersistentVolumeClaim).OwnerReferences) == 1 },
+			do:     claimStatus(f.ns, "claim", types.MergePatchType, `{"metadata":{`+ghostOwner+`}}`)},
+		{name: "a claim: a label, through status", refusedBy: claimStatusPolicy, msg: "metadata.labels",
+			effect: func(o runtime.Object) bool { return o.(*corev1.PersistentVolumeClaim).Labels["tier"] == "gold" },
+			do:     claimStatus(f.ns, "claim", types.MergePatchType, `{"metadata":{"labels":{"tier":"gold"}}}`)},
+		{name: "a claim: an annotation, through status", refusedBy: claimStatusPolicy, msg: "metadata.annotations",
+			effect: func(o runtime.Object) bool {
+				return o.(*corev1.PersistentVolumeClaim).Annotations["example.com/x"] == "y"
+			},
+			do: claimStatus(f.ns, "claim", types.MergePatchType, `{"metadata":{"annotations":{"example.com/x":"y"}}}`)},
+		{name: "a claim: a finalizer added, through status", refusedBy: claimStatusPolicy, msg: "metadata.finalizers",
+			effect: func(o runtime.Object) bool { return len(o.(*corev1.PersistentVolumeClaim).Finalizers) == 2 },
+			do:     claimStatus(f.ns, "claim", types.MergePatchType, `{"metadata":{"finalizers":["kubernetes.io/pvc-protection","example.com/keep"]}}`)},
+		{name: "a claim: its allocated resources (the resize controller's)", refusedBy: claimStatusPolicy, msg: "status.allocatedResources",
+			do: claimStatus(f.ns, "claim", types.MergePatchType, `{"status":{"allocatedResources":{"storage":"5Gi"}}}`)},
+		{name: "a claim: the controller's resize status", refusedBy: claimStatusPolicy, msg: "allocatedResourceStatuses",
+			do: claimStatus(f.ns, "claim", types.MergePatchType, `{"status":{"allocatedResourceStatuses":{"storage":"ControllerResizeInProgress"}}}`)},
+		{name: "a claim: the Resizing condition started", refusedBy: claimStatusPolicy, msg: "NodeResizeError condition",
+			do: claimStatus(f.ns, "claim", types.StrategicMergePatchType, `{"status":{"conditions":[{"type":"Resizing","status":"True"}]}}`)},
 
 		// Local PersistentVolumes.
 		{name: "own node: a local PV", do: createPV(localPV("a-local", a, hostnameIn(corev1.NodeSelectorOpIn, a)))},
@@ -531,6 +664,52 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 				pv.Spec.ClaimRef = &corev1.ObjectReference{Namespace: f.ns, Name: "claim"}
 				return pv
 			}())},
+		{name: "own node: a local PV of a class not configured", refusedBy: localPVPolicy, msg: "storage classes in ConfigMap",
+			do: createPV(ownPV("x-class", a, func(pv *corev1.PersistentVolume) { pv.Spec.StorageClassName = "gold" }))},
+		{name: "own node: a local PV outside the class's discovery directory", refusedBy: localPVPolicy, msg: "discovery directory",
+			do: createPV(ownPV("x-path", a, func(pv *corev1.PersistentVolume) { pv.Spec.Local.Path = "/etc" }))},
+		{name: "own node: a local PV of the discovery directory itself", refusedBy: localPVPolicy, msg: "discovery directory",
+			do: createPV(ownPV("x-dir", a, func(pv *corev1.PersistentVolume) { pv.Spec.Local.Path = "/mnt/disks/ssd" }))},
+		{name: "own node: a local PV of a subdirectory of an entry", refusedBy: localPVPolicy, msg: "discovery directory",
+			do: createPV(ownPV("x-nested", a, func(pv *corev1.PersistentVolume) { pv.Spec.Local.Path = "/mnt/disks/ssd/disk-1/data" }))},
+		{name: "own node: a local PV of a directory whose name starts like the discovery directory's", refusedBy: localPVPolicy, msg: "discovery directory",
+			do: createPV(ownPV("x-sibling", a, func(pv *corev1.PersistentVolume) { pv.Spec.Local.Path = "/mnt/disks/ssd-other" }))},
+		{name: "own node: a local PV larger than the class's maximum", refusedBy: localPVPolicy, msg: "at most 16Ti",
+			do: createPV(ownPV("x-huge", a, func(pv *corev1.PersistentVolume) {
+				pv.Spec.Capacity[corev1.ResourceStorage] = resource.MustParse("1Pi")
+			}))},
+		{name: "own node: a local PV ReadWriteMany", refusedBy: localPVPolicy, msg: "access modes among ReadWriteOnce",
+			do: createPV(ownPV("x-rwx", a, func(pv *corev1.PersistentVolume) {
+				pv.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}
+			}))},
+		{name: "own node: a Block local PV of a Filesystem class", refusedBy: localPVPolicy, msg: "volume mode Filesystem",
+			do: createPV(ownPV("x-block", a, func(pv *corev1.PersistentVolume) { pv.Spec.VolumeMode = ptr.To(corev1.PersistentVolumeBlock) }))},
+		{name: "own node: a local PV with an fsType the class has not", refusedBy: localPVPolicy, msg: "fsType",
+			do: createPV(ownPV("x-fstype", a, func(pv *corev1.PersistentVolume) { pv.Spec.Local.FSType = ptr.To("xfs") }))},
+		{name: "own node: a local PV with a label of its own", refusedBy: localPVPolicy, msg: "class's labels",
+			do: createPV(ownPV("x-label", a, func(pv *corev1.PersistentVolume) { pv.Labels["tier"] = "gold" }))},
+		{name: "own node: a local PV labelled for the other node", refusedBy: localPVPolicy, msg: "must label",
+			do: createPV(ownPV("x-label-b", a, func(pv *corev1.PersistentVolume) { pv.Labels[localpv.LabelNode] = b }))},
+		{name: "own node: a local PV with another annotation", refusedBy: localPVPolicy, msg: "as its provisioner makes them",
+			do: createPV(ownPV("x-annotation", a, func(pv *corev1.PersistentVolume) { pv.Annotations["example.com/x"] = "y" }))},
+		{name: "own node: a local PV with an owner", refusedBy: localPVPolicy, msg: "as its provisioner makes them",
+			do: createPV(ownPV("x-owner", a, func(pv *corev1.PersistentVolume) {
+				pv.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: a, UID: uidA}}
+			}))},
+		{name: "own node: a local PV with a finalizer", refusedBy: localPVPolicy, msg: "as its provisioner makes them",
+			do: createPV(ownPV("x-finalizer", a, func(pv *corev1.PersistentVolume) { pv.Finalizers = []string{"example.com/keep"} }))},
+		{name: "own node: a local PV whose affinity also requires a zone", refusedBy: localPVPolicy, msg: "one node-affinity term",
+			do: createPV(ownPV("x-zone-too", a, func(pv *corev1.PersistentVolume) {
+				term := &pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0]
+				term.MatchExpressions = append(term.MatchExpressions, corev1.NodeSelectorRequirement{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpIn, Values: []string{"z"}})
+			}))},
+		{name: "own node: a local PV with a mount option", do: createPV(ownPV("a-mount-options", a, func(pv *corev1.PersistentVolume) {
+			pv.Spec.MountOptions = []string{"noatime"}
+		}))},
+		{name: "own node: deleting that PV", do: deletePV("a-mount-options")},
+		{name: "own node's local PV: an owner", refusedBy: localPVPolicy, msg: "metadata.ownerReferences",
+			effect: func(o runtime.Object) bool { return len(o.(*corev1.PersistentVolume).OwnerReferences) == 1 },
+			do:     patchPV("a-old", `{"metadata":{`+ghostOwner+`}}`)},
 		{name: "other node: deleting its local PV", refusedBy: localPVPolicy, msg: "volume-agent.io/" + b, do: deletePV("b-local")},
 		{name: "own node's earlier local PV: its node label", do: patchPV("a-old", `{"metadata":{"labels":{"`+localpv.LabelNode+`":"`+a+`"}}}`)},
 		{name: "own node's local PV: another node's label", refusedBy: localPVPolicy, msg: "only " + localpv.LabelNode + "=" + a,
@@ -586,8 +765,26 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pod.Status.Phase == corev1.PodFailed || pod.Labels["role"] != "" || len(pod.Finalizers) != 1 {
-		t.Errorf("pod tenant-a after the refusals: phase %s, labels %v, finalizers %v", pod.Status.Phase, pod.Labels, pod.Finalizers)
+	if pod.Status.Phase == corev1.PodFailed || pod.Labels["role"] != "" || len(pod.Finalizers) != 1 || len(pod.OwnerReferences) != 0 ||
+		len(pod.Annotations) != 0 || pod.Status.ObservedGeneration == 1 {
+		t.Errorf("pod tenant-a after the refusals: phase %s, labels %v, annotations %v, finalizers %v, owners %v, observed generation %d",
+			pod.Status.Phase, pod.Labels, pod.Annotations, pod.Finalizers, pod.OwnerReferences, pod.Status.ObservedGeneration)
+	}
+	claim, err = f.admin.CoreV1().PersistentVolumeClaims(f.ns).Get(ctx, "claim", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claim.OwnerReferences) != 0 || len(claim.Labels) != 0 || len(claim.Finalizers) != 1 || claim.Status.Phase == corev1.ClaimLost ||
+		claim.Status.Capacity.Storage().String() != "2Gi" || len(claim.Status.AllocatedResourceStatuses) != 0 || len(claim.Status.Conditions) != 0 {
+		t.Errorf("claim after the agent's expansion writes and the refusals: owners %v, labels %v, finalizers %v, status %+v",
+			claim.OwnerReferences, claim.Labels, claim.Finalizers, claim.Status)
+	}
+	node, err := f.admin.CoreV1().Nodes().Get(ctx, a, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(node.OwnerReferences) != 0 || len(node.Finalizers) != 0 || len(node.Status.Images) != 0 {
+		t.Errorf("node %s after the refusals: owners %v, finalizers %v, images %v", a, node.OwnerReferences, node.Finalizers, node.Status.Images)
 	}
 	if _, err := f.admin.CoreV1().PersistentVolumes().Get(ctx, "b-local", metav1.GetOptions{}); err != nil {
 		t.Errorf("node B's PV: %v", err)
