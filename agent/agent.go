@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
+	"github.com/volume-agent/volume-agent/agent/httpserve"
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/internal/blockpin"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
@@ -523,14 +524,11 @@ type shutdowner interface {
 // last.
 func (a *Agent) serve(l *loops) []shutdowner {
 	var servers []shutdowner
-	limits := a.cfg.HTTP
 	start := func(name string, lis net.Listener, h http.Handler) {
-		s := newHTTPServer(h, limits)
-		conns := newConnLimiter(limits.MaxConnections)
-		s.ConnState = conns.ConnState
+		s := httpserve.New(h, a.cfg.HTTP)
 		servers = append(servers, s)
 		l.goUntilStopped(name, func() error {
-			if err := s.Serve(conns.Listener(lis)); !errors.Is(err, http.ErrServerClosed) {
+			if err := s.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
 			return nil
@@ -539,7 +537,7 @@ func (a *Agent) serve(l *loops) []shutdowner {
 	if a.debugListener != nil {
 		// It shows what the node's pods are and serves the page to
 		// browsers: a page of another site must not reach it by name.
-		start("debug endpoint", a.debugListener, hostCheck(a.debugMux(), a.debugListener.Addr(), a.cfg.DebugAddress))
+		start("debug endpoint", a.debugListener, httpserve.HostCheck(a.debugMux(), a.debugListener.Addr(), a.cfg.DebugAddress))
 	}
 	l.goUntilStopped("runtime API", a.runtimeAPI.Serve)
 	servers = append(servers, a.runtimeAPI)

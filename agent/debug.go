@@ -9,6 +9,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/volume-agent/volume-agent/agent/httpserve"
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/operations"
@@ -257,10 +258,10 @@ func (a *Agent) debugMux() *http.ServeMux {
 	// The operator page: /, /pods/..., /debug/status.
 	a.page.Register(mux)
 	// Profiles and traces last as long as the client asks (?seconds=).
-	mux.HandleFunc("/debug/pprof/", streaming(pprof.Index))
-	mux.HandleFunc("/debug/pprof/profile", streaming(pprof.Profile))
+	mux.HandleFunc("/debug/pprof/", httpserve.Streaming(pprof.Index))
+	mux.HandleFunc("/debug/pprof/profile", httpserve.Streaming(pprof.Profile))
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", streaming(pprof.Trace))
+	mux.HandleFunc("/debug/pprof/trace", httpserve.Streaming(pprof.Trace))
 	return mux
 }
 
