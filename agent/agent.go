@@ -16,12 +16,14 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
+	"github.com/volume-agent/volume-agent/agent/burst"
 	"github.com/volume-agent/volume-agent/agent/httpserve"
+	"github.com/volume-agent/volume-agent/agent/metrics"
+	"github.com/volume-agent/volume-agent/agent/opreport"
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/internal/blockpin"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
@@ -59,8 +61,8 @@ type Agent struct {
 	populator  *populator.Populator
 	reconciler *reconciler.Reconciler
 	events     *events.Log
-	metrics    *Metrics
-	trimmer    *memoryTrimmer
+	metrics    *metrics.Metrics
+	trimmer    *burst.Trimmer
 	podStatus  *podstatus.Reporter
 	csi        *csiParts
 	api        *apiVolumes
@@ -152,8 +154,8 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 		dsw:     cache.NewDesiredStateOfWorld(clk),
 		asw:     cache.NewActualStateOfWorld(clk),
 		events:  events.NewLog(log.Named("events"), 200, m.sink),
-		metrics: NewMetrics(),
-		trimmer: &memoryTrimmer{},
+		metrics: metrics.New(),
+		trimmer: burst.NewTrimmer(burst.TrimmerOptions{}),
 		orphans: housekeeping.NewOrphans(log.Named("orphans")),
 		history: timeline.New(timeline.Options{}),
 		mounter: mountutil.New(), pins: &blockpin.Loops{},
@@ -163,7 +165,7 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	recheck := notify.New()
 	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot,
 		NodeMemory: m.nodeMemory, Recheck: recheck.Notify, Log: log.Named("plugins")}
-	a.api = newAPIVolumes(cfg, host, m, a.dsw)
+	a.api = newAPIVolumes(cfg, host, m, a.dsw, a.metrics)
 	// CSI drivers' tokenRequests share the projected volumes' token cache
 	// (and so its refresh, its metrics and /debug/api-volumes).
 	a.csi = newCSI(cfg, host, m, csiDeps{
@@ -176,10 +178,8 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	a.executor = operations.NewExecutor(operations.ExecutorOptions{
 		MaxConcurrent: cfg.MaxConcurrentOperations,
 		Timeout:       cfg.OperationTimeout,
-		// The reporter's lines all come from one place, so the caller
-		// says nothing; finding it cost every operation of a storm a
-		// stack walk.
-		Observer:      &reporter{log: operationsLogger(log), events: a.events, metrics: a.metrics, trimmer: a.trimmer, history: a.history},
+		Observer: operationObservers{a.metrics, a.trimmer, a.history,
+			opreport.New(opreport.Options{Log: log.Named("operations"), Events: a.events})},
 		OnStateChange: wake.Notify,
 	})
 	a.csi.retryOnChange(a.executor, wake)
@@ -223,7 +223,7 @@ func (a *Agent) newPopulator(wake, recheck *notify.Signal) *populator.Populator 
 
 func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
 	// Every pass wakes the runtime API's waiters.
-	observer := multiObserver{a.metrics, burstProcs{a.cfg.Procs}, a.trimmer, pageTrigger{a.page}, a.runtimeAPI}
+	observer := multiObserver{a.metrics, burst.NewProcs(a.cfg.Procs, 0), a.trimmer, pageTrigger{a.page}, a.runtimeAPI}
 	if a.podStatus != nil {
 		observer = append(observer, a.podStatus)
 	}
@@ -258,23 +258,19 @@ func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
 
 // registerMetrics adds what is read at scrape time from the parts.
 func (a *Agent) registerMetrics() {
-	a.metrics.registerState(a.dsw, a.asw, a.executor, a.source, a.populator.Ready)
-	a.metrics.Registry.MustRegister(driversCollector{a.csi.drivers}, a.csi.stats, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: namespace, Name: "orphans",
-		Help: "Things left on disk the agent cannot clean or account for (see /debug/orphans).",
-	}, func() float64 { return float64(len(a.orphans.List())) }))
-	a.metrics.Registry.MustRegister(a.api.collectors()...)
-	var watches watchesCollector
+	state := metrics.State{
+		DSW: a.dsw, ASW: a.asw, Operations: a.executor, Source: a.source, SourcesReady: a.populator.Ready,
+		Drivers: a.csi.drivers, Orphans: a.orphans,
+	}
 	if a.api.objects != nil {
-		watches = append(watches, a.api.objects.Stats)
+		state.Watches = append(state.Watches, a.api.objects.Stats)
 	}
 	if a.mode.cluster != nil {
 		kubeclient.RegisterMetrics(a.metrics.Registry)
-		watches = append(watches, a.mode.cluster.source.WatchStats)
+		state.Watches = append(state.Watches, a.mode.cluster.source.WatchStats)
 	}
-	if len(watches) > 0 {
-		a.metrics.Registry.MustRegister(watches)
-	}
+	a.metrics.RegisterState(state)
+	a.metrics.Registry.MustRegister(a.csi.stats)
 	if a.localPV != nil {
 		a.metrics.Registry.MustRegister(a.localPV.Collectors()...)
 	}
@@ -378,7 +374,7 @@ func (a *Agent) reconstruct() error {
 			devices++
 		}
 	}
-	a.metrics.reconstructed.Add(float64(pods))
+	a.metrics.Reconstructed(pods)
 	a.log.Info("reconstructed state from disk: nothing is torn down before the sources are read completely",
 		zap.Int("podVolumes", pods), zap.Int("deviceMounts", devices), zap.Int("problems", len(r.Problems)),
 		zap.Duration("took", time.Since(start)))
@@ -422,13 +418,22 @@ func (a *Agent) sweepPins(r *housekeeping.Reconstruction) {
 // populatedTrigger is the populator's observer: the metrics, and a
 // reconciler pass after every populator pass.
 type populatedTrigger struct {
-	*Metrics
+	*metrics.Metrics
 	wake *notify.Signal
 }
 
 func (p populatedTrigger) Populated(took time.Duration, pods int) {
 	p.Metrics.Populated(took, pods)
 	p.wake.Notify()
+}
+
+// operationObservers fan a finished operation out to several observers.
+type operationObservers []operations.Observer
+
+func (o operationObservers) OperationFinished(key operations.Key, op *operations.Operation, took time.Duration, err error, retryIn time.Duration) {
+	for _, x := range o {
+		x.OperationFinished(key, op, took, err, retryIn)
+	}
 }
 
 // multiObserver fans a reconciler pass out to several observers.
@@ -510,7 +515,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		c()
 	}
 	err := l.wait()
-	a.trimmer.wait()
+	a.trimmer.Wait()
 	a.log.Info("stopped")
 	return err
 }

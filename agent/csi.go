@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -275,21 +274,6 @@ func (a *attachments) Delete(ctx context.Context, name string) error {
 
 func (a *attachments) ReportedInUse(name volume.UniqueName) bool {
 	return a.inUse == nil || a.inUse(name)
-}
-
-// driversCollector reports the registered drivers.
-type driversCollector struct{ drivers *registry.Registry }
-
-var driversDesc = prometheus.NewDesc(namespace+"_csi_drivers",
-	"Registered CSI drivers (1 per driver), by driver, source (registration, static) and whether it stages volumes.",
-	[]string{"driver", "source", "stage_unstage"}, nil)
-
-func (c driversCollector) Describe(ch chan<- *prometheus.Desc) { ch <- driversDesc }
-
-func (c driversCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, d := range c.drivers.List() {
-		ch <- prometheus.MustNewConstMetric(driversDesc, prometheus.GaugeValue, 1, d.Name, d.Source, fmt.Sprint(d.StageUnstage))
-	}
 }
 
 // DriversDocument is GET /debug/drivers.
