@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/volume-agent/volume-agent/agent/burst"
+	"github.com/volume-agent/volume-agent/agent/debug"
 	"github.com/volume-agent/volume-agent/agent/httpserve"
 	"github.com/volume-agent/volume-agent/agent/metrics"
 	"github.com/volume-agent/volume-agent/agent/opreport"
@@ -525,6 +526,22 @@ type shutdowner interface {
 	Shutdown(ctx context.Context) error
 }
 
+// debugMux routes the debug endpoint to the parts it shows.
+func (a *Agent) debugMux() *http.ServeMux {
+	o := debug.Options{
+		DSW: a.dsw, ASW: a.asw, SourcesReady: a.populator.Ready, Operations: a.executor, Source: a.source,
+		Drivers: a.csi.driversDocument, APIVolumes: a.api.document,
+		Orphans: a.orphans, Events: a.events, Readiness: a.readiness, Page: a.page,
+	}
+	if c := a.mode.cluster; c != nil {
+		o.Watches = c.source.Watches
+	}
+	if a.localPV != nil {
+		o.LocalVolumes = a.localPV.Status
+	}
+	return debug.NewMux(o)
+}
+
 // serve starts the HTTP endpoints and the runtime API; Run shuts them down
 // last.
 func (a *Agent) serve(l *loops) []shutdowner {
@@ -551,7 +568,7 @@ func (a *Agent) serve(l *loops) []shutdowner {
 		mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.Registry, promhttp.HandlerOpts{}))
 		// Probes reach the pod's address, not loopback where the debug
 		// endpoint listens: health and readiness are served here too.
-		a.healthHandlers(mux)
+		debug.RegisterHealth(mux, a.readiness)
 		start("metrics endpoint", a.metricsListener, mux)
 	}
 	return servers

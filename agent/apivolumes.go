@@ -13,6 +13,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/volume-agent/volume-agent/agent/debug"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/apivolume"
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
@@ -111,19 +112,8 @@ func (a *apiVolumes) stop() {
 	}
 }
 
-// APIVolumesDocument is GET /debug/api-volumes: what each API volume was
-// built from and when it was last written, what is watched, and the
-// tokens' lifetimes. Never any content: no data, no token.
-type APIVolumesDocument struct {
-	Credentials string                   `json:"credentials"`
-	Volumes     []apivolume.VolumeStatus `json:"volumes"`
-	Watches     []objectwatch.KeyStatus  `json:"watches"`
-	Tokens      []tokens.Status          `json:"tokens"`
-	Refresh     refresh.Stats            `json:"refresh"`
-}
-
-func (a *apiVolumes) document() APIVolumesDocument {
-	d := APIVolumesDocument{Credentials: a.credentials, Volumes: a.status.List(), Refresh: a.refresh.Stats(),
+func (a *apiVolumes) document() debug.APIVolumesDocument {
+	d := debug.APIVolumesDocument{Credentials: a.credentials, Volumes: a.status.List(), Refresh: a.refresh.Stats(),
 		Watches: []objectwatch.KeyStatus{}, Tokens: []tokens.Status{}}
 	if a.objects != nil {
 		d.Watches = a.objects.Status()
