@@ -310,7 +310,9 @@ func addrOf(l net.Listener) string {
 }
 
 // setUpWithoutMount asks the volume's plugin whether it sets the volume up
-// without a mount (for adopting volumes found after a restart).
+// without a mount (for adopting volumes found after a restart). It is an
+// optional capability of plugins (package plugins): a plugin without it
+// always mounts.
 func (a *Agent) setUpWithoutMount(plugin string, spec *volume.Spec) bool {
 	p, ok := a.plugins.ByName(plugin)
 	if !ok || spec == nil {

@@ -56,7 +56,7 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired, 
 	var onChange func(kind, ns, name string)
 	changed := func(kind, ns, name string) { onChange(kind, ns, name) }
 	if c := m.cluster; c == nil {
-		ms := m.source.(*manifest.Source)
+		ms := m.manifest
 		src.Objects = apiobjects.Manifest{Store: ms}
 		src.NodeAllocatable = hostAllocatable(cfg.RootDir)
 		ms.OnObjectChange(changed)
@@ -85,6 +85,16 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired, 
 	log.Info("API volumes: configMap, secret, downwardAPI, projected", zap.String("credentials", a.credentials))
 	return a
 }
+
+// manifestObjects are the ConfigMaps and Secrets of standalone mode's
+// manifest directory, and their changes.
+type manifestObjects interface {
+	ConfigMap(namespace, name string) (*v1.ConfigMap, error)
+	Secret(namespace, name string) (*v1.Secret, error)
+	OnObjectChange(f manifest.ObjectChanged)
+}
+
+var _ manifestObjects = (*manifest.Source)(nil)
 
 // apiVolumesObserver gets the refreshes' and the token requests' figures
 // (the metrics).
