@@ -398,6 +398,13 @@ func (p populatedTrigger) Populated(took time.Duration, pods int) {
 	p.wake.Notify()
 }
 
+var (
+	_ operations.Observer = operationObservers(nil)
+	_ reconciler.Observer = multiObserver(nil)
+	_ populator.Observer  = populatedTrigger{}
+	_ reconciler.Observer = pageTrigger{}
+)
+
 // operationObservers fan a finished operation out to several observers.
 type operationObservers []operations.Observer
 
