@@ -4,6 +4,13 @@
 // JSON, health, Prometheus metrics). New builds the mode's parts (standalone
 // or cluster) and the shared ones; Run supervises every long-running loop
 // in one place, so a fatal error stops the agent and nothing outlives Run.
+//
+// What is not wiring lives in packages of its own, each given its tunables
+// and the parts it reads as interfaces: agent/httpserve (the endpoints'
+// connection caps, timeouts and host check), agent/metrics (the Prometheus
+// metrics), agent/opreport (what people hear of each operation's outcome),
+// agent/burst (the runtime's spare Ps and memory trimming around bursts)
+// and agent/debug (the debug endpoint's documents).
 package agent
 
 import (
@@ -16,18 +23,21 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
+	"github.com/volume-agent/volume-agent/agent/burst"
+	"github.com/volume-agent/volume-agent/agent/debug"
+	"github.com/volume-agent/volume-agent/agent/httpserve"
+	"github.com/volume-agent/volume-agent/agent/metrics"
+	"github.com/volume-agent/volume-agent/agent/opreport"
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/internal/blockpin"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/internal/subpath"
-	"github.com/volume-agent/volume-agent/internal/trash"
 	"github.com/volume-agent/volume-agent/localpv"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/plugins"
@@ -46,8 +56,43 @@ import (
 	"github.com/volume-agent/volume-agent/volume"
 )
 
-// Agent is a running volume-agent.
+// Agent is a running volume-agent: what Run starts, waits for and
+// serves. build makes and wires its parts (see parts).
 type Agent struct {
+	cfg  Config
+	log  *zap.Logger
+	mode *mode
+	// disk is what an earlier run left: Run adopts its volumes before
+	// anything else runs, and empties its trash.
+	disk *disk
+
+	// The loops Run starts.
+	source       source.Source
+	populator    *populator.Populator
+	reconciler   *reconciler.Reconciler
+	housekeeping *housekeeping.Loop
+	csi          *csiParts
+	api          *apiVolumes
+	localPV      *localpv.Provisioner
+	page         *ui.Server
+	podStatus    *podstatus.Reporter
+
+	// What Run waits for as it stops.
+	executor *operations.Executor
+	trimmer  *burst.Trimmer
+
+	// The endpoints: the runtime API, and the debug and metrics
+	// endpoints' handlers and listeners (nil when disabled).
+	runtimeAPI      *runtimeserver.Server
+	debugHandler    http.Handler
+	metricsHandler  http.Handler
+	debugListener   net.Listener
+	metricsListener net.Listener
+}
+
+// parts are all of the agent's parts as build makes and wires them; the
+// Agent keeps what Run needs of them.
+type parts struct {
 	cfg        Config
 	log        *zap.Logger
 	mode       *mode
@@ -58,8 +103,8 @@ type Agent struct {
 	populator  *populator.Populator
 	reconciler *reconciler.Reconciler
 	events     *events.Log
-	metrics    *Metrics
-	trimmer    *memoryTrimmer
+	metrics    *metrics.Metrics
+	trimmer    *burst.Trimmer
 	podStatus  *podstatus.Reporter
 	csi        *csiParts
 	api        *apiVolumes
@@ -76,9 +121,6 @@ type Agent struct {
 
 	// housekeeping cleans what gone pods left, after passes.
 	housekeeping *housekeeping.Loop
-
-	debugListener   net.Listener
-	metricsListener net.Listener
 }
 
 // New builds an agent and opens its listeners; Run starts it.
@@ -146,13 +188,13 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	log := cfg.Log
 	wake := notify.New()
 	clk := clock.RealClock{}
-	a := &Agent{
+	p := &parts{
 		cfg: cfg, log: log, mode: m, source: m.source, paths: paths,
 		dsw:     cache.NewDesiredStateOfWorld(clk),
 		asw:     cache.NewActualStateOfWorld(clk),
 		events:  events.NewLog(log.Named("events"), 200, m.sink),
-		metrics: NewMetrics(),
-		trimmer: &memoryTrimmer{},
+		metrics: metrics.New(),
+		trimmer: burst.NewTrimmer(burst.TrimmerOptions{}),
 		orphans: housekeeping.NewOrphans(log.Named("orphans")),
 		history: timeline.New(timeline.Options{}),
 		mounter: mountutil.New(), pins: &blockpin.Loops{},
@@ -160,122 +202,136 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 	// Plugins that learn about the host in the background (local PV paths)
 	// have the populator try again when an answer comes.
 	recheck := notify.New()
-	host := plugins.Host{Paths: paths, Mounter: a.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot,
+	host := plugins.Host{Paths: paths, Mounter: p.mounter, NodeName: cfg.NodeName, HostRoot: cfg.HostRoot,
 		NodeMemory: m.nodeMemory, Recheck: recheck.Notify, Log: log.Named("plugins")}
-	a.api = newAPIVolumes(cfg, host, m, a.dsw)
+	p.api = newAPIVolumes(cfg, host, m, p.dsw, p.metrics)
 	// CSI drivers' tokenRequests share the projected volumes' token cache
 	// (and so its refresh, its metrics and /debug/api-volumes).
-	a.csi = newCSI(cfg, host, m, csiDeps{
-		asw: a.asw, dsw: a.dsw, events: a.events, tokens: a.api.tokenIssuer(),
+	p.csi = newCSI(cfg, host, m, csiDeps{
+		asw: p.asw, dsw: p.dsw, events: p.events, tokens: p.api.tokenIssuer(),
 		// The populator is built later; the CSI parts ask it only once
 		// running.
-		sourcesReady: func() bool { return a.populator.Ready() },
+		sourcesReady: func() bool { return p.populator.Ready() },
 	})
-	a.plugins = plugins.NewRegistry(append([]plugins.Plugin{emptydir.New(host), hostpath.New(host), local.New(host), a.csi.plugin}, a.api.plugins...)...)
-	a.executor = operations.NewExecutor(operations.ExecutorOptions{
+	p.plugins = plugins.NewRegistry(append([]plugins.Plugin{emptydir.New(host), hostpath.New(host), local.New(host), p.csi.plugin}, p.api.plugins...)...)
+	p.executor = operations.NewExecutor(operations.ExecutorOptions{
 		MaxConcurrent: cfg.MaxConcurrentOperations,
 		Timeout:       cfg.OperationTimeout,
-		// The reporter's lines all come from one place, so the caller
-		// says nothing; finding it cost every operation of a storm a
-		// stack walk.
-		Observer:      &reporter{log: operationsLogger(log), events: a.events, metrics: a.metrics, trimmer: a.trimmer, history: a.history},
+		Observer: operationObservers{p.metrics, p.trimmer, p.history,
+			opreport.New(opreport.Options{Log: log.Named("operations"), Events: p.events})},
 		OnStateChange: wake.Notify,
 	})
-	a.csi.retryOnChange(a.executor, wake)
-	a.podStatus = m.podStatus(a.executor, log)
-	a.runtimeAPI = runtimeserver.New(runtimeserver.Options{
-		Socket: cfg.RuntimeSocket, Paths: paths, Errors: a.executor, Log: log.Named("runtimeapi"),
-		Snapshots: func() (*cache.DesiredSnapshot, *cache.ActualSnapshot) { return a.dsw.Snapshot(), a.asw.Snapshot() },
+	p.csi.retryOnChange(p.executor, wake)
+	p.podStatus = m.podStatus(p.executor, log)
+	p.runtimeAPI = runtimeserver.New(runtimeserver.Options{
+		Socket: cfg.RuntimeSocket, Paths: paths, Errors: p.executor, Log: log.Named("runtimeapi"),
+		Snapshots: func() (*cache.DesiredSnapshot, *cache.ActualSnapshot) { return p.dsw.Snapshot(), p.asw.Snapshot() },
 	})
-	a.populator = a.newPopulator(wake, recheck)
-	a.page = a.newPage()
-	a.reconciler = a.newReconciler(wake)
+	p.populator = p.newPopulator(wake, recheck)
+	p.page = p.newPage()
+	p.reconciler = p.newReconciler(wake)
 	if cfg.LocalVolumesConfig != "" {
 		var err error
-		if a.localPV, err = m.cluster.newLocalPV(cfg, a.events); err != nil {
+		if p.localPV, err = m.cluster.newLocalPV(cfg, p.events); err != nil {
 			return nil, err
 		}
 	}
-	a.registerMetrics()
-	return a, nil
+	p.registerMetrics()
+	return p.agent(), nil
 }
 
-func (a *Agent) newPopulator(wake, recheck *notify.Signal) *populator.Populator {
+func (p *parts) newPopulator(wake, recheck *notify.Signal) *populator.Populator {
 	return populator.New(populator.Options{
-		Source:       a.source,
-		DSW:          a.dsw,
-		Plugins:      a.plugins,
-		Node:         a.mode.node,
-		IsTerminated: a.mode.isTerminated,
-		ResyncPeriod: a.cfg.ResyncPeriod,
+		Source:       p.source,
+		DSW:          p.dsw,
+		Plugins:      p.plugins,
+		Node:         p.mode.node,
+		IsTerminated: p.mode.isTerminated,
+		ResyncPeriod: p.cfg.ResyncPeriod,
 		Recheck:      recheck.C(),
-		Events:       a.events,
-		Pods:         a.api.refresh,
+		Events:       p.events,
+		Pods:         p.api.refresh,
 		// Every populator pass wakes the reconciler: the first one makes
 		// the sources ready (adoption, orphan cleanup) and a later one may
 		// make them complete, without changing the DSW when no pod wants
 		// anything.
-		Observer: populatedTrigger{Metrics: a.metrics, wake: wake},
-		Log:      a.log.Named("populator"),
+		Observer: populatedTrigger{Metrics: p.metrics, wake: wake},
+		Log:      p.log.Named("populator"),
 	})
 }
 
-func (a *Agent) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
+func (p *parts) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
 	// Every pass wakes the runtime API's waiters.
-	observer := multiObserver{a.metrics, burstProcs{a.cfg.Procs}, a.trimmer, pageTrigger{a.page}, a.runtimeAPI}
-	if a.podStatus != nil {
-		observer = append(observer, a.podStatus)
+	observer := multiObserver{p.metrics, burst.NewProcs(p.cfg.Procs, 0), p.trimmer, pageTrigger{p.page}, p.runtimeAPI}
+	if p.podStatus != nil {
+		observer = append(observer, p.podStatus)
 	}
-	if a.csi.nodeStatus != nil {
-		observer = append(observer, a.csi.nodeStatus)
+	if p.csi.nodeStatus != nil {
+		observer = append(observer, p.csi.nodeStatus)
 	}
 	operator := &operations.Operator{
-		Plugins: a.plugins, ASW: a.asw, DSW: a.dsw, Paths: a.paths, Log: a.log.Named("operations"),
-		Claims: a.mode.claims(), Events: a.events, Refresh: a.api.refresh, Pins: a.pins,
-		SubPaths: subpath.Host{Mounter: a.mounter},
+		Plugins: p.plugins, ASW: p.asw, DSW: p.dsw, Paths: p.paths, Log: p.log.Named("operations"),
+		Claims: p.mode.claims(), Events: p.events, Refresh: p.api.refresh, Pins: p.pins,
+		SubPaths: subpath.Host{Mounter: p.mounter},
 	}
-	a.housekeeping = housekeeping.NewLoop(housekeeping.LoopOptions{
-		DSW: a.dsw, ASW: a.asw, Paths: a.paths, IsMountPoint: a.mounter.IsMountPoint,
-		SourcesComplete: func() bool { return a.populator.Ready() && a.sourcesComplete() },
-		Idle:            a.executor.Idle,
-		Orphans:         a.orphans,
-		Period:          a.cfg.ResyncPeriod,
+	p.housekeeping = housekeeping.NewLoop(housekeeping.LoopOptions{
+		DSW: p.dsw, ASW: p.asw, Paths: p.paths, IsMountPoint: p.mounter.IsMountPoint,
+		SourcesComplete: func() bool { return p.populator.Ready() && p.sourcesComplete() },
+		Idle:            p.executor.Idle,
+		Orphans:         p.orphans,
+		Period:          p.cfg.ResyncPeriod,
 	})
-	observer = append(observer, a.housekeeping)
+	observer = append(observer, p.housekeeping)
 	return reconciler.New(reconciler.Options{
-		DSW: a.dsw, ASW: a.asw, Executor: a.executor,
+		DSW: p.dsw, ASW: p.asw, Executor: p.executor,
 		Handler:           operator,
-		SetUpWithoutMount: a.setUpWithoutMount,
-		SourcesReady:      a.populator.Ready,
-		SourcesComplete:   a.sourcesComplete,
-		ResyncPeriod:      a.cfg.ResyncPeriod,
+		SetUpWithoutMount: p.setUpWithoutMount,
+		SourcesReady:      p.populator.Ready,
+		SourcesComplete:   p.sourcesComplete,
+		ResyncPeriod:      p.cfg.ResyncPeriod,
 		Wake:              wake,
 		Observer:          observer,
-		Log:               a.log.Named("reconciler"),
+		Log:               p.log.Named("reconciler"),
 	})
 }
 
 // registerMetrics adds what is read at scrape time from the parts.
-func (a *Agent) registerMetrics() {
-	a.metrics.registerState(a.dsw, a.asw, a.executor, a.source, a.populator.Ready)
-	a.metrics.Registry.MustRegister(driversCollector{a.csi.drivers}, a.csi.stats, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: namespace, Name: "orphans",
-		Help: "Things left on disk the agent cannot clean or account for (see /debug/orphans).",
-	}, func() float64 { return float64(len(a.orphans.List())) }))
-	a.metrics.Registry.MustRegister(a.api.collectors()...)
-	var watches watchesCollector
-	if a.api.objects != nil {
-		watches = append(watches, a.api.objects.Stats)
+func (p *parts) registerMetrics() {
+	state := metrics.State{
+		DSW: p.dsw, ASW: p.asw, Operations: p.executor, Source: p.source, SourcesReady: p.populator.Ready,
+		Drivers: p.csi.drivers, Orphans: p.orphans,
 	}
-	if a.mode.cluster != nil {
-		kubeclient.RegisterMetrics(a.metrics.Registry)
-		watches = append(watches, a.mode.cluster.source.WatchStats)
+	if p.api.objects != nil {
+		state.Watches = append(state.Watches, p.api.objects.Stats)
 	}
-	if len(watches) > 0 {
-		a.metrics.Registry.MustRegister(watches)
+	if p.mode.cluster != nil {
+		kubeclient.RegisterMetrics(p.metrics.Registry)
+		state.Watches = append(state.Watches, p.mode.cluster.source.WatchStats)
 	}
-	if a.localPV != nil {
-		a.metrics.Registry.MustRegister(a.localPV.Collectors()...)
+	p.metrics.RegisterState(state)
+	p.metrics.Registry.MustRegister(p.csi.stats)
+	if p.localPV != nil {
+		p.metrics.Registry.MustRegister(p.localPV.Collectors()...)
+	}
+}
+
+// agent is the running agent made of p.
+func (p *parts) agent() *Agent {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(p.metrics.Registry, promhttp.HandlerOpts{}))
+	// Probes reach the pod's address, not loopback where the debug
+	// endpoint listens: health and readiness are served here too.
+	debug.RegisterHealth(mux, p.readiness)
+	return &Agent{
+		cfg: p.cfg, log: p.log, mode: p.mode,
+		disk: &disk{
+			paths: p.paths, asw: p.asw, plugins: p.plugins, mounter: p.mounter, pins: p.pins,
+			orphans: p.orphans, metrics: p.metrics, period: p.cfg.ResyncPeriod, log: p.log,
+		},
+		source: p.source, populator: p.populator, reconciler: p.reconciler, housekeeping: p.housekeeping,
+		csi: p.csi, api: p.api, localPV: p.localPV, page: p.page, podStatus: p.podStatus,
+		executor: p.executor, trimmer: p.trimmer,
+		runtimeAPI: p.runtimeAPI, debugHandler: p.debugMux(), metricsHandler: mux,
 	}
 }
 
@@ -312,122 +368,50 @@ func addrOf(l net.Listener) string {
 }
 
 // setUpWithoutMount asks the volume's plugin whether it sets the volume up
-// without a mount (for adopting volumes found after a restart).
-func (a *Agent) setUpWithoutMount(plugin string, spec *volume.Spec) bool {
-	p, ok := a.plugins.ByName(plugin)
+// without a mount (for adopting volumes found after a restart). It is an
+// optional capability of plugins (package plugins): a plugin without it
+// always mounts.
+func (p *parts) setUpWithoutMount(plugin string, spec *volume.Spec) bool {
+	pl, ok := p.plugins.ByName(plugin)
 	if !ok || spec == nil {
 		return false
 	}
-	s, ok := p.(plugins.SetUpWithoutMount)
+	s, ok := pl.(plugins.SetUpWithoutMount)
 	return ok && s.SetUpWithoutMount(spec)
 }
 
 // sourcesComplete: no input of the source is unreadable (see
 // source.Completeness).
-func (a *Agent) sourcesComplete() bool {
-	return len(a.source.UnreadInputs()) == 0
-}
-
-// emptyTrash finishes the removals an earlier run left in the trash (it
-// stopped half way), then looks again every resync period; what cannot be
-// removed (another mount inside) is reported as an orphan. It runs beside
-// the reconciler: a huge leftover tree never holds up volumes.
-func (a *Agent) emptyTrash(ctx context.Context) error {
-	period := a.cfg.ResyncPeriod
-	if period <= 0 {
-		period = time.Minute
-	}
-	tick := time.NewTicker(period)
-	defer tick.Stop()
-	for {
-		var problems []housekeeping.Problem
-		for _, l := range trash.Empty(ctx, a.paths.TrashDir()) {
-			problems = append(problems, housekeeping.Problem{Path: l.Path, Reason: "cannot finish deleting it: " + l.Err.Error()})
-		}
-		a.orphans.Set("trash", problems)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		}
-	}
-}
-
-// reconstruct rebuilds the actual state from disk before anything runs, so
-// the first plans see what is already mounted.
-func (a *Agent) reconstruct() error {
-	start := time.Now()
-	pins, err := a.pins.Snapshot()
-	if err != nil {
-		return fmt.Errorf("listing the pins of raw block volumes: %w", err)
-	}
-	r, err := housekeeping.Reconstruct(a.paths, a.plugins, a.mounter.IsMountPoint, func(path string) (bool, error) {
-		return a.blockMapped(pins, path)
-	})
-	if err != nil {
-		return fmt.Errorf("reconstructing state from %s: %w", a.paths.Root, err)
-	}
-	a.sweepPins(r)
-	a.asw.AddReconstructed(r.Volumes)
-	a.orphans.Set("reconstruction", r.Problems)
-	pods, devices := 0, 0
-	for _, v := range r.Volumes {
-		pods += len(v.Pods)
-		if v.DeviceReconstructed {
-			devices++
-		}
-	}
-	a.metrics.reconstructed.Add(float64(pods))
-	a.log.Info("reconstructed state from disk: nothing is torn down before the sources are read completely",
-		zap.Int("podVolumes", pods), zap.Int("deviceMounts", devices), zap.Int("problems", len(r.Problems)),
-		zap.Duration("took", time.Since(start)))
-	return nil
-}
-
-// blockMapped reports whether a raw block volume's access point holds a
-// pinned block device: evidence enough, after a restart, that it is mapped.
-func (a *Agent) blockMapped(pins *blockpin.Snapshot, path string) (bool, error) {
-	if mounted, err := a.mounter.IsMountPoint(path); err != nil || !mounted {
-		// A driver may make a device node rather than a mount.
-		if info, serr := os.Lstat(path); serr != nil || info.Mode().Type() != os.ModeDevice {
-			return false, err
-		}
-	}
-	return pins.Pinned(path)
-}
-
-// sweepPins releases pins below the pods directory that no reconstructed
-// access point accounts for (a pin always sits on an access point, so this
-// finds nothing unless something else removed one).
-func (a *Agent) sweepPins(r *housekeeping.Reconstruction) {
-	known := map[string]bool{}
-	for _, v := range r.Volumes {
-		if !v.Attributes.Block {
-			continue
-		}
-		for _, m := range v.Pods {
-			known[m.MountPath] = true
-		}
-	}
-	released, err := a.pins.Sweep(a.paths.PodsDir(), func(p string) bool { return known[p] })
-	if err != nil {
-		a.log.Warn("cannot release pins of access points no volume accounts for", zap.Error(err))
-	}
-	for _, p := range released {
-		a.log.Warn("released the pin of an access point no volume accounts for", zap.String("path", p))
-	}
+func (p *parts) sourcesComplete() bool {
+	return len(p.source.UnreadInputs()) == 0
 }
 
 // populatedTrigger is the populator's observer: the metrics, and a
 // reconciler pass after every populator pass.
 type populatedTrigger struct {
-	*Metrics
+	*metrics.Metrics
 	wake *notify.Signal
 }
 
 func (p populatedTrigger) Populated(took time.Duration, pods int) {
 	p.Metrics.Populated(took, pods)
 	p.wake.Notify()
+}
+
+var (
+	_ operations.Observer = operationObservers(nil)
+	_ reconciler.Observer = multiObserver(nil)
+	_ populator.Observer  = populatedTrigger{}
+	_ reconciler.Observer = pageTrigger{}
+)
+
+// operationObservers fan a finished operation out to several observers.
+type operationObservers []operations.Observer
+
+func (o operationObservers) OperationFinished(key operations.Key, op *operations.Operation, took time.Duration, err error, retryIn time.Duration) {
+	for _, x := range o {
+		x.OperationFinished(key, op, took, err, retryIn)
+	}
 }
 
 // multiObserver fans a reconciler pass out to several observers.
@@ -440,14 +424,14 @@ func (m multiObserver) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualS
 }
 
 // readiness says whether the agent acts on a complete view of its sources.
-func (a *Agent) readiness() (string, bool) {
-	if !a.source.HasSynced() {
-		if a.mode.cluster != nil {
+func (p *parts) readiness() (string, bool) {
+	if !p.source.HasSynced() {
+		if p.mode.cluster != nil {
 			return "waiting for the API server: not every watch has listed yet", false
 		}
 		return "sources not read completely yet", false
 	}
-	if !a.populator.Ready() {
+	if !p.populator.Ready() {
 		return "desired state not populated yet", false
 	}
 	return "", true
@@ -463,7 +447,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.mode.close()
 	a.log.Info("starting", zap.String("node", a.cfg.NodeName), zap.String("rootDir", a.cfg.RootDir),
 		zap.String("debugAddress", a.DebugAddress()), zap.String("metricsAddress", a.MetricsAddress()))
-	if err := a.reconstruct(); err != nil {
+	if err := a.disk.reconstruct(); err != nil {
 		a.closeListeners()
 		return err
 	}
@@ -473,7 +457,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	servers := a.serve(l)
 	l.run("source", a.source.Run)
 	l.run("populator", untilDone(a.populator.Run))
-	l.run("trash", a.emptyTrash)
+	l.run("trash", a.disk.emptyTrash)
 	logDriverConfig(a.log, a.cfg.CSIDrivers, a.cfg.PluginRegistryDir)
 	a.csi.registerStatic(l.ctx, a.cfg.CSIDrivers)
 	a.csi.start(l, a.cfg.CSIDrivers, a.cfg.CSIProbePeriod)
@@ -509,7 +493,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		c()
 	}
 	err := l.wait()
-	a.trimmer.wait()
+	a.trimmer.Wait()
 	a.log.Info("stopped")
 	return err
 }
@@ -519,18 +503,31 @@ type shutdowner interface {
 	Shutdown(ctx context.Context) error
 }
 
+// debugMux routes the debug endpoint to the parts it shows.
+func (p *parts) debugMux() *http.ServeMux {
+	o := debug.Options{
+		DSW: p.dsw, ASW: p.asw, SourcesReady: p.populator.Ready, Operations: p.executor, Source: p.source,
+		Drivers: p.csi.driversDocument, APIVolumes: p.api.document,
+		Orphans: p.orphans, Events: p.events, Readiness: p.readiness, Page: p.page,
+	}
+	if c := p.mode.cluster; c != nil {
+		o.Watches = c.source.Watches
+	}
+	if p.localPV != nil {
+		o.LocalVolumes = p.localPV.Status
+	}
+	return debug.NewMux(o)
+}
+
 // serve starts the HTTP endpoints and the runtime API; Run shuts them down
 // last.
 func (a *Agent) serve(l *loops) []shutdowner {
 	var servers []shutdowner
-	limits := a.cfg.HTTP
 	start := func(name string, lis net.Listener, h http.Handler) {
-		s := newHTTPServer(h, limits)
-		conns := newConnLimiter(limits.MaxConnections)
-		s.ConnState = conns.ConnState
+		s := httpserve.New(h, a.cfg.HTTP)
 		servers = append(servers, s)
 		l.goUntilStopped(name, func() error {
-			if err := s.Serve(conns.Listener(lis)); !errors.Is(err, http.ErrServerClosed) {
+			if err := s.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
 			return nil
@@ -539,17 +536,12 @@ func (a *Agent) serve(l *loops) []shutdowner {
 	if a.debugListener != nil {
 		// It shows what the node's pods are and serves the page to
 		// browsers: a page of another site must not reach it by name.
-		start("debug endpoint", a.debugListener, hostCheck(a.debugMux(), a.debugListener.Addr(), a.cfg.DebugAddress))
+		start("debug endpoint", a.debugListener, httpserve.HostCheck(a.debugHandler, a.debugListener.Addr(), a.cfg.DebugAddress))
 	}
 	l.goUntilStopped("runtime API", a.runtimeAPI.Serve)
 	servers = append(servers, a.runtimeAPI)
 	if a.metricsListener != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.Registry, promhttp.HandlerOpts{}))
-		// Probes reach the pod's address, not loopback where the debug
-		// endpoint listens: health and readiness are served here too.
-		a.healthHandlers(mux)
-		start("metrics endpoint", a.metricsListener, mux)
+		start("metrics endpoint", a.metricsListener, a.metricsHandler)
 	}
 	return servers
 }

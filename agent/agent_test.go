@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/volume-agent/volume-agent/agent/debug"
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/test/cluster"
 	"github.com/volume-agent/volume-agent/volume"
@@ -182,7 +183,7 @@ func mounted(t *testing.T, a *running, dir string) bool {
 	if err != nil || code != http.StatusOK {
 		return false
 	}
-	var doc ASWDocument
+	var doc debug.ASWDocument
 	if err := json.Unmarshal(body, &doc); err != nil {
 		t.Fatalf("/debug/asw: %v", err)
 	}

@@ -7,14 +7,13 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/volume-agent/volume-agent/agent/debug"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/apivolume"
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
@@ -36,28 +35,28 @@ type apiVolumes struct {
 	tokens  *tokens.Manager
 	// credentials says whose credentials read secrets and request tokens.
 	credentials string
-	metrics     *apiVolumeMetrics
 }
 
 // newAPIVolumes builds the plugins and what feeds them: in standalone mode
 // the manifest directory (no tokens: there is no API server), in cluster
 // mode per-object watches and TokenRequests, made with the node's own
 // credentials when cfg.NodeKubeconfig is set. The refresher gives pod
-// volumes new content generations in dsw.
-func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired) *apiVolumes {
+// volumes new content generations in dsw. obs gets the refreshes' and the
+// token requests' figures.
+func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired, obs apiVolumesObserver) *apiVolumes {
 	log := cfg.Log
-	a := &apiVolumes{metrics: newAPIVolumeMetrics()}
+	a := &apiVolumes{}
 	src := apivolume.Sources{
 		NoTokensReason:       noTokensReason + " (set automountServiceAccountToken: false, or remove the projection)",
 		NoTrustBundlesReason: "clusterTrustBundle projections need an API server, and this agent runs in standalone mode",
 	}
-	ropts := refresh.Options{Desired: dsw, Observer: a.metrics, Log: log.Named("refresh")}
+	ropts := refresh.Options{Desired: dsw, Observer: obs, Log: log.Named("refresh")}
 	// The refresher is told about changes; it is built last, from the
 	// parts below.
 	var onChange func(kind, ns, name string)
 	changed := func(kind, ns, name string) { onChange(kind, ns, name) }
 	if c := m.cluster; c == nil {
-		ms := m.source.(*manifest.Source)
+		ms := m.manifest
 		src.Objects = apiobjects.Manifest{Store: ms}
 		src.NodeAllocatable = hostAllocatable(cfg.RootDir)
 		ms.OnObjectChange(changed)
@@ -69,7 +68,7 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired) 
 		}
 		client := c.objectsClient()
 		a.objects = apiobjects.NewCluster(apiobjects.ClusterOptions{Client: client, OnChange: changed, Limiter: c.listing, Log: log.Named("objects")})
-		a.tokens = tokens.New(tokens.Options{Requester: client, Observer: a.metrics})
+		a.tokens = tokens.New(tokens.Options{Requester: client, Observer: obs})
 		src.Objects, src.Tokens, src.TrustBundles = a.objects, a.tokens, a.objects
 		src.NodeAllocatable = func() v1.ResourceList {
 			if n, ok := c.source.Node(); ok {
@@ -87,6 +86,23 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired) 
 	return a
 }
 
+// manifestObjects are the ConfigMaps and Secrets of standalone mode's
+// manifest directory, and their changes.
+type manifestObjects interface {
+	ConfigMap(namespace, name string) (*v1.ConfigMap, error)
+	Secret(namespace, name string) (*v1.Secret, error)
+	OnObjectChange(f manifest.ObjectChanged)
+}
+
+var _ manifestObjects = (*manifest.Source)(nil)
+
+// apiVolumesObserver gets the refreshes' and the token requests' figures
+// (the metrics).
+type apiVolumesObserver interface {
+	refresh.Observer
+	tokens.Observer
+}
+
 // noTokensReason says why standalone mode has no service-account tokens,
 // in the error of every volume that needs one.
 const noTokensReason = "service-account tokens need an API server, and this agent runs in standalone mode"
@@ -100,29 +116,14 @@ func (a *apiVolumes) tokenIssuer() csiplugin.TokenIssuer {
 	return a.tokens
 }
 
-func (a *apiVolumes) collectors() []prometheus.Collector {
-	return []prometheus.Collector{a.metrics.refreshSeconds, a.metrics.tokenRequests}
-}
-
 func (a *apiVolumes) stop() {
 	if a.objects != nil {
 		a.objects.Stop()
 	}
 }
 
-// APIVolumesDocument is GET /debug/api-volumes: what each API volume was
-// built from and when it was last written, what is watched, and the
-// tokens' lifetimes. Never any content: no data, no token.
-type APIVolumesDocument struct {
-	Credentials string                   `json:"credentials"`
-	Volumes     []apivolume.VolumeStatus `json:"volumes"`
-	Watches     []objectwatch.KeyStatus  `json:"watches"`
-	Tokens      []tokens.Status          `json:"tokens"`
-	Refresh     refresh.Stats            `json:"refresh"`
-}
-
-func (a *apiVolumes) document() APIVolumesDocument {
-	d := APIVolumesDocument{Credentials: a.credentials, Volumes: a.status.List(), Refresh: a.refresh.Stats(),
+func (a *apiVolumes) document() debug.APIVolumesDocument {
+	d := debug.APIVolumesDocument{Credentials: a.credentials, Volumes: a.status.List(), Refresh: a.refresh.Stats(),
 		Watches: []objectwatch.KeyStatus{}, Tokens: []tokens.Status{}}
 	if a.objects != nil {
 		d.Watches = a.objects.Status()
@@ -131,57 +132,6 @@ func (a *apiVolumes) document() APIVolumesDocument {
 		d.Tokens = a.tokens.Status()
 	}
 	return d
-}
-
-type apiVolumeMetrics struct {
-	refreshSeconds *prometheus.HistogramVec
-	tokenRequests  *prometheus.CounterVec
-}
-
-func newAPIVolumeMetrics() *apiVolumeMetrics {
-	return &apiVolumeMetrics{
-		refreshSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: namespace, Name: "volume_refresh_seconds",
-			Help:    "Time from a change of what a volume is built from (object, pod metadata, token due, republish due) to the volume's content catching up, by plugin.",
-			Buckets: buckets,
-		}, []string{"plugin"}),
-		tokenRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Name: "token_requests_total",
-			Help: "Service-account token requests (new tokens and refreshes), by result (success, failure).",
-		}, []string{"result"}),
-	}
-}
-
-func (m *apiVolumeMetrics) Refreshed(plugin string, took time.Duration) {
-	m.refreshSeconds.WithLabelValues(plugin).Observe(took.Seconds())
-}
-
-func (m *apiVolumeMetrics) TokenRequested(err error) {
-	result := "success"
-	if err != nil {
-		result = "failure"
-	}
-	m.tokenRequests.WithLabelValues(result).Inc()
-}
-
-// watchesCollector reports the per-object watches (API objects; claims,
-// volumes and attachments) at scrape time.
-type watchesCollector []func() map[string]objectwatch.Stats
-
-var watchedDesc = prometheus.NewDesc(namespace+"_watched_objects",
-	"Objects the agent watches one by one for the pods on its node, by resource and state (watching; listing: first list not in yet; immutable: read once, no watch).",
-	[]string{"resource", "state"}, nil)
-
-func (c watchesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- watchedDesc }
-
-func (c watchesCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, stats := range c {
-		for res, s := range stats() {
-			ch <- prometheus.MustNewConstMetric(watchedDesc, prometheus.GaugeValue, float64(s.Watching-s.Listing), res, "watching")
-			ch <- prometheus.MustNewConstMetric(watchedDesc, prometheus.GaugeValue, float64(s.Listing), res, "listing")
-			ch <- prometheus.MustNewConstMetric(watchedDesc, prometheus.GaugeValue, float64(s.Keys-s.Watching), res, "immutable")
-		}
-	}
 }
 
 // hostAllocatable is standalone mode's node allocatable, for unset limits

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/volume-agent/volume-agent/agent/httpserve"
 	"github.com/volume-agent/volume-agent/internal/procs"
 	"github.com/volume-agent/volume-agent/runtimeapi"
 )
@@ -72,7 +73,7 @@ type Config struct {
 	DebugAddress   string
 	MetricsAddress string
 	// HTTP bounds what clients of both endpoints can make the agent hold.
-	HTTP HTTPLimits
+	HTTP httpserve.Limits
 	// RuntimeSocket is the runtime API's unix socket (default
 	// <root>/runtime.sock).
 	RuntimeSocket string
@@ -141,6 +142,6 @@ func (c Config) complete() (Config, error) {
 	if c.KubeAPIBurst <= 0 {
 		c.KubeAPIBurst = 100
 	}
-	c.HTTP = c.HTTP.withDefaults()
+	c.HTTP = c.HTTP.WithDefaults()
 	return c, nil
 }

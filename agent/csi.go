@@ -8,12 +8,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 
+	"github.com/volume-agent/volume-agent/agent/debug"
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/csi/nodeinfo"
 	"github.com/volume-agent/volume-agent/csi/registration"
@@ -277,42 +277,10 @@ func (a *attachments) ReportedInUse(name volume.UniqueName) bool {
 	return a.inUse == nil || a.inUse(name)
 }
 
-// driversCollector reports the registered drivers.
-type driversCollector struct{ drivers *registry.Registry }
-
-var driversDesc = prometheus.NewDesc(namespace+"_csi_drivers",
-	"Registered CSI drivers (1 per driver), by driver, source (registration, static) and whether it stages volumes.",
-	[]string{"driver", "source", "stage_unstage"}, nil)
-
-func (c driversCollector) Describe(ch chan<- *prometheus.Desc) { ch <- driversDesc }
-
-func (c driversCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, d := range c.drivers.List() {
-		ch <- prometheus.MustNewConstMetric(driversDesc, prometheus.GaugeValue, 1, d.Name, d.Source, fmt.Sprint(d.StageUnstage))
-	}
-}
-
-// DriversDocument is GET /debug/drivers.
-type DriversDocument struct {
-	Drivers             []DriverStatus              `json:"drivers"`
-	RegistrationSockets []registration.SocketStatus `json:"registrationSockets"`
-	// NodeInfo says, per driver, whether the cluster knows it is on this
-	// node (CSINode entry, node ID annotation, topology labels); absent in
-	// standalone mode and with --csi-node-info=false.
-	NodeInfo []nodeinfo.DriverStatus `json:"nodeInfo,omitempty"`
-}
-
-// DriverStatus is a registered driver and what its CSIDriver object (or
-// its absence) makes the agent do with its volumes.
-type DriverStatus struct {
-	registry.Driver
-	Policy csiplugin.DriverPolicy `json:"policy"`
-}
-
-func (p *csiParts) driversDocument() DriversDocument {
-	doc := DriversDocument{Drivers: []DriverStatus{}, RegistrationSockets: p.watcher.Sockets()}
+func (p *csiParts) driversDocument() debug.DriversDocument {
+	doc := debug.DriversDocument{Drivers: []debug.DriverStatus{}, RegistrationSockets: p.watcher.Sockets()}
 	for _, d := range p.drivers.List() {
-		doc.Drivers = append(doc.Drivers, DriverStatus{Driver: d, Policy: p.plugin.DriverPolicy(d.Name)})
+		doc.Drivers = append(doc.Drivers, debug.DriverStatus{Driver: d, Policy: p.plugin.DriverPolicy(d.Name)})
 	}
 	if doc.RegistrationSockets == nil {
 		doc.RegistrationSockets = []registration.SocketStatus{}

@@ -27,6 +27,9 @@ type mode struct {
 	// nodeMemory is the node's allocatable memory in bytes (0: unknown),
 	// the most a Memory emptyDir holds.
 	nodeMemory func() int64
+	// manifest is standalone mode's source again, as what API volumes
+	// read objects from (nil in cluster mode).
+	manifest manifestObjects
 	// cluster is nil in standalone mode.
 	cluster *clusterParts
 }
@@ -50,6 +53,7 @@ func newStandalone(cfg Config) (*mode, error) {
 	mem, _ := memTotal() // 0 if unreadable
 	return &mode{
 		source:       src,
+		manifest:     src,
 		isTerminated: populator.PodTerminated,
 		node:         func() populator.Node { return node },
 		nodeMemory:   func() int64 { return mem },

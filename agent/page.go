@@ -12,29 +12,29 @@ import (
 // newPage builds the operator page served on the debug endpoint (package
 // ui). It is told about changes after every reconciler pass (pageTrigger):
 // every change the agent acts on wakes the reconciler.
-func (a *Agent) newPage() *ui.Server {
-	return ui.New(ui.Options{Gather: a.pageInput, Log: a.log.Named("page")})
+func (p *parts) newPage() *ui.Server {
+	return ui.New(ui.Options{Gather: p.pageInput, Log: p.log.Named("page")})
 }
 
 // pageInput gathers what the page shows, once per build.
-func (a *Agent) pageInput() model.Input {
+func (p *parts) pageInput() model.Input {
 	in := model.Input{
-		Now: time.Now(), Node: a.cfg.NodeName, Mode: "standalone", SourcesReady: a.populator.Ready(),
-		DSW: a.dsw.Snapshot(), ASW: a.asw.Snapshot(), Operations: a.executor.Status(),
-		Drivers: a.csi.drivers.List(), Sockets: a.csi.watcher.Sockets(), ProbePeriod: a.cfg.CSIProbePeriod,
-		Orphans: a.orphans.List(), Events: a.events.Recent(), History: a.history,
+		Now: time.Now(), Node: p.cfg.NodeName, Mode: "standalone", SourcesReady: p.populator.Ready(),
+		DSW: p.dsw.Snapshot(), ASW: p.asw.Snapshot(), Operations: p.executor.Status(),
+		Drivers: p.csi.drivers.List(), Sockets: p.csi.watcher.Sockets(), ProbePeriod: p.cfg.CSIProbePeriod,
+		Orphans: p.orphans.List(), Events: p.events.Recent(), History: p.history,
 	}
-	if a.mode.cluster != nil {
+	if p.mode.cluster != nil {
 		in.Mode = "cluster"
 	}
-	if a.csi.nodeInfo != nil {
-		in.NodeInfo = a.csi.nodeInfo.Statuses()
+	if p.csi.nodeInfo != nil {
+		in.NodeInfo = p.csi.nodeInfo.Statuses()
 	}
-	if a.localPV != nil {
-		doc := a.localPV.Status()
+	if p.localPV != nil {
+		doc := p.localPV.Status()
 		in.LocalVolumes = &doc
 	}
-	in.InputErrors = a.source.InputErrors()
+	in.InputErrors = p.source.InputErrors()
 	return in
 }
 

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/volume-agent/volume-agent/agent/debug"
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/operations"
@@ -134,7 +135,7 @@ func TestReadersLeaveSnapshotsUnchanged(t *testing.T) {
 		}},
 		{"node status", func(ds *cache.DesiredSnapshot, as *cache.ActualSnapshot) { nodestatus.InUse(ds, as) }},
 		{"debug endpoint", func(ds *cache.DesiredSnapshot, as *cache.ActualSnapshot) {
-			for _, doc := range []any{newDSWDocument(ds, as, true), newASWDocument(as, ds), ds, as} {
+			for _, doc := range []any{debug.NewDSWDocument(ds, as, true), debug.NewASWDocument(as, ds), ds, as} {
 				if _, err := json.Marshal(doc); err != nil {
 					t.Error(err)
 				}

@@ -1,4 +1,4 @@
-package agent
+package httpserve
 
 import (
 	"bufio"
@@ -6,9 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,21 +20,18 @@ type testServer struct {
 	max  int
 }
 
-func serveTest(t *testing.T, h http.Handler, l HTTPLimits) *testServer {
+func serveTest(t *testing.T, h http.Handler, l Limits) *testServer {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ts := &testServer{addr: lis.Addr().String()}
-	l = l.withDefaults()
-	s := newHTTPServer(h, l)
-	conns := newConnLimiter(l.MaxConnections)
-	s.ConnState = conns.ConnState
+	s := New(h, l)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = s.Serve(conns.Listener(&countingListener{Listener: lis, ts: ts}))
+		_ = s.Serve(&countingListener{Listener: lis, ts: ts})
 	}()
 	t.Cleanup(func() {
 		_ = s.Close()
@@ -104,7 +98,7 @@ func waitClosed(t *testing.T, c net.Conn, within time.Duration) {
 // stays bounded however many there are.
 func TestIdleConnectionsAreCappedAndTimedOut(t *testing.T) {
 	const cap, flood = 4, 40
-	ts := serveTest(t, http.NotFoundHandler(), HTTPLimits{MaxConnections: cap, ReadHeaderTimeout: 100 * time.Millisecond})
+	ts := serveTest(t, http.NotFoundHandler(), Limits{MaxConnections: cap, ReadHeaderTimeout: 100 * time.Millisecond})
 	conns := make([]net.Conn, flood)
 	for i := range conns {
 		c, err := net.Dial("tcp", ts.addr)
@@ -140,7 +134,7 @@ func TestIdleConnectionsAreCappedAndTimedOut(t *testing.T) {
 // the newcomer closes the oldest silent one, long before its header timeout.
 func TestFloodDoesNotDelayRequests(t *testing.T) {
 	const cap, flood = 4, 200
-	ts := serveTest(t, http.NotFoundHandler(), HTTPLimits{MaxConnections: cap, ReadHeaderTimeout: time.Hour})
+	ts := serveTest(t, http.NotFoundHandler(), Limits{MaxConnections: cap, ReadHeaderTimeout: time.Hour})
 	for range flood {
 		c, err := net.Dial("tcp", ts.addr)
 		if err != nil {
@@ -178,7 +172,7 @@ func TestBusyConnectionsAreKept(t *testing.T) {
 		<-release
 		w.WriteHeader(http.StatusNoContent)
 	})
-	ts := serveTest(t, h, HTTPLimits{MaxConnections: cap})
+	ts := serveTest(t, h, Limits{MaxConnections: cap})
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	errs := make(chan error, cap)
 	for range cap {
@@ -213,7 +207,7 @@ func TestBusyConnectionsAreKept(t *testing.T) {
 // A kept-alive connection that sends nothing more is closed after the idle
 // timeout.
 func TestKeptAliveConnectionIsClosedWhenIdle(t *testing.T) {
-	ts := serveTest(t, http.NotFoundHandler(), HTTPLimits{IdleTimeout: 100 * time.Millisecond})
+	ts := serveTest(t, http.NotFoundHandler(), Limits{IdleTimeout: 100 * time.Millisecond})
 	c, err := net.Dial("tcp", ts.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -263,11 +257,11 @@ func TestWriteTimeoutAndStreaming(t *testing.T) {
 		_, err := writeUntil(w, r, time.Minute)
 		results <- err
 	})
-	mux.HandleFunc("/stream", streaming(func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/stream", Streaming(func(w http.ResponseWriter, r *http.Request) {
 		_, err := writeUntil(w, r, 3*writeTimeout)
 		results <- err
 	}))
-	ts := serveTest(t, mux, HTTPLimits{WriteTimeout: writeTimeout, ReadTimeout: writeTimeout})
+	ts := serveTest(t, mux, Limits{WriteTimeout: writeTimeout, ReadTimeout: writeTimeout})
 	for _, tc := range []struct {
 		path    string
 		wantErr bool
@@ -281,73 +275,5 @@ func TestWriteTimeoutAndStreaming(t *testing.T) {
 		if err := <-results; (err != nil) != tc.wantErr {
 			t.Errorf("%s: the handler's writes ended with %v, want an error: %v", tc.path, err, tc.wantErr)
 		}
-	}
-}
-
-// The agent's debug endpoint serves a CPU profile longer than its write
-// timeout: profiles are streaming handlers.
-func TestDebugProfileOutlastsTheWriteTimeout(t *testing.T) {
-	cfg := standaloneConfig(t)
-	cfg.HTTP = HTTPLimits{WriteTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond}
-	a := startAgent(t, cfg)
-	code, body, err := get("http://" + a.DebugAddress() + "/debug/pprof/profile?seconds=1")
-	if err != nil || code != http.StatusOK || len(body) == 0 {
-		t.Fatalf("profile: %d, %d bytes, %v", code, len(body), err)
-	}
-}
-
-// The page's live view (server-sent events) outlasts the endpoint's read
-// and write timeouts: a viewer keeps getting changes after them.
-func TestPageStreamOutlastsTheTimeouts(t *testing.T) {
-	const timeout = 200 * time.Millisecond
-	cfg := standaloneConfig(t)
-	cfg.HTTP = HTTPLimits{WriteTimeout: timeout, ReadTimeout: timeout}
-	a := startAgent(t, cfg)
-	resp, err := http.Get("http://" + a.DebugAddress() + "/?watch=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("stream: %s", resp.Status)
-	}
-	events := make(chan string, 100)
-	go func() {
-		defer close(events)
-		s := bufio.NewScanner(resp.Body)
-		s.Buffer(nil, 4<<20)
-		for s.Scan() {
-			if ev, ok := strings.CutPrefix(s.Text(), "event: "); ok {
-				events <- ev
-			}
-		}
-	}()
-	if _, ok := <-events; !ok {
-		t.Fatal("the stream ended before its first event")
-	}
-	// What is tested is time passing: the stream must live through it.
-	time.Sleep(3 * timeout)
-	for drained := false; !drained; {
-		select {
-		case _, ok := <-events:
-			if !ok {
-				t.Fatal("the stream ended when the read or write timeout expired")
-			}
-		default:
-			drained = true
-		}
-	}
-	// A change after that still reaches the viewer.
-	manifest := strings.NewReplacer("name: web", "name: later", "000000000001", "000000000002").Replace(podManifest)
-	if err := os.WriteFile(filepath.Join(cfg.PodManifestPath, "later.yaml"), []byte(manifest), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case _, ok := <-events:
-		if !ok {
-			t.Fatal("the stream ended instead of showing the new pod")
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("no event for the new pod within 30s")
 	}
 }

@@ -1,4 +1,9 @@
-package agent
+// Package debug owns the debug endpoint's JSON documents
+// (docs/debug-endpoint.md), built from snapshots and the parts' status
+// lists, and the routes that serve them with health, readiness and pprof.
+// It reads the parts through the small interfaces of Options and knows
+// nothing of how they are wired.
+package debug
 
 import (
 	"encoding/json"
@@ -9,17 +14,24 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/volume-agent/volume-agent/agent/httpserve"
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/csi/nodeinfo"
+	"github.com/volume-agent/volume-agent/csi/registration"
+	"github.com/volume-agent/volume-agent/csi/registry"
 	"github.com/volume-agent/volume-agent/explain"
+	"github.com/volume-agent/volume-agent/localpv"
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/plugins/apivolume"
+	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/reconciler/housekeeping"
+	"github.com/volume-agent/volume-agent/refresh"
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/source/objectwatch"
 	"github.com/volume-agent/volume-agent/status/events"
+	"github.com/volume-agent/volume-agent/tokens"
 	"github.com/volume-agent/volume-agent/volume"
 )
-
-// The debug endpoint's JSON documents. docs/debug-endpoint.md describes them.
 
 // DSWDocument is GET /debug/dsw.
 type DSWDocument struct {
@@ -118,13 +130,9 @@ type OperationsDocument struct {
 	Operations []operations.OperationStatus `json:"operations"`
 }
 
-func (a *Agent) dswDocument() DSWDocument {
-	return newDSWDocument(a.dsw.Snapshot(), a.asw.Snapshot(), a.populator.Ready())
-}
-
-// newDSWDocument only reads the snapshots, which the planner and the other
-// readers share (snapshots_test.go).
-func newDSWDocument(s *cache.DesiredSnapshot, asw *cache.ActualSnapshot, sourcesReady bool) DSWDocument {
+// NewDSWDocument only reads the snapshots, which the planner and the other
+// readers share (agent/snapshots_test.go).
+func NewDSWDocument(s *cache.DesiredSnapshot, asw *cache.ActualSnapshot, sourcesReady bool) DSWDocument {
 	doc := DSWDocument{Generation: s.Generation, SourcesReady: sourcesReady, Volumes: []DSWVolume{}, Pods: []DSWPod{}}
 	for _, v := range s.Volumes {
 		dv := DSWVolume{Name: v.Name, Plugin: v.Plugin, SpecName: v.SpecName, Attributes: v.Attributes, Mode: v.Attributes.Mode(), Pods: []DSWVolumePod{}}
@@ -162,11 +170,9 @@ func newDSWDocument(s *cache.DesiredSnapshot, asw *cache.ActualSnapshot, sources
 	return doc
 }
 
-func (a *Agent) aswDocument() ASWDocument { return newASWDocument(a.asw.Snapshot(), a.dsw.Snapshot()) }
-
-// newASWDocument only reads the snapshots, as newDSWDocument; dsw gives
+// NewASWDocument only reads the snapshots, as NewDSWDocument; dsw gives
 // the content generations each mount must have.
-func newASWDocument(s *cache.ActualSnapshot, dsw *cache.DesiredSnapshot) ASWDocument {
+func NewASWDocument(s *cache.ActualSnapshot, dsw *cache.DesiredSnapshot) ASWDocument {
 	doc := ASWDocument{Generation: s.Generation, Volumes: []ASWVolume{}}
 	for _, v := range s.Volumes {
 		av := ASWVolume{
@@ -217,57 +223,128 @@ type EventsDocument struct {
 	Events []events.Event `json:"events"`
 }
 
-func (a *Agent) debugMux() *http.ServeMux {
+// DriversDocument is GET /debug/drivers.
+type DriversDocument struct {
+	Drivers             []DriverStatus              `json:"drivers"`
+	RegistrationSockets []registration.SocketStatus `json:"registrationSockets"`
+	// NodeInfo says, per driver, whether the cluster knows it is on this
+	// node (CSINode entry, node ID annotation, topology labels); absent in
+	// standalone mode and with --csi-node-info=false.
+	NodeInfo []nodeinfo.DriverStatus `json:"nodeInfo,omitempty"`
+}
+
+// DriverStatus is a registered driver and what its CSIDriver object (or
+// its absence) makes the agent do with its volumes.
+type DriverStatus struct {
+	registry.Driver
+	Policy csiplugin.DriverPolicy `json:"policy"`
+}
+
+// APIVolumesDocument is GET /debug/api-volumes: what each API volume was
+// built from and when it was last written, what is watched, and the
+// tokens' lifetimes. Never any content: no data, no token.
+type APIVolumesDocument struct {
+	Credentials string                   `json:"credentials"`
+	Volumes     []apivolume.VolumeStatus `json:"volumes"`
+	Watches     []objectwatch.KeyStatus  `json:"watches"`
+	Tokens      []tokens.Status          `json:"tokens"`
+	Refresh     refresh.Stats            `json:"refresh"`
+}
+
+// Options are what the endpoint reads, on each request.
+type Options struct {
+	DSW interface {
+		Snapshot() *cache.DesiredSnapshot
+	}
+	ASW interface {
+		Snapshot() *cache.ActualSnapshot
+	}
+	// SourcesReady: the desired state reflects every source, read
+	// completely.
+	SourcesReady func() bool
+	Operations   interface {
+		Status() []operations.OperationStatus
+	}
+	Source interface {
+		HasSynced() bool
+		source.ErrorReporter
+	}
+	// Watches are the cluster source's per-object watches (nil in
+	// standalone mode).
+	Watches    func() []objectwatch.KeyStatus
+	Drivers    func() DriversDocument
+	APIVolumes func() APIVolumesDocument
+	// LocalVolumes is the local volume provisioner's status (nil when it
+	// is off).
+	LocalVolumes func() localpv.Document
+	Orphans      interface {
+		List() []housekeeping.OrphanStatus
+	}
+	Events interface{ Recent() []events.Event }
+	// Readiness says whether the agent acts on a complete view of its
+	// sources, and if not, why.
+	Readiness func() (string, bool)
+	// Page is the operator page (/, /pods/..., /debug/status).
+	Page interface{ Register(mux *http.ServeMux) }
+}
+
+// NewMux routes the debug endpoint.
+func NewMux(o Options) *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /debug/dsw", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, a.dswDocument()) })
-	mux.HandleFunc("GET /debug/asw", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, a.aswDocument()) })
+	mux.HandleFunc("GET /debug/dsw", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, NewDSWDocument(o.DSW.Snapshot(), o.ASW.Snapshot(), o.SourcesReady()))
+	})
+	mux.HandleFunc("GET /debug/asw", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, NewASWDocument(o.ASW.Snapshot(), o.DSW.Snapshot()))
+	})
 	mux.HandleFunc("GET /debug/operations", func(w http.ResponseWriter, _ *http.Request) {
-		ops := a.executor.Status()
+		ops := o.Operations.Status()
 		if ops == nil {
 			ops = []operations.OperationStatus{}
 		}
 		writeJSON(w, OperationsDocument{Operations: ops})
 	})
 	mux.HandleFunc("GET /debug/sources", func(w http.ResponseWriter, _ *http.Request) {
-		doc := SourcesDocument{Synced: a.source.HasSynced(), InputErrors: []source.InputError{}, Watches: []objectwatch.KeyStatus{}}
-		doc.InputErrors = append(doc.InputErrors, a.source.InputErrors()...)
-		if c := a.mode.cluster; c != nil {
-			doc.Watches = append(doc.Watches, c.source.Watches()...)
+		doc := SourcesDocument{Synced: o.Source.HasSynced(), InputErrors: []source.InputError{}, Watches: []objectwatch.KeyStatus{}}
+		doc.InputErrors = append(doc.InputErrors, o.Source.InputErrors()...)
+		if o.Watches != nil {
+			doc.Watches = append(doc.Watches, o.Watches()...)
 		}
 		writeJSON(w, doc)
 	})
 	mux.HandleFunc("GET /debug/drivers", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, a.csi.driversDocument())
+		writeJSON(w, o.Drivers())
 	})
 	mux.HandleFunc("GET /debug/local-volumes", func(w http.ResponseWriter, _ *http.Request) {
-		if a.localPV == nil {
+		if o.LocalVolumes == nil {
 			http.Error(w, "the local volume provisioner is off (no --local-volumes-config)", http.StatusNotFound)
 			return
 		}
-		writeJSON(w, a.localPV.Status())
+		writeJSON(w, o.LocalVolumes())
 	})
-	mux.HandleFunc("GET /debug/api-volumes", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, a.api.document()) })
+	mux.HandleFunc("GET /debug/api-volumes", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, o.APIVolumes()) })
 	mux.HandleFunc("GET /debug/orphans", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, OrphansDocument{Orphans: a.orphans.List()})
+		writeJSON(w, OrphansDocument{Orphans: o.Orphans.List()})
 	})
 	mux.HandleFunc("GET /debug/events", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, EventsDocument{Events: a.events.Recent()})
+		writeJSON(w, EventsDocument{Events: o.Events.Recent()})
 	})
-	a.healthHandlers(mux)
-	// The operator page: /, /pods/..., /debug/status.
-	a.page.Register(mux)
+	RegisterHealth(mux, o.Readiness)
+	o.Page.Register(mux)
 	// Profiles and traces last as long as the client asks (?seconds=).
-	mux.HandleFunc("/debug/pprof/", streaming(pprof.Index))
-	mux.HandleFunc("/debug/pprof/profile", streaming(pprof.Profile))
+	mux.HandleFunc("/debug/pprof/", httpserve.Streaming(pprof.Index))
+	mux.HandleFunc("/debug/pprof/profile", httpserve.Streaming(pprof.Profile))
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", streaming(pprof.Trace))
+	mux.HandleFunc("/debug/pprof/trace", httpserve.Streaming(pprof.Trace))
 	return mux
 }
 
-func (a *Agent) healthHandlers(mux *http.ServeMux) {
+// RegisterHealth adds /healthz and /readyz (503 with readiness's reason
+// until it says ready).
+func RegisterHealth(mux *http.ServeMux, readiness func() (string, bool)) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if msg, ok := a.readiness(); !ok {
+		if msg, ok := readiness(); !ok {
 			http.Error(w, msg, http.StatusServiceUnavailable)
 			return
 		}

@@ -1,7 +1,13 @@
-package agent
+// Package metrics owns the agent's Prometheus metrics under the
+// volume_agent namespace: what happens (operations, passes, pods becoming
+// ready, refreshes, token requests), observed as it happens, and the state
+// (volumes, pods, pending operations, drivers, orphans, watches), read at
+// scrape time from the parts that hold it.
+package metrics
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -10,10 +16,16 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/csi/registry"
 	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/reconciler"
+	"github.com/volume-agent/volume-agent/reconciler/housekeeping"
+	"github.com/volume-agent/volume-agent/refresh"
 	"github.com/volume-agent/volume-agent/source"
+	"github.com/volume-agent/volume-agent/source/objectwatch"
+	"github.com/volume-agent/volume-agent/tokens"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -21,7 +33,9 @@ const namespace = "volume_agent"
 
 // buckets cover a fast tmpfs mount (well under a millisecond) up to a CSI
 // call that ran into its timeout.
-var buckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+func buckets() []float64 {
+	return []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+}
 
 // Metrics holds the agent's Prometheus metrics. Counts of volumes, pods and
 // pending operations are computed at scrape time from the caches, so an idle
@@ -36,33 +50,35 @@ type Metrics struct {
 	podVolumeErrors   *prometheus.CounterVec
 	actions           *prometheus.CounterVec
 	reconstructed     prometheus.Counter
+	refreshSeconds    *prometheus.HistogramVec
+	tokenRequests     *prometheus.CounterVec
 
 	mu        sync.Mutex
 	readyPods map[types.UID]bool
 }
 
-// NewMetrics registers the metrics of what happens; registerState adds the
-// counts read from the caches.
-func NewMetrics() *Metrics {
+// New registers the metrics of what happens; RegisterState adds the
+// counts read from the parts.
+func New() *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		operationDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "operation_duration_seconds",
 			Help:    "Duration of volume operations by operation, plugin and result (success, uncertain, failure, stale, waiting).",
-			Buckets: buckets,
+			Buckets: buckets(),
 		}, []string{"operation", "plugin", "result"}),
 		reconcileDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "reconcile_duration_seconds",
-			Help: "Duration of one reconciler pass (planning and dispatching).", Buckets: buckets,
+			Help: "Duration of one reconciler pass (planning and dispatching).", Buckets: buckets(),
 		}),
 		populateDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "populate_duration_seconds",
-			Help: "Duration of one populator pass (over the pods that changed, or over every pod).", Buckets: buckets,
+			Help: "Duration of one populator pass (over the pods that changed, or over every pod).", Buckets: buckets(),
 		}),
 		podReady: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "pod_volumes_ready_seconds",
 			Help:    "Time from a pod first being desired to all of its volumes being mounted.",
-			Buckets: buckets,
+			Buckets: buckets(),
 		}),
 		podVolumeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "pod_volume_errors_total",
@@ -76,20 +92,93 @@ func NewMetrics() *Metrics {
 			Namespace: namespace, Name: "reconstructed_pod_volumes_total",
 			Help: "Pod volumes found on disk at start-up (then adopted if a pod wants them, torn down if not).",
 		}),
+		refreshSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "volume_refresh_seconds",
+			Help:    "Time from a change of what a volume is built from (object, pod metadata, token due, republish due) to the volume's content catching up, by plugin.",
+			Buckets: buckets(),
+		}, []string{"plugin"}),
+		tokenRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "token_requests_total",
+			Help: "Service-account token requests (new tokens and refreshes), by result (success, failure).",
+		}, []string{"result"}),
 		readyPods: map[types.UID]bool{},
 	}
 	m.Registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.operationDuration, m.reconcileDuration, m.populateDuration, m.podReady, m.podVolumeErrors, m.actions, m.reconstructed,
+		m.refreshSeconds, m.tokenRequests,
 	)
 	return m
 }
 
-// registerState adds the counts of volumes, pods and pending operations,
-// computed at scrape time from the caches and the executor.
-func (m *Metrics) registerState(dsw *cache.DesiredStateOfWorld, asw *cache.ActualStateOfWorld, exec *operations.Executor, src source.Source, sourcesReady func() bool) {
-	m.Registry.MustRegister(&stateCollector{dsw: dsw, asw: asw, exec: exec, src: src, sourcesReady: sourcesReady})
+var (
+	_ operations.Observer = (*Metrics)(nil)
+	_ populator.Observer  = (*Metrics)(nil)
+	_ reconciler.Observer = (*Metrics)(nil)
+	_ refresh.Observer    = (*Metrics)(nil)
+	_ tokens.Observer     = (*Metrics)(nil)
+)
+
+// State is what the gauges are read from at scrape time.
+type State struct {
+	DSW interface {
+		Snapshot() *cache.DesiredSnapshot
+	}
+	ASW interface {
+		Snapshot() *cache.ActualSnapshot
+	}
+	Operations Operations
+	Source     source.ErrorReporter
+	// SourcesReady: every source was read completely and the desired
+	// state reflects it.
+	SourcesReady func() bool
+	Drivers      interface{ List() []registry.Driver }
+	Orphans      interface {
+		List() []housekeeping.OrphanStatus
+	}
+	// Watches are the per-object watches' counts (API objects; claims,
+	// volumes and attachments), by resource; none in standalone mode.
+	Watches []func() map[string]objectwatch.Stats
+}
+
+// Operations are the pending operations and their last errors (the
+// executor).
+type Operations interface {
+	Status() []operations.OperationStatus
+	explain.Failures
+}
+
+// RegisterState adds the gauges computed at scrape time from s: volumes,
+// pods and pending operations, input errors, readiness, drivers, orphans
+// and watches.
+func (m *Metrics) RegisterState(s State) {
+	m.Registry.MustRegister(&stateCollector{dsw: s.DSW, asw: s.ASW, exec: s.Operations, src: s.Source, sourcesReady: s.SourcesReady},
+		driversCollector{s.Drivers},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "orphans",
+			Help: "Things left on disk the agent cannot clean or account for (see /debug/orphans).",
+		}, func() float64 { return float64(len(s.Orphans.List())) }))
+	if len(s.Watches) > 0 {
+		m.Registry.MustRegister(watchesCollector(s.Watches))
+	}
+}
+
+// Reconstructed counts the pod volumes found on disk at start-up.
+func (m *Metrics) Reconstructed(podVolumes int) { m.reconstructed.Add(float64(podVolumes)) }
+
+// Refreshed implements refresh.Observer.
+func (m *Metrics) Refreshed(plugin string, took time.Duration) {
+	m.refreshSeconds.WithLabelValues(plugin).Observe(took.Seconds())
+}
+
+// TokenRequested implements tokens.Observer.
+func (m *Metrics) TokenRequested(err error) {
+	result := "success"
+	if err != nil {
+		result = "failure"
+	}
+	m.tokenRequests.WithLabelValues(result).Inc()
 }
 
 // OperationFinished implements operations.Observer.
@@ -149,10 +238,10 @@ func (m *Metrics) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsh
 
 // stateCollector reports gauges computed from the caches at scrape time.
 type stateCollector struct {
-	dsw          *cache.DesiredStateOfWorld
-	asw          *cache.ActualStateOfWorld
-	exec         *operations.Executor
-	src          source.Source
+	dsw          interface{ Snapshot() *cache.DesiredSnapshot }
+	asw          interface{ Snapshot() *cache.ActualSnapshot }
+	exec         Operations
+	src          source.ErrorReporter
 	sourcesReady func() bool
 }
 
@@ -229,4 +318,41 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ready = 1
 	}
 	ch <- prometheus.MustNewConstMetric(sourcesReadyDesc, prometheus.GaugeValue, ready)
+}
+
+// driversCollector reports the registered drivers.
+type driversCollector struct {
+	drivers interface{ List() []registry.Driver }
+}
+
+var driversDesc = prometheus.NewDesc(namespace+"_csi_drivers",
+	"Registered CSI drivers (1 per driver), by driver, source (registration, static) and whether it stages volumes.",
+	[]string{"driver", "source", "stage_unstage"}, nil)
+
+func (c driversCollector) Describe(ch chan<- *prometheus.Desc) { ch <- driversDesc }
+
+func (c driversCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, d := range c.drivers.List() {
+		ch <- prometheus.MustNewConstMetric(driversDesc, prometheus.GaugeValue, 1, d.Name, d.Source, fmt.Sprint(d.StageUnstage))
+	}
+}
+
+// watchesCollector reports the per-object watches (API objects; claims,
+// volumes and attachments) at scrape time.
+type watchesCollector []func() map[string]objectwatch.Stats
+
+var watchedDesc = prometheus.NewDesc(namespace+"_watched_objects",
+	"Objects the agent watches one by one for the pods on its node, by resource and state (watching; listing: first list not in yet; immutable: read once, no watch).",
+	[]string{"resource", "state"}, nil)
+
+func (c watchesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- watchedDesc }
+
+func (c watchesCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, stats := range c {
+		for res, s := range stats() {
+			ch <- prometheus.MustNewConstMetric(watchedDesc, prometheus.GaugeValue, float64(s.Watching-s.Listing), res, "watching")
+			ch <- prometheus.MustNewConstMetric(watchedDesc, prometheus.GaugeValue, float64(s.Listing), res, "listing")
+			ch <- prometheus.MustNewConstMetric(watchedDesc, prometheus.GaugeValue, float64(s.Keys-s.Watching), res, "immutable")
+		}
+	}
 }

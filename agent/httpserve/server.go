@@ -1,19 +1,25 @@
-package agent
+// Package httpserve owns the hardening of the agent's HTTP endpoints (debug
+// and metrics): listeners whose connections are capped, timeouts for slow
+// and idle clients, bounded headers, handlers that stream for as long as
+// they need, and the host check that keeps a loopback endpoint out of reach
+// of DNS rebinding.
+package httpserve
 
 import (
 	"container/list"
+	"context"
 	"net"
 	"net/http"
 	"sync"
 	"time"
 )
 
-// HTTPLimits bound what clients of the agent's endpoints can make it hold.
+// Limits bound what clients of the agent's endpoints can make it hold.
 // The metrics endpoint listens on the pod's address: every connection costs
 // buffers and a goroutine, so without a cap and timeouts a flood of idle
 // connections alone would reach the agent's memory limit. Zero values get
 // the defaults.
-type HTTPLimits struct {
+type Limits struct {
 	// MaxConnections caps the connections each endpoint holds at once
 	// (default 64). A connection beyond it closes the oldest one that has
 	// not sent a request (or is idle between requests), so a flood of
@@ -27,7 +33,7 @@ type HTTPLimits struct {
 	ReadTimeout       time.Duration
 	// WriteTimeout bounds writing a response (default 30s). Streaming
 	// handlers (pprof profiles and traces, server-sent events) lift it for
-	// themselves: see streaming.
+	// themselves: see Streaming.
 	WriteTimeout time.Duration
 	// IdleTimeout closes a kept-alive connection waiting for its next
 	// request (default 90s: longer than common scrape intervals, so a
@@ -37,7 +43,8 @@ type HTTPLimits struct {
 	MaxHeaderBytes int
 }
 
-func (l HTTPLimits) withDefaults() HTTPLimits {
+// WithDefaults fills the zero fields with the defaults.
+func (l Limits) WithDefaults() Limits {
 	if l.MaxConnections <= 0 {
 		l.MaxConnections = 64
 	}
@@ -59,19 +66,42 @@ func (l HTTPLimits) withDefaults() HTTPLimits {
 	return l
 }
 
-// newHTTPServer is an endpoint's server within the limits. The write
-// timeout is set per request (writeDeadline), not on the server, so that
-// streaming handlers can lift it: net/http/pprof refuses a profile longer
-// than a server-wide WriteTimeout.
-func newHTTPServer(h http.Handler, l HTTPLimits) *http.Server {
-	return &http.Server{
-		Handler:           writeDeadline(h, l.WriteTimeout),
-		ReadHeaderTimeout: l.ReadHeaderTimeout,
-		ReadTimeout:       l.ReadTimeout,
-		IdleTimeout:       l.IdleTimeout,
-		MaxHeaderBytes:    l.MaxHeaderBytes,
-	}
+// Server serves one endpoint within its Limits.
+type Server struct {
+	srv   *http.Server
+	conns *connLimiter
 }
+
+// New is an endpoint's server for h within l (zero fields get the
+// defaults). The write timeout is set per request (writeDeadline), not on
+// the server, so that streaming handlers can lift it: net/http/pprof
+// refuses a profile longer than a server-wide WriteTimeout.
+func New(h http.Handler, l Limits) *Server {
+	l = l.WithDefaults()
+	s := &Server{
+		srv: &http.Server{
+			Handler:           writeDeadline(h, l.WriteTimeout),
+			ReadHeaderTimeout: l.ReadHeaderTimeout,
+			ReadTimeout:       l.ReadTimeout,
+			IdleTimeout:       l.IdleTimeout,
+			MaxHeaderBytes:    l.MaxHeaderBytes,
+		},
+		conns: newConnLimiter(l.MaxConnections),
+	}
+	s.srv.ConnState = s.conns.ConnState
+	return s
+}
+
+// Serve accepts connections on lis, within the connection cap, until
+// Shutdown or Close (then it returns http.ErrServerClosed).
+func (s *Server) Serve(lis net.Listener) error { return s.srv.Serve(s.conns.Listener(lis)) }
+
+// Shutdown stops accepting and waits, until ctx ends, for the requests in
+// progress (see http.Server.Shutdown).
+func (s *Server) Shutdown(ctx context.Context) error { return s.srv.Shutdown(ctx) }
+
+// Close closes the listener and every connection at once.
+func (s *Server) Close() error { return s.srv.Close() }
 
 // connLimiter keeps an endpoint's connections within MaxConnections. It
 // sees each connection from its accept (Listener) and follows its state
@@ -180,12 +210,12 @@ func writeDeadline(h http.Handler, d time.Duration) http.Handler {
 	})
 }
 
-// streaming marks a handler that answers for as long as it needs (pprof
+// Streaming marks a handler that answers for as long as it needs (pprof
 // profiles and traces, whose length the client asks for; server-sent
 // events): it lifts the request's write deadline, and its read deadline
 // too, whose expiry would cancel the request's context mid-stream. The
 // connection cap still applies, and the idle timeout once it is done.
-func streaming(h http.HandlerFunc) http.HandlerFunc {
+func Streaming(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)
 		_ = rc.SetWriteDeadline(time.Time{})

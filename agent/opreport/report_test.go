@@ -1,4 +1,4 @@
-package agent
+package opreport
 
 import (
 	"errors"
@@ -112,7 +112,7 @@ func TestReporterWaits(t *testing.T) {
 			log := zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel))
 			rec := &fakeRecorder{}
 			now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-			r := &reporter{log: operationsLogger(log), events: rec, metrics: NewMetrics(), trimmer: &memoryTrimmer{}, now: func() time.Time { return now }}
+			r := New(Options{Log: log, Events: rec, Now: func() time.Time { return now }})
 			key := operations.Key{Volume: "kubernetes.io/csi/d^v"}
 			pods := []volume.PodRef{{Namespace: "ns", Name: "app", UID: "uid-1"}, {Namespace: "ns", Name: "other", UID: "uid-2"}}
 			op := &operations.Operation{Name: operations.OpVerifyAttached,
@@ -144,25 +144,6 @@ func TestReporterWaits(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// Waits are counted as such in the operation metrics, not as failures.
-func TestResultOf(t *testing.T) {
-	for _, c := range []struct {
-		err  error
-		want string
-	}{
-		{nil, "success"},
-		{volume.Waitingf("waiting"), "waiting"},
-		{fmt.Errorf("wrapped: %w", volume.Waitingf("waiting")), "waiting"},
-		{volume.Uncertainf("timed out"), "uncertain"},
-		{errors.New("attach failed"), "failure"},
-		{operations.ErrStale, "stale"},
-	} {
-		if got := resultOf(c.err); got != c.want {
-			t.Errorf("resultOf(%v) = %s, want %s", c.err, got, c.want)
-		}
 	}
 }
 

@@ -1,4 +1,4 @@
-package agent
+package httpserve
 
 import (
 	"fmt"
@@ -8,7 +8,7 @@ import (
 	"strings"
 )
 
-// hostCheck guards an endpoint that listens on loopback against DNS
+// HostCheck guards an endpoint that listens on loopback against DNS
 // rebinding: a web page from another site that makes its own name resolve
 // to 127.0.0.1 can have the browser send requests to the endpoint and read
 // the answers (same origin, by name), but the requests carry that name in
@@ -18,7 +18,7 @@ import (
 // literal, or the host of the configured listen address — and every other
 // one gets 421 Misdirected Request. An endpoint listening elsewhere is
 // reachable by address anyway (NetworkPolicy guards it) and is not checked.
-func hostCheck(h http.Handler, listening net.Addr, configured string) http.Handler {
+func HostCheck(h http.Handler, listening net.Addr, configured string) http.Handler {
 	if !isLoopbackAddr(listening) {
 		return h
 	}

@@ -1,4 +1,9 @@
-package agent
+// Package opreport owns what people hear of each operation's outcome: a
+// log line (repeats of an unchanged failure or wait at debug level), a
+// Warning event on the pods concerned when it failed, and one when a wait
+// that normally ends on its own has lasted too long. Metrics, the memory
+// trimmer and the page's timeline observe operations beside it.
+package opreport
 
 import (
 	"errors"
@@ -11,12 +16,11 @@ import (
 
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/status/events"
-	"github.com/volume-agent/volume-agent/ui/timeline"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
-// reporter tells people and Prometheus how each operation ended: a log line,
-// an event on the pods concerned when it failed, and the duration metric.
+// Reporter tells people how each operation ended: a log line, and an
+// event on the pods concerned when it failed.
 //
 // An operation that waits for something that normally happens on its own
 // (volume.IsWaiting: the attach/detach controller's attachment) is no
@@ -24,16 +28,11 @@ import (
 // keeps such waits quiet, until the wait has lasted waitWarning; then the
 // pods get one Warning event, as the kubelet's pod sync reports volumes not
 // ready within its timeout.
-type reporter struct {
-	log     *zap.Logger
-	events  events.Recorder
-	metrics *Metrics
-
-	trimmer *memoryTrimmer
-	// history is the operation timeline of the operator page.
-	history *timeline.Ring
-	// now is the clock of waits (time.Now when nil).
-	now func() time.Time
+type Reporter struct {
+	log         *zap.Logger
+	events      events.Recorder
+	now         func() time.Time
+	waitWarning time.Duration
 
 	// lastErr remembers each key's last failure: a failure that repeats
 	// unchanged is logged at debug level, so a stuck volume does not write
@@ -49,26 +48,46 @@ type wait struct {
 	warned bool
 }
 
-// waitWarning is how long an operation may wait before the pods hear of
-// it: the kubelet's pod attach-and-mount timeout (podAttachAndMountTimeout
-// in pkg/kubelet/volumemanager), after which its pod sync reports
-// FailedMount "Unable to attach or mount volumes: ... timed out waiting for
-// the condition".
-const waitWarning = 2*time.Minute + 3*time.Second
-
-// operationsLogger is the reporter's logger: without the caller and without
-// stack traces, which would only ever show the executor calling the
-// reporter (and, for a storm of failures, cost a stack walk each).
-func operationsLogger(log *zap.Logger) *zap.Logger {
-	return log.Named("operations").WithOptions(zap.WithCaller(false), zap.AddStacktrace(zapcore.FatalLevel))
+// Options configure a Reporter.
+type Options struct {
+	// Log gets a line per operation. The reporter drops the caller and
+	// stack traces from it: they would only ever show the executor calling
+	// the reporter (and, for a storm of failures, cost a stack walk each).
+	Log *zap.Logger
+	// Events get the Warning events on pods.
+	Events events.Recorder
+	// WaitWarning is how long an operation may wait before the pods hear
+	// of it. Default: the kubelet's pod attach-and-mount timeout, 2m3s
+	// (podAttachAndMountTimeout in pkg/kubelet/volumemanager), after which
+	// its pod sync reports FailedMount "Unable to attach or mount volumes:
+	// ... timed out waiting for the condition".
+	WaitWarning time.Duration
+	// Now is the clock of waits (default time.Now).
+	Now func() time.Time
 }
 
-func (r *reporter) OperationFinished(key operations.Key, op *operations.Operation, took time.Duration, err error, retryIn time.Duration) {
-	r.metrics.OperationFinished(key, op, took, err, retryIn)
-	r.trimmer.operationFinished()
-	if r.history != nil {
-		r.history.OperationFinished(key, op, took, err, retryIn)
+// New is a Reporter.
+func New(o Options) *Reporter {
+	if o.Log == nil {
+		o.Log = zap.NewNop()
 	}
+	if o.WaitWarning <= 0 {
+		o.WaitWarning = 2*time.Minute + 3*time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Reporter{
+		log:    o.Log.WithOptions(zap.WithCaller(false), zap.AddStacktrace(zapcore.FatalLevel)),
+		events: o.Events, now: o.Now, waitWarning: o.WaitWarning,
+		lastErr: map[operations.Key]string{}, waits: map[operations.Key]*wait{},
+	}
+}
+
+var _ operations.Observer = (*Reporter)(nil)
+
+// OperationFinished implements operations.Observer.
+func (r *Reporter) OperationFinished(key operations.Key, op *operations.Operation, took time.Duration, err error, retryIn time.Duration) {
 	// Room for every field below: one allocation per operation of a storm,
 	// not one and a regrowth.
 	fields := make([]zap.Field, 0, 9)
@@ -106,24 +125,18 @@ func (r *reporter) OperationFinished(key operations.Key, op *operations.Operatio
 
 // waiting reports an operation that waits: at info level (debug when
 // nothing changed since the last attempt), and once it has waited
-// waitWarning, one Warning event and log line.
-func (r *reporter) waiting(key operations.Key, op *operations.Operation, fields []zap.Field, err error, retryIn time.Duration) {
+// the wait warning, one Warning event and log line.
+func (r *Reporter) waiting(key operations.Key, op *operations.Operation, fields []zap.Field, err error, retryIn time.Duration) {
 	fields = append(fields, zap.String("waitingFor", err.Error()), zap.Duration("retryIn", retryIn))
-	now := time.Now()
-	if r.now != nil {
-		now = r.now()
-	}
+	now := r.now()
 	r.mu.Lock()
-	if r.waits == nil {
-		r.waits = map[operations.Key]*wait{}
-	}
 	w, ok := r.waits[key]
 	if !ok {
 		w = &wait{since: now}
 		r.waits[key] = w
 	}
 	waited := now.Sub(w.since)
-	warn := waited >= waitWarning && !w.warned
+	warn := waited >= r.waitWarning && !w.warned
 	w.warned = w.warned || warn
 	r.mu.Unlock()
 
@@ -141,7 +154,7 @@ func (r *reporter) waiting(key operations.Key, op *operations.Operation, fields 
 }
 
 // warn puts a Warning event on the pods the operation works for.
-func (r *reporter) warn(key operations.Key, op *operations.Operation, reason, msg string) {
+func (r *Reporter) warn(key operations.Key, op *operations.Operation, reason, msg string) {
 	pods := op.Waiting
 	if key.Pod != "" {
 		pods = []volume.PodRef{op.Pod.PodRef}
@@ -162,12 +175,9 @@ func volumeLabel(name volume.UniqueName, spec *volume.Spec) string {
 	return spec.Name
 }
 
-func (r *reporter) repeated(key operations.Key, err error) bool {
+func (r *Reporter) repeated(key operations.Key, err error) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.lastErr == nil {
-		r.lastErr = map[operations.Key]string{}
-	}
 	msg := err.Error()
 	if len(r.lastErr) > 10000 { // keys of volumes long gone
 		clear(r.lastErr)
@@ -181,7 +191,7 @@ func (r *reporter) repeated(key operations.Key, err error) bool {
 }
 
 // forget drops what the reporter remembers of a key that succeeded.
-func (r *reporter) forget(key operations.Key) {
+func (r *Reporter) forget(key operations.Key) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.lastErr, key)
@@ -189,7 +199,7 @@ func (r *reporter) forget(key operations.Key) {
 }
 
 // endWait: the key failed for real, its wait (if any) is over.
-func (r *reporter) endWait(key operations.Key) {
+func (r *Reporter) endWait(key operations.Key) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.waits, key)

@@ -1,4 +1,4 @@
-package agent
+package burst
 
 import (
 	"runtime"
@@ -12,6 +12,9 @@ import (
 	"github.com/volume-agent/volume-agent/reconciler"
 )
 
+// finished tells m an operation finished.
+func finished(m *Trimmer) { m.OperationFinished(operations.Key{}, nil, 0, nil, 0) }
+
 func TestMemoryTrimmer(t *testing.T) {
 	// free waits for a release per call, so a trim, once started, holds
 	// m.trimming until the test lets it finish: right after a pass,
@@ -20,14 +23,14 @@ func TestMemoryTrimmer(t *testing.T) {
 	freed := make(chan struct{}, 10)
 	release := make(chan struct{})
 	defer close(release)
-	m := &memoryTrimmer{free: func() { freed <- struct{}{}; <-release }}
+	m := NewTrimmer(TrimmerOptions{Free: func() { freed <- struct{}{}; <-release }})
 	busy := []reconciler.Action{{Op: operations.OpMountVolume}}
 
-	for i := 0; i < burst-1; i++ {
-		m.operationFinished()
+	for range m.opts.Burst - 1 {
+		finished(m)
 	}
 	m.Reconciled(nil, nil, nil, 0)
-	m.operationFinished()
+	finished(m)
 	m.Reconciled(nil, nil, busy, 0)
 	if m.trimming.Load() {
 		t.Fatal("trimmed after a small burst or while work was planned")
@@ -43,7 +46,7 @@ func TestMemoryTrimmer(t *testing.T) {
 	}
 	release <- struct{}{}
 	// The count starts again: a steady pass after the trim trims nothing.
-	m.wait()
+	m.Wait()
 	m.Reconciled(nil, nil, nil, 0)
 	if m.trimming.Load() {
 		t.Fatal("trimmed twice for one burst")
@@ -55,8 +58,8 @@ func TestMemoryTrimmer(t *testing.T) {
 // nothing.
 func TestBurstProcs(t *testing.T) {
 	t.Setenv("GOMAXPROCS", "")
-	b := burstProcs{procs.New()}
-	t.Cleanup(b.procs.Steady)
+	b := NewProcs(procs.New(), 0)
+	t.Cleanup(b.tuning.Steady)
 	base := runtime.GOMAXPROCS(0)
 	actions := func(n int, op operations.Op) []reconciler.Action {
 		out := make([]reconciler.Action, n)
@@ -70,12 +73,12 @@ func TestBurstProcs(t *testing.T) {
 		actions []reconciler.Action
 		want    int
 	}{
-		{"a few unmounts", actions(burstActions-1, operations.OpUnmountVolume), base},
-		{"many mounts", actions(10*burstActions, operations.OpMountVolume), base},
-		{"many unmounts", actions(burstActions, operations.OpUnmountVolume), base + procs.Spare},
+		{"a few unmounts", actions(b.unmounts-1, operations.OpUnmountVolume), base},
+		{"many mounts", actions(10*b.unmounts, operations.OpMountVolume), base},
+		{"many unmounts", actions(b.unmounts, operations.OpUnmountVolume), base + procs.Spare},
 		{"one mount", actions(1, operations.OpMountVolume), base + procs.Spare},
 		{"nothing", nil, base},
-		{"many unmaps", actions(burstActions, operations.OpUnmapVolume), base + procs.Spare},
+		{"many unmaps", actions(b.unmounts, operations.OpUnmapVolume), base + procs.Spare},
 		{"nothing again", nil, base},
 	} {
 		b.Reconciled(nil, nil, step.actions, 0)
@@ -92,7 +95,7 @@ func TestBurstProcs(t *testing.T) {
 func TestMemoryTrimmerSettles(t *testing.T) {
 	freed := make(chan struct{}, 10)
 	clk := clocktesting.NewFakeClock(time.Unix(1e9, 0))
-	m := &memoryTrimmer{free: func() { freed <- struct{}{} }, clock: clk}
+	m := NewTrimmer(TrimmerOptions{Free: func() { freed <- struct{}{} }, Clock: clk})
 	trimmed := func() bool {
 		m.running.Wait()
 		select {
@@ -113,15 +116,15 @@ func TestMemoryTrimmerSettles(t *testing.T) {
 		}
 	}
 
-	// Fewer than settleMin operations: nothing, not even a timer.
-	for range settleMin - 1 {
-		m.operationFinished()
+	// Fewer than SettleMin operations: nothing, not even a timer.
+	for range m.opts.SettleMin - 1 {
+		finished(m)
 	}
 	m.Reconciled(nil, nil, nil, 0)
 	if clk.HasWaiters() {
-		t.Fatalf("settling timer armed after %d operations", settleMin-1)
+		t.Fatalf("settling timer armed after %d operations", m.opts.SettleMin-1)
 	}
-	m.operationFinished()
+	finished(m)
 	m.Reconciled(nil, nil, nil, 0)
 	if trimmed() {
 		t.Fatal("trimmed at once after a few operations")
@@ -132,13 +135,13 @@ func TestMemoryTrimmerSettles(t *testing.T) {
 	// trimmer waits again by itself.
 	// (The fake clock runs a timer's function within Step; what it starts
 	// runs in m.running, which trimmed waits for.)
-	m.operationFinished()
-	clk.Step(settle)
+	finished(m)
+	clk.Step(m.opts.Settle)
 	if trimmed() {
 		t.Fatal("trimmed although an operation finished while settling")
 	}
 	waitForTimer()
-	clk.Step(settle - time.Millisecond)
+	clk.Step(m.opts.Settle - time.Millisecond)
 	if trimmed() {
 		t.Fatal("trimmed before the settling time")
 	}
@@ -153,13 +156,13 @@ func TestMemoryTrimmerSettles(t *testing.T) {
 	}
 
 	// Stopping drops a pending timer.
-	for range settleMin {
-		m.operationFinished()
+	for range m.opts.SettleMin {
+		finished(m)
 	}
 	m.Reconciled(nil, nil, nil, 0)
 	waitForTimer()
-	m.wait()
-	clk.Step(settle)
+	m.Wait()
+	clk.Step(m.opts.Settle)
 	if trimmed() || clk.HasWaiters() {
 		t.Fatal("trimmed after the agent stopped")
 	}
