@@ -16,12 +16,16 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/volume-agent/volume-agent/agent/metrics"
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/csi/registry"
 	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/populator"
+	"github.com/volume-agent/volume-agent/reconciler/housekeeping"
 	"github.com/volume-agent/volume-agent/runtimeapi"
 	"github.com/volume-agent/volume-agent/runtimeapi/server"
+	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/status/podstatus"
 	"github.com/volume-agent/volume-agent/ui"
 	"github.com/volume-agent/volume-agent/ui/model"
@@ -135,7 +139,8 @@ var (
 
 // Every reason the agent gives for a pod's volume, each driven through the
 // pod condition, the page, `volume-agent status`, the runtime API and the
-// pods metric: they must all say what the explanation says.
+// pods metric: they must all say what the explanation says. (Pod events of
+// resolution errors follow explain.ErrorStatus: populator's tests.)
 func TestSurfacesAgree(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -238,6 +243,7 @@ func TestSurfacesAgree(t *testing.T) {
 			page := model.Build(in)
 			checkPage(t, &ex, page)
 			checkStatusCommand(t, &ex, in, page)
+			checkMetrics(t, &ex, s, dsw, asw)
 		})
 	}
 }
@@ -331,6 +337,63 @@ func worst(ex *explain.Pod) string {
 	}
 	return ""
 }
+
+// The pods gauge counts the pod under the explanation's state, and under
+// no other.
+func checkMetrics(t *testing.T, ex *explain.Pod, s *situation, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) {
+	t.Helper()
+	m := metrics.New()
+	m.RegisterState(metrics.State{
+		DSW: snapshotOf[*cache.DesiredSnapshot]{dsw}, ASW: snapshotOf[*cache.ActualSnapshot]{asw},
+		Operations: s, Source: noInputErrors{}, SourcesReady: func() bool { return true },
+		Drivers: noDrivers{}, Orphans: noOrphans{},
+	})
+	families, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "volume_agent_pods" {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if l.GetName() == "status" {
+					got[l.GetValue()] = mt.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	for _, st := range []explain.Status{explain.Ready, explain.Waiting, explain.Failing, explain.NeedsChange} {
+		want := 0.0
+		if st == ex.Status {
+			want = 1
+		}
+		if got[string(st)] != want {
+			t.Errorf("volume_agent_pods{status=%q} = %v, want %v (all: %v)", st, got[string(st)], want, got)
+		}
+	}
+}
+
+type snapshotOf[T any] struct{ s T }
+
+func (s snapshotOf[T]) Snapshot() T { return s.s }
+
+type noInputErrors struct{}
+
+func (noInputErrors) InputErrors() []source.InputError { return nil }
+
+type noDrivers struct{}
+
+func (noDrivers) List() []registry.Driver { return nil }
+
+type noOrphans struct{}
+
+func (noOrphans) List() []housekeeping.OrphanStatus { return nil }
+
+// Status implements metrics.Operations.
+func (s *situation) Status() []operations.OperationStatus { return s.operations() }
 
 // `volume-agent status --pod` says the pod's state and every volume's
 // reason, from the page the agent serves.

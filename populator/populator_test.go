@@ -15,6 +15,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/plugins/emptydir"
 	"github.com/volume-agent/volume-agent/plugins/local"
 	"github.com/volume-agent/volume-agent/source"
@@ -732,6 +733,8 @@ func TestSyncNotReadYet(t *testing.T) {
 	}
 	if got := reasons(p.Errors); !slices.Equal(got, []string{"data:" + ReasonNotRead}) {
 		t.Errorf("errors = %v", got)
+	} else if st := explain.ErrorStatus(p.Errors[0]); st != explain.Waiting {
+		t.Errorf("a claim not read yet is explained as %s, want %s", st, explain.Waiting)
 	}
 	// The claim is read; its volume is not yet.
 	h.src.SetPVCError(testNS, "claim", nil)
