@@ -17,6 +17,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/apivolume"
+	"github.com/volume-agent/volume-agent/plugins/apivolume/budget"
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/refresh"
 	"github.com/volume-agent/volume-agent/source/apiobjects"
@@ -37,6 +38,7 @@ type apiVolumes struct {
 	// credentials says whose credentials read secrets and request tokens.
 	credentials string
 	metrics     *apiVolumeMetrics
+	budget      *budget.Budget
 }
 
 // newAPIVolumes builds the plugins and what feeds them: in standalone mode
@@ -47,7 +49,13 @@ type apiVolumes struct {
 func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired) *apiVolumes {
 	log := cfg.Log
 	a := &apiVolumes{metrics: newAPIVolumeMetrics()}
+	a.budget = budget.New(budget.Limits{Pod: max(0, cfg.APIVolumePodBytes), Node: max(0, cfg.APIVolumeNodeBytes)}, a.metrics)
+	a.metrics.held = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "api_volume_bytes",
+		Help: "Bytes of API-volume content (configMap, secret, downwardAPI, projected) the agent has written and holds on the node, as the budget counts them.",
+	}, func() float64 { return float64(a.budget.Total()) })
 	src := apivolume.Sources{
+		Budget:               a.budget,
 		NoTokensReason:       noTokensReason + " (set automountServiceAccountToken: false, or remove the projection)",
 		NoTrustBundlesReason: "clusterTrustBundle projections need an API server, and this agent runs in standalone mode",
 	}
@@ -83,7 +91,8 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired) 
 	onChange = a.refresh.ObjectChanged
 	src.Pods = a.refresh
 	a.plugins, a.status = apivolume.New(host, src)
-	log.Info("API volumes: configMap, secret, downwardAPI, projected", zap.String("credentials", a.credentials))
+	log.Info("API volumes: configMap, secret, downwardAPI, projected", zap.String("credentials", a.credentials),
+		zap.Int64("podBudgetBytes", a.budget.Limits().Pod), zap.Int64("nodeBudgetBytes", a.budget.Limits().Node))
 	return a
 }
 
@@ -101,7 +110,7 @@ func (a *apiVolumes) tokenIssuer() csiplugin.TokenIssuer {
 }
 
 func (a *apiVolumes) collectors() []prometheus.Collector {
-	return []prometheus.Collector{a.metrics.refreshSeconds, a.metrics.tokenRequests}
+	return []prometheus.Collector{a.metrics.refreshSeconds, a.metrics.tokenRequests, a.metrics.overBudget, a.metrics.held}
 }
 
 func (a *apiVolumes) stop() {
@@ -136,6 +145,8 @@ func (a *apiVolumes) document() APIVolumesDocument {
 type apiVolumeMetrics struct {
 	refreshSeconds *prometheus.HistogramVec
 	tokenRequests  *prometheus.CounterVec
+	overBudget     *prometheus.CounterVec
+	held           prometheus.GaugeFunc
 }
 
 func newAPIVolumeMetrics() *apiVolumeMetrics {
@@ -149,8 +160,14 @@ func newAPIVolumeMetrics() *apiVolumeMetrics {
 			Namespace: namespace, Name: "token_requests_total",
 			Help: "Service-account token requests (new tokens and refreshes), by result (success, failure).",
 		}, []string{"result"}),
+		overBudget: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "api_volume_over_budget_total",
+			Help: "API-volume set ups refused because the content did not fit the pod's or the node's byte budget, by scope (pod, node).",
+		}, []string{"scope"}),
 	}
 }
+
+func (m *apiVolumeMetrics) OverBudget(s budget.Scope) { m.overBudget.WithLabelValues(string(s)).Inc() }
 
 func (m *apiVolumeMetrics) Refreshed(plugin string, took time.Duration) {
 	m.refreshSeconds.WithLabelValues(plugin).Observe(took.Seconds())
