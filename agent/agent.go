@@ -299,7 +299,7 @@ func (p *parts) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
 func (p *parts) registerMetrics() {
 	state := metrics.State{
 		DSW: p.dsw, ASW: p.asw, Operations: p.executor, Source: p.source, SourcesReady: p.populator.Ready,
-		Drivers: p.csi.drivers, Orphans: p.orphans,
+		Drivers: p.csi.drivers, Orphans: p.orphans, APIVolumeBytes: p.api.budget.Total,
 	}
 	if p.api.objects != nil {
 		state.Watches = append(state.Watches, p.api.objects.Stats)

@@ -16,6 +16,7 @@ import (
 	"github.com/volume-agent/volume-agent/agent/debug"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/apivolume"
+	"github.com/volume-agent/volume-agent/plugins/apivolume/budget"
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/refresh"
 	"github.com/volume-agent/volume-agent/source/apiobjects"
@@ -35,6 +36,7 @@ type apiVolumes struct {
 	tokens  *tokens.Manager
 	// credentials says whose credentials read secrets and request tokens.
 	credentials string
+	budget      *budget.Budget
 }
 
 // newAPIVolumes builds the plugins and what feeds them: in standalone mode
@@ -46,7 +48,9 @@ type apiVolumes struct {
 func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired, obs apiVolumesObserver) *apiVolumes {
 	log := cfg.Log
 	a := &apiVolumes{}
+	a.budget = budget.New(budget.Limits{Pod: max(0, cfg.APIVolumePodBytes), Node: max(0, cfg.APIVolumeNodeBytes)}, obs)
 	src := apivolume.Sources{
+		Budget:               a.budget,
 		NoTokensReason:       noTokensReason + " (set automountServiceAccountToken: false, or remove the projection)",
 		NoTrustBundlesReason: "clusterTrustBundle projections need an API server, and this agent runs in standalone mode",
 	}
@@ -82,7 +86,8 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired, 
 	onChange = a.refresh.ObjectChanged
 	src.Pods = a.refresh
 	a.plugins, a.status = apivolume.New(host, src)
-	log.Info("API volumes: configMap, secret, downwardAPI, projected", zap.String("credentials", a.credentials))
+	log.Info("API volumes: configMap, secret, downwardAPI, projected", zap.String("credentials", a.credentials),
+		zap.Int64("podBudgetBytes", a.budget.Limits().Pod), zap.Int64("nodeBudgetBytes", a.budget.Limits().Node))
 	return a
 }
 
@@ -96,11 +101,12 @@ type manifestObjects interface {
 
 var _ manifestObjects = (*manifest.Source)(nil)
 
-// apiVolumesObserver gets the refreshes' and the token requests' figures
-// (the metrics).
+// apiVolumesObserver gets the refreshes', the token requests' and the
+// budget refusals' figures (the metrics).
 type apiVolumesObserver interface {
 	refresh.Observer
 	tokens.Observer
+	budget.Observer
 }
 
 // noTokensReason says why standalone mode has no service-account tokens,

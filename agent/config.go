@@ -66,6 +66,15 @@ type Config struct {
 	// kubelet's --volume-stats-agg-period); 0: 1m, negative: never.
 	VolumeStatsAggPeriod time.Duration
 
+	// APIVolumePodBytes and APIVolumeNodeBytes bound the content of API
+	// volumes (configMap, secret, downwardAPI, projected) of one pod and
+	// of the node: the agent writes it, so its pages are charged to the
+	// agent's memory cgroup (package plugins/apivolume/budget). 0: the
+	// default (DefaultAPIVolumePodBytes, DefaultAPIVolumeNodeBytes);
+	// negative: no bound.
+	APIVolumePodBytes  int64
+	APIVolumeNodeBytes int64
+
 	// LocalVolumesConfig turns on the local volume provisioner (cluster
 	// mode only).
 	LocalVolumesConfig string
@@ -143,5 +152,22 @@ func (c Config) complete() (Config, error) {
 		c.KubeAPIBurst = 100
 	}
 	c.HTTP = c.HTTP.WithDefaults()
+	if c.APIVolumePodBytes == 0 {
+		c.APIVolumePodBytes = DefaultAPIVolumePodBytes
+	}
+	if c.APIVolumeNodeBytes == 0 {
+		c.APIVolumeNodeBytes = DefaultAPIVolumeNodeBytes
+	}
 	return c, nil
 }
+
+// The API-volume budgets' defaults. A pod: 32 full-size (1 MiB) Secrets or
+// ConfigMaps, far more than real pods mount (the injected
+// kube-api-access volume is three small files). The node: 128 MiB, which
+// deploy/base/daemonset.yaml's memory limit covers twice over (a rewrite
+// holds the old and the new content until it swaps them) on top of what
+// the agent itself needs.
+const (
+	DefaultAPIVolumePodBytes  = 32 << 20
+	DefaultAPIVolumeNodeBytes = 128 << 20
+)

@@ -19,6 +19,7 @@ import (
 	"github.com/volume-agent/volume-agent/csi/registry"
 	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/plugins/apivolume/budget"
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/reconciler"
 	"github.com/volume-agent/volume-agent/reconciler/housekeeping"
@@ -52,6 +53,7 @@ type Metrics struct {
 	reconstructed     prometheus.Counter
 	refreshSeconds    *prometheus.HistogramVec
 	tokenRequests     *prometheus.CounterVec
+	overBudget        *prometheus.CounterVec
 
 	mu        sync.Mutex
 	readyPods map[types.UID]bool
@@ -101,13 +103,17 @@ func New() *Metrics {
 			Namespace: namespace, Name: "token_requests_total",
 			Help: "Service-account token requests (new tokens and refreshes), by result (success, failure).",
 		}, []string{"result"}),
+		overBudget: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "api_volume_over_budget_total",
+			Help: "API-volume set ups refused because the content did not fit the pod's or the node's byte budget, by scope (pod, node).",
+		}, []string{"scope"}),
 		readyPods: map[types.UID]bool{},
 	}
 	m.Registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.operationDuration, m.reconcileDuration, m.populateDuration, m.podReady, m.podVolumeErrors, m.actions, m.reconstructed,
-		m.refreshSeconds, m.tokenRequests,
+		m.refreshSeconds, m.tokenRequests, m.overBudget,
 	)
 	return m
 }
@@ -118,6 +124,7 @@ var (
 	_ reconciler.Observer = (*Metrics)(nil)
 	_ refresh.Observer    = (*Metrics)(nil)
 	_ tokens.Observer     = (*Metrics)(nil)
+	_ budget.Observer     = (*Metrics)(nil)
 )
 
 // State is what the gauges are read from at scrape time.
@@ -140,6 +147,9 @@ type State struct {
 	// Watches are the per-object watches' counts (API objects; claims,
 	// volumes and attachments), by resource; none in standalone mode.
 	Watches []func() map[string]objectwatch.Stats
+	// APIVolumeBytes is the API-volume content the budget counts (nil:
+	// not reported).
+	APIVolumeBytes func() int64
 }
 
 // Operations are the pending operations and their last errors (the
@@ -162,6 +172,12 @@ func (m *Metrics) RegisterState(s State) {
 	if len(s.Watches) > 0 {
 		m.Registry.MustRegister(watchesCollector(s.Watches))
 	}
+	if s.APIVolumeBytes != nil {
+		m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "api_volume_bytes",
+			Help: "Bytes of API-volume content (configMap, secret, downwardAPI, projected) the agent has written and holds on the node, as the budget counts them.",
+		}, func() float64 { return float64(s.APIVolumeBytes()) }))
+	}
 }
 
 // Reconstructed counts the pod volumes found on disk at start-up.
@@ -171,6 +187,9 @@ func (m *Metrics) Reconstructed(podVolumes int) { m.reconstructed.Add(float64(po
 func (m *Metrics) Refreshed(plugin string, took time.Duration) {
 	m.refreshSeconds.WithLabelValues(plugin).Observe(took.Seconds())
 }
+
+// OverBudget implements budget.Observer.
+func (m *Metrics) OverBudget(s budget.Scope) { m.overBudget.WithLabelValues(string(s)).Inc() }
 
 // TokenRequested implements tokens.Observer.
 func (m *Metrics) TokenRequested(err error) {

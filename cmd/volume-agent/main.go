@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/volume-agent/volume-agent/agent"
 	"github.com/volume-agent/volume-agent/internal/logging"
@@ -94,6 +95,12 @@ func run() error {
 	fs.BoolVar(&cfg.AttachDetachAnnotation, "attach-detach-annotation", true, "cluster mode: keep the Node's volumes.kubernetes.io/controller-managed-attach-detach annotation in step with --attach-mode (\"true\" for controller, removed for self), as the kubelet does; false leaves it alone")
 	fs.DurationVar(&cfg.CSIProbePeriod, "csi-probe-period", 30*time.Second, "how often registered CSI drivers are probed; three failures in a row deregister a driver")
 	fs.DurationVar(&cfg.VolumeStatsAggPeriod, "volume-stats-agg-period", time.Minute, "how often the kubelet_volume_stats_* of claim-backed volumes are read (as the kubelet's flag); negative disables them")
+	fs.Func("api-volume-pod-bytes", "bytes of configMap, secret, downwardAPI and projected content one pod's volumes may hold together (a quantity: 32Mi); the agent writes it, so it counts against the agent's memory; a volume over it fails with an error naming pod, volume and sizes; negative: no bound (default 32Mi)", func(s string) error {
+		return parseBytes(s, &cfg.APIVolumePodBytes)
+	})
+	fs.Func("api-volume-node-bytes", "bytes of that content all volumes on the node may hold together; the agent's memory limit must cover twice this (a rewrite holds the old and the new content) plus the agent's own; negative: no bound (default 128Mi)", func(s string) error {
+		return parseBytes(s, &cfg.APIVolumeNodeBytes)
+	})
 	fs.StringVar(&cfg.LocalVolumesConfig, "local-volumes-config", "", "cluster mode: turn on the local volume provisioner with this configuration file (see docs/local-volumes.md); reloaded on change")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "127.0.0.1:9808", "address of the debug endpoint (/debug/*, /healthz, /readyz); empty disables it")
 	fs.StringVar(&cfg.RuntimeSocket, "runtime-socket", "", "unix socket of the runtime API, for container runtimes (root only; see docs/runtime-api.md; default <root-dir>/runtime.sock)")
@@ -129,6 +136,20 @@ func run() error {
 		return err
 	}
 	return a.Run(ctx)
+}
+
+// parseBytes reads a byte count written as a quantity (32Mi, 1G, 4096).
+func parseBytes(s string, into *int64) error {
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return err
+	}
+	n, ok := q.AsInt64()
+	if !ok || n == 0 {
+		return fmt.Errorf("%q: want a whole number of bytes, positive, or negative for no bound", s)
+	}
+	*into = n
+	return nil
 }
 
 func parseLabels(s string) (map[string]string, error) {

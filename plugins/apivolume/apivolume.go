@@ -5,7 +5,9 @@
 // directory (a directory on the node's disk for configMap, as the kubelet
 // does; a tmpfs sized from the content, never swapped, for the others) and
 // writes the files atomically (internal/atomicdir). Setting a volume up
-// again only rewrites content, and only what changed.
+// again only rewrites content, and only what changed. Content that does not
+// fit the pod's or the node's byte budget (package budget) is refused
+// before anything is written.
 //
 // What the files are built from comes through Sources: the API server in
 // cluster mode, the manifest directory in standalone mode, fakes in tests.
@@ -15,7 +17,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path"
+	"path/filepath"
 	"sort"
 	"sync"
 	"time"
@@ -30,6 +34,7 @@ import (
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/safefs"
 	"github.com/volume-agent/volume-agent/plugins"
+	"github.com/volume-agent/volume-agent/plugins/apivolume/budget"
 	"github.com/volume-agent/volume-agent/plugins/apivolume/payload"
 	"github.com/volume-agent/volume-agent/tokens"
 	"github.com/volume-agent/volume-agent/volume"
@@ -100,6 +105,8 @@ type Sources struct {
 	NoTokensReason string
 	// NoTrustBundlesReason explains why TrustBundles is nil.
 	NoTrustBundlesReason string
+	// Budget bounds the bytes written; nil: no bound (tests).
+	Budget *budget.Budget
 }
 
 type kind int
@@ -251,8 +258,26 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	if err != nil {
 		return err
 	}
+	// The budget is checked before the first byte is written: the pages
+	// would be charged to the agent's memory.
+	undo := func() {}
+	if b := p.src.Budget; b != nil {
+		prev, had := b.Holding(req.VolumeName)
+		if err := b.Reserve(req.Pod.PodRef, req.Spec.Name, req.VolumeName, ContentBytes(files)); err != nil {
+			return err
+		}
+		undo = func() {
+			if had {
+				b.Found(req.Pod.UID, req.VolumeName, prev)
+			} else {
+				b.Release(req.VolumeName)
+			}
+		}
+	}
 	fresh, err := p.prepareDir(req.Dir, files)
 	if err != nil {
+		// Nothing was written.
+		undo()
 		return err
 	}
 	if err := atomicdir.MakeDirs(req.Dir, in.Pod.NestedMounts[req.Spec.Name]); err != nil {
@@ -261,6 +286,7 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 			if terr := p.remove(ctx, req.Dir); terr != nil {
 				return volume.Uncertain(errors.Join(err, terr))
 			}
+			undo()
 		}
 		return err
 	}
@@ -272,7 +298,10 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 			if terr := p.remove(ctx, req.Dir); terr != nil {
 				return volume.Uncertain(errors.Join(err, terr))
 			}
+			undo()
 		}
+		// An existing volume holds the old content or the new: it keeps
+		// the larger reservation.
 		return err
 	}
 	req.RefreshAt = g.refreshAt
@@ -331,6 +360,17 @@ func (p *Plugin) prepareDir(dir string, files atomicdir.Payload) (bool, error) {
 	return false, nil
 }
 
+// ContentBytes is what files cost in the budget: each file in whole pages,
+// and at least one (its inode, dentry and link are kernel memory too).
+func ContentBytes(files atomicdir.Payload) int64 {
+	const page = 4096
+	var n int64
+	for _, f := range files {
+		n += max(1, (int64(len(f.Data))+page-1)/page) * page
+	}
+	return n
+}
+
 // TmpfsSize is the size of a tmpfs for files: room for two copies (an
 // update writes the new set before it removes the old one), each file in
 // whole pages, plus 64 KiB for directories and small changes.
@@ -358,12 +398,51 @@ func (p *Plugin) TearDown(ctx context.Context, req *plugins.TearDownRequest) err
 		return err
 	}
 	p.status.forget(req.VolumeName)
+	if p.src.Budget != nil {
+		p.src.Budget.Release(req.VolumeName)
+	}
 	return nil
 }
 
-// ReconstructPodVolume implements plugins.Reconstructor.
-func (p *Plugin) ReconstructPodVolume(pod types.UID, specName, _ string) (volume.UniqueName, volume.Attributes, error) {
-	return volume.PodScopedName(p.name, pod, specName), volume.Attributes{RequiresRemount: true, ReadOnlyForContainers: true}, nil
+// ReconstructPodVolume implements plugins.Reconstructor. The content found
+// is counted in the budget at once: its pages are charged whatever the
+// budget says, and new volumes must not be admitted on the assumption that
+// they are not (the volume's next set up replaces the figure).
+func (p *Plugin) ReconstructPodVolume(pod types.UID, specName, dir string) (volume.UniqueName, volume.Attributes, error) {
+	name := volume.PodScopedName(p.name, pod, specName)
+	if p.src.Budget != nil && dir != "" {
+		p.src.Budget.Found(pod, name, measure(dir))
+	}
+	return name, volume.Attributes{RequiresRemount: true, ReadOnlyForContainers: true}, nil
+}
+
+// measure is what the regular files under dir cost, as ContentBytes counts
+// them. It follows no link and stays on dir's filesystem; what it cannot
+// read counts nothing (the next set up measures again).
+func measure(dir string) int64 {
+	const page = 4096
+	var root unix.Stat_t
+	if err := unix.Lstat(dir, &root); err != nil {
+		return 0
+	}
+	var n int64
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		var st unix.Stat_t
+		if unix.Lstat(path, &st) != nil || st.Dev != root.Dev {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.Type().IsRegular() {
+			n += max(1, (st.Size+page-1)/page) * page
+		}
+		return nil
+	})
+	return n
 }
 
 // getter serves payload.Getter for one SetUp and records what it used.
