@@ -23,14 +23,14 @@ import (
 // the defaults.
 type Limits struct {
 	// MaxConnections caps the connections each endpoint holds at once
-	// (default 64). A connection beyond it closes the oldest one that has
-	// not sent a request (or is idle between requests), so a flood of
-	// silent connections cannot keep a scraper or a probe waiting; failing
-	// that, the one whose reply write has been stalled longest, at least
-	// WriteStall (its client does not read: pipelining requests and never
-	// reading the replies would otherwise hold a connection until the
-	// write timeout); if all are busy with requests, the new one is
-	// closed.
+	// (default 64). A connection beyond it closes the one that has done
+	// nothing for its client longest: one that has not sent a request (or
+	// is idle between requests), so a flood of silent connections cannot
+	// keep a scraper or a probe waiting, or one whose reply write has
+	// made no progress for at least WriteStall (its client does not read:
+	// pipelining requests and never reading the replies would otherwise
+	// hold a connection until the write timeout); if all are busy with
+	// requests, the new one is closed.
 	MaxConnections int
 	// MaxConnectionsPerPeer caps the connections from one remote address
 	// (default 16), the same way, so one neighbour cannot take every slot
@@ -218,8 +218,8 @@ func (l *connLimiter) admit(c *limitedConn) []*limitedConn {
 // busy with a request since it was accepted or became idle, or stalled in
 // a reply write for at least the stall time — else c. A connection
 // busy otherwise (its handler is working, its reply is being written) is
-// never closed, and a quiet one goes before a stalled one of the same age,
-// so a probe just accepted outlives the stalled connections of a flood.
+// never closed, and one just accepted (a probe about to send its request)
+// goes after every one stalled for the stall time.
 func (l *connLimiter) victimLocked(c *limitedConn, of func(*limitedConn) bool) *limitedConn {
 	victim := c
 	var victimSince int64
