@@ -86,8 +86,10 @@ type Agent struct {
 	runtimeAPI      *runtimeserver.Server
 	debugHandler    http.Handler
 	metricsHandler  http.Handler
+	healthHandler   http.Handler
 	debugListener   net.Listener
 	metricsListener net.Listener
+	healthListener  net.Listener
 }
 
 // parts are all of the agent's parts as build makes and wires them; the
@@ -154,6 +156,10 @@ func New(cfg Config) (_ *Agent, err error) {
 	if a.metricsListener, err = listen(cfg.MetricsAddress); err != nil {
 		a.closeListeners()
 		return nil, fmt.Errorf("metrics endpoint: %w", err)
+	}
+	if a.healthListener, err = listen(cfg.HealthAddress); err != nil {
+		a.closeListeners()
+		return nil, fmt.Errorf("health endpoint: %w", err)
 	}
 	if err := a.runtimeAPI.Listen(); err != nil {
 		a.closeListeners()
@@ -317,11 +323,15 @@ func (p *parts) registerMetrics() {
 
 // agent is the running agent made of p.
 func (p *parts) agent() *Agent {
+	short := p.cfg.HTTP.ShortWriteTimeout
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(p.metrics.Registry, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", httpserve.WriteDeadline(promhttp.HandlerFor(p.metrics.Registry, promhttp.HandlerOpts{}), short))
 	// Probes reach the pod's address, not loopback where the debug
-	// endpoint listens: health and readiness are served here too.
+	// endpoint listens: health and readiness are served here too, and
+	// on the health endpoint of their own.
 	debug.RegisterHealth(mux, p.readiness)
+	health := http.NewServeMux()
+	debug.RegisterHealth(health, p.readiness)
 	return &Agent{
 		cfg: p.cfg, log: p.log, mode: p.mode,
 		disk: &disk{
@@ -332,6 +342,7 @@ func (p *parts) agent() *Agent {
 		csi: p.csi, api: p.api, localPV: p.localPV, page: p.page, podStatus: p.podStatus,
 		executor: p.executor, trimmer: p.trimmer,
 		runtimeAPI: p.runtimeAPI, debugHandler: p.debugMux(), metricsHandler: mux,
+		healthHandler: httpserve.WriteDeadline(health, short),
 	}
 }
 
@@ -343,7 +354,7 @@ func listen(addr string) (net.Listener, error) {
 }
 
 func (a *Agent) closeListeners() {
-	for _, l := range []net.Listener{a.debugListener, a.metricsListener} {
+	for _, l := range []net.Listener{a.debugListener, a.metricsListener, a.healthListener} {
 		if l != nil {
 			l.Close()
 		}
@@ -359,6 +370,9 @@ func (a *Agent) DebugAddress() string { return addrOf(a.debugListener) }
 
 // MetricsAddress is where the metrics endpoint listens ("" if disabled).
 func (a *Agent) MetricsAddress() string { return addrOf(a.metricsListener) }
+
+// HealthAddress is where the health endpoint listens ("" if disabled).
+func (a *Agent) HealthAddress() string { return addrOf(a.healthListener) }
 
 func addrOf(l net.Listener) string {
 	if l == nil {
@@ -446,7 +460,8 @@ func (p *parts) readiness() (string, bool) {
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.mode.close()
 	a.log.Info("starting", zap.String("node", a.cfg.NodeName), zap.String("rootDir", a.cfg.RootDir),
-		zap.String("debugAddress", a.DebugAddress()), zap.String("metricsAddress", a.MetricsAddress()))
+		zap.String("debugAddress", a.DebugAddress()), zap.String("metricsAddress", a.MetricsAddress()),
+		zap.String("healthAddress", a.HealthAddress()))
 	if err := a.disk.reconstruct(); err != nil {
 		a.closeListeners()
 		return err
@@ -498,6 +513,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
+// healthWriteStall is how long a health reply write may make no progress
+// before its connection may be closed to make room: short enough that
+// flooding connections are evictable faster than any flood that has to
+// stall each of them can open more than the cap.
+const healthWriteStall = 200 * time.Millisecond
+
 // shutdowner is a server Run shuts down last.
 type shutdowner interface {
 	Shutdown(ctx context.Context) error
@@ -523,8 +544,8 @@ func (p *parts) debugMux() *http.ServeMux {
 // last.
 func (a *Agent) serve(l *loops) []shutdowner {
 	var servers []shutdowner
-	start := func(name string, lis net.Listener, h http.Handler) {
-		s := httpserve.New(h, a.cfg.HTTP)
+	start := func(name string, lis net.Listener, h http.Handler, limits httpserve.Limits) {
+		s := httpserve.New(h, limits)
 		servers = append(servers, s)
 		l.goUntilStopped(name, func() error {
 			if err := s.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
@@ -536,12 +557,22 @@ func (a *Agent) serve(l *loops) []shutdowner {
 	if a.debugListener != nil {
 		// It shows what the node's pods are and serves the page to
 		// browsers: a page of another site must not reach it by name.
-		start("debug endpoint", a.debugListener, httpserve.HostCheck(a.debugHandler, a.debugListener.Addr(), a.cfg.DebugAddress))
+		start("debug endpoint", a.debugListener, httpserve.HostCheck(a.debugHandler, a.debugListener.Addr(), a.cfg.DebugAddress), a.cfg.HTTP)
 	}
 	l.goUntilStopped("runtime API", a.runtimeAPI.Serve)
 	servers = append(servers, a.runtimeAPI)
 	if a.metricsListener != nil {
-		start("metrics endpoint", a.metricsListener, a.metricsHandler)
+		start("metrics endpoint", a.metricsListener, a.metricsHandler, a.cfg.HTTP)
+	}
+	if a.healthListener != nil {
+		// The kubelet probes from the node's address, which every local
+		// user shares: a per-peer cap below the total would only lower
+		// the probes' share. A reply of a few bytes not written at once
+		// is a client that does not read.
+		limits := a.cfg.HTTP
+		limits.MaxConnectionsPerPeer = limits.MaxConnections
+		limits.WriteStall = min(limits.WriteStall, healthWriteStall)
+		start("health endpoint", a.healthListener, a.healthHandler, limits)
 	}
 	return servers
 }

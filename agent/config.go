@@ -81,6 +81,11 @@ type Config struct {
 
 	DebugAddress   string
 	MetricsAddress string
+	// HealthAddress serves /healthz and /readyz alone ("" disables it;
+	// the debug and metrics endpoints serve them too), with connections
+	// of its own that no flood of the metrics endpoint can take: point
+	// the kubelet's probes at it.
+	HealthAddress string
 	// HTTP bounds what clients of both endpoints can make the agent hold.
 	HTTP httpserve.Limits
 	// RuntimeSocket is the runtime API's unix socket (default

@@ -297,14 +297,27 @@ func checkRendered(t *testing.T, dir string, objs []*unstructured.Unstructured) 
 		t.Errorf("--node-name=%s, want $(NODE_NAME)", v)
 	}
 
-	// Probes on the metrics port, which listens on the pod's address (the
-	// debug endpoint is loopback only).
+	// Probes on the health port, which listens on the pod's address (the
+	// debug endpoint is loopback only) apart from the metrics port, so
+	// that a flood of scrapes cannot starve them.
+	healthAddr := flags["--health-address"]
+	_, healthPortStr, err := net.SplitHostPort(healthAddr)
+	if err != nil {
+		t.Fatalf("--health-address %q: %v", healthAddr, err)
+	}
+	if host, _, _ := net.SplitHostPort(healthAddr); host != "" && host != "0.0.0.0" {
+		t.Errorf("--health-address %q is not reachable from the kubelet's probes", healthAddr)
+	}
+	var healthPort int32
+	if _, err := fmt.Sscan(healthPortStr, &healthPort); err != nil {
+		t.Fatal(err)
+	}
 	_, metricsPortStr, err := net.SplitHostPort(flags["--metrics-address"])
 	if err != nil {
 		t.Fatalf("--metrics-address %q: %v", flags["--metrics-address"], err)
 	}
-	if host, _, _ := net.SplitHostPort(flags["--metrics-address"]); host != "" && host != "0.0.0.0" {
-		t.Errorf("--metrics-address %q is not reachable from the kubelet's probes", flags["--metrics-address"])
+	if metricsPortStr == healthPortStr {
+		t.Errorf("--health-address and --metrics-address share port %s: a flood of scrapes would starve the probes", healthPortStr)
 	}
 	var metricsPort int32
 	if _, err := fmt.Sscan(metricsPortStr, &metricsPort); err != nil {
@@ -334,8 +347,8 @@ func checkRendered(t *testing.T, dir string, objs []*unstructured.Unstructured) 
 		if got := probe.probe.HTTPGet.Path; got != probe.path {
 			t.Errorf("%s probe path %q, want %q", probe.name, got, probe.path)
 		}
-		if got := containerPort(probe.probe.HTTPGet.Port); got != metricsPort {
-			t.Errorf("%s probe on port %d, the metrics endpoint listens on %d", probe.name, got, metricsPort)
+		if got := containerPort(probe.probe.HTTPGet.Port); got != healthPort {
+			t.Errorf("%s probe on port %d, the health endpoint listens on %d", probe.name, got, healthPort)
 		}
 	}
 

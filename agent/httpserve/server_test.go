@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -276,4 +277,186 @@ func TestWriteTimeoutAndStreaming(t *testing.T) {
 			t.Errorf("%s: the handler's writes ended with %v, want an error: %v", tc.path, err, tc.wantErr)
 		}
 	}
+}
+
+// A connection whose client pipelines requests and never reads the
+// replies holds a busy connection whose reply write is stalled: once the
+// stall has lasted WriteStall, a newcomer over the cap closes it instead
+// of being refused, long before the write timeout.
+func TestStalledConnectionIsEvicted(t *testing.T) {
+	const cap = 2
+	big := make([]byte, 64<<10)
+	// writing is when each client's reply write in progress began.
+	var mu sync.Mutex
+	writing := map[string]time.Time{}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		writing[r.RemoteAddr] = time.Now()
+		mu.Unlock()
+		_, _ = w.Write(big)
+		_ = http.NewResponseController(w).Flush()
+		mu.Lock()
+		delete(writing, r.RemoteAddr)
+		mu.Unlock()
+	})
+	// stuck reports whether n clients' writes have made no progress for
+	// a while: the sockets' buffers are full.
+	stuck := func(n int) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		k := 0
+		for _, since := range writing {
+			if time.Since(since) > 100*time.Millisecond {
+				k++
+			}
+		}
+		return k >= n
+	}
+	for _, tc := range []struct {
+		name    string
+		stall   time.Duration
+		evicted bool
+	}{
+		{"stalled longer than WriteStall", 50 * time.Millisecond, true},
+		{"stalled shorter than WriteStall", time.Hour, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := serveTest(t, h, Limits{MaxConnections: cap, WriteStall: tc.stall, WriteTimeout: time.Hour})
+			stalled := make([]net.Conn, cap)
+			for i := range stalled {
+				c, err := net.DialTCP("tcp", nil, mustResolve(t, ts.addr))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				_ = c.SetReadBuffer(4 << 10)
+				// Replies far larger than the sockets' buffers.
+				if _, err := c.Write([]byte(strings.Repeat("GET / HTTP/1.1\r\nHost: x\r\n\r\n", 200))); err != nil {
+					t.Fatal(err)
+				}
+				stalled[i] = c
+			}
+			for deadline := time.Now().Add(time.Minute); !stuck(cap); {
+				if time.Now().After(deadline) {
+					t.Fatal("the replies never stalled")
+				}
+				time.Sleep(10 * time.Millisecond) // polling the handlers
+			}
+			// The newcomer is served once a stalled one may be closed;
+			// otherwise it is the one closed.
+			client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+			deadline := time.Now().Add(5 * time.Second)
+			var err error
+			for time.Now().Before(deadline) {
+				var resp *http.Response
+				if resp, err = client.Get("http://" + ts.addr + "/"); err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				if err == nil || !tc.evicted {
+					break
+				}
+				time.Sleep(10 * time.Millisecond) // polling until a write has stalled long enough
+			}
+			if served := err == nil; served != tc.evicted {
+				t.Fatalf("newcomer served: %v (%v), want %v", served, err, tc.evicted)
+			}
+			if tc.evicted {
+				// A stalled connection was closed: reading it drains the
+				// replies written and ends (the other one is still open).
+				ended := make(chan error, cap)
+				for _, c := range stalled {
+					go func() {
+						_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+						_, err := io.Copy(io.Discard, c)
+						ended <- err
+					}()
+				}
+				var ne net.Error
+				if err := <-ended; errors.As(err, &ne) && ne.Timeout() {
+					t.Error("no stalled connection was closed")
+				}
+			}
+		})
+	}
+}
+
+func mustResolve(t *testing.T, addr string) *net.TCPAddr {
+	t.Helper()
+	a, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// Connections from one address are capped apart from the total: a peer
+// over its share closes its own oldest idle connection, not another
+// peer's, and a peer whose connections are all busy gets its newcomer
+// closed while another peer is still served.
+func TestPerPeerCap(t *testing.T) {
+	const perPeer = 2
+	release := make(chan struct{})
+	defer close(release)
+	held := make(chan struct{}, perPeer)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			held <- struct{}{}
+			<-release
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	ts := serveTest(t, h, Limits{MaxConnections: 10, MaxConnectionsPerPeer: perPeer})
+	dial := func(from string) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		c, err := d.Dial("tcp", ts.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// An idle connection of another peer is not touched by the flood of
+	// 127.0.0.1's silent ones.
+	other := dial("127.0.0.2")
+	var silent []net.Conn
+	for range 5 * perPeer {
+		silent = append(silent, dial("127.0.0.1"))
+	}
+	for _, c := range silent[:len(silent)-perPeer] {
+		waitClosed(t, c, time.Minute)
+	}
+	if _, err := io.WriteString(other, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(other), nil)
+	if err != nil {
+		t.Fatalf("another peer's connection was closed by 127.0.0.1's flood: %v", err)
+	}
+	resp.Body.Close()
+
+	// 127.0.0.1's connections all busy: its newcomer is closed, and
+	// 127.0.0.3 is still served.
+	for _, c := range silent[len(silent)-perPeer:] {
+		if _, err := io.WriteString(c, "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client := func(from string) *http.Client {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		return &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: d.DialContext}, Timeout: 10 * time.Second}
+	}
+	for range perPeer {
+		<-held
+	}
+	if resp, err := client("127.0.0.1").Get("http://" + ts.addr + "/"); err == nil {
+		resp.Body.Close()
+		t.Fatal("127.0.0.1 was served a third connection while its two were busy")
+	}
+	resp, err = client("127.0.0.3").Get("http://" + ts.addr + "/")
+	if err != nil {
+		t.Fatalf("another peer was refused: %v", err)
+	}
+	resp.Body.Close()
 }

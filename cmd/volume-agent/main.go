@@ -105,6 +105,7 @@ func run() error {
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "127.0.0.1:9808", "address of the debug endpoint (/debug/*, /healthz, /readyz); empty disables it")
 	fs.StringVar(&cfg.RuntimeSocket, "runtime-socket", "", "unix socket of the runtime API, for container runtimes (root only; see docs/runtime-api.md; default <root-dir>/runtime.sock)")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", ":9809", "address of the Prometheus endpoint (/metrics); empty disables it")
+	fs.StringVar(&cfg.HealthAddress, "health-address", "", "address of an endpoint serving only /healthz and /readyz, with connections of its own that a flood of the metrics endpoint cannot take: point the kubelet's probes at it (the deployment uses :9810); empty disables it")
 	fs.DurationVar(&cfg.ResyncPeriod, "resync-period", time.Minute, "longest time between two full passes of the populator and the reconciler (changes trigger passes at once)")
 	fs.DurationVar(&cfg.OperationTimeout, "operation-timeout", 2*time.Minute, "time limit of each volume operation")
 	fs.IntVar(&cfg.MaxConcurrentOperations, "max-concurrent-operations", 64, "volume operations running at once")
