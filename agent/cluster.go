@@ -170,14 +170,26 @@ func (p *clusterParts) objectsClient() *kubeclient.Client {
 	return p.client
 }
 
+// startEvents also starts renewing the node's certificate: like the
+// events, only once the agent runs (its client metrics are registered by
+// then).
 func (p *clusterParts) startEvents() {
+	if p.nodeCert != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		p.stopNodeCert = func() { cancel(); <-done }
+		go func() {
+			defer close(done)
+			p.nodeCert.Run(ctx)
+		}()
+	}
 	p.broadcaster.StartRecordingToSink(kubeclient.EventSink{Client: p.client.Core})
 }
 
 // startNodeCert makes the node's identity a certificate of its own
-// (--bootstrap-kubeconfig) and starts renewing it: at once when there is
-// none yet. Until it is issued, requests made with the node's identity fail
-// saying so and are retried, as any failed read is.
+// (--bootstrap-kubeconfig); startEvents starts renewing it: at once when
+// there is none yet. Until it is issued, requests made with the node's
+// identity fail saying so and are retried, as any failed read is.
 func (p *clusterParts) startNodeCert(cfg Config, log *zap.Logger) error {
 	m, err := nodecert.New(nodecert.Options{
 		BootstrapKubeconfig: cfg.BootstrapKubeconfig, Dir: cfg.NodeCertDir, NodeName: cfg.NodeName,
@@ -191,9 +203,7 @@ func (p *clusterParts) startNodeCert(cfg Config, log *zap.Logger) error {
 	if p.nodeClient, err = kubeclient.New(nodeCfg); err != nil {
 		return fmt.Errorf("--bootstrap-kubeconfig: %w", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	p.nodeCert, p.stopNodeCert = m, cancel
-	go m.Run(ctx)
+	p.nodeCert = m
 	return nil
 }
 
