@@ -240,6 +240,7 @@ func TestNodeIdentity(t *testing.T) {
 	// The Node authorizer limits that identity to the node's own pods.
 	pod := suite.CreatePod(t, e2eutil.Pod(ns, node, "mine", secretVolume("mine")))
 	waitFile(t, root, pod, "mine")
+	checkSecretReads(t, node, ns, "mine")
 	asNode := nodeClient(t, pair)
 	if _, err := asNode.CoreV1().Secrets(ns).Get(ctx, "theirs", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("the node's certificate read a secret of a pod on another node: %v, want Forbidden", err)
@@ -295,6 +296,34 @@ func TestNodeIdentity(t *testing.T) {
 	})
 	pod = suite.CreatePod(t, e2eutil.Pod(ns, node, "after-renewal", secretVolume("after-renewal")))
 	waitFile(t, root, pod, "after-renewal")
+	checkSecretReads(t, node, ns, "after-renewal")
+}
+
+// checkSecretReads checks in the audit log that the agent read the secret
+// as the node, and read no secret with its service account.
+func checkSecretReads(t *testing.T, node, ns, name string) {
+	t.Helper()
+	e2eutil.PollErr(t, 30*time.Second, "secret "+name+" read as system:node:"+node+" in the audit log", func() error {
+		events, err := suite.Cluster.AuditEvents()
+		if err != nil {
+			return err
+		}
+		found := false
+		for _, ev := range events {
+			if ev.ObjectRef == nil || ev.ObjectRef.Resource != "secrets" || ev.ObjectRef.Namespace != ns {
+				continue
+			}
+			if ev.User.Username == suite.User {
+				t.Errorf("the agent's service account requested a secret: %s %s", ev.Verb, ev.RequestURI)
+			}
+			found = found || (ev.User.Username == "system:node:"+node && ev.ObjectRef.Name == name &&
+				ev.ResponseStatus != nil && ev.ResponseStatus.Code == 200)
+		}
+		if !found {
+			return fmt.Errorf("no successful read of secret %s by system:node:%s", name, node)
+		}
+		return nil
+	})
 }
 
 func secretVolume(name string) corev1.Volume {
