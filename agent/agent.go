@@ -270,6 +270,9 @@ func (a *Agent) registerMetrics() {
 	if a.mode.cluster != nil {
 		kubeclient.RegisterMetrics(a.metrics.Registry)
 		watches = append(watches, a.mode.cluster.source.WatchStats)
+		if c := a.mode.cluster.nodeCert; c != nil {
+			a.metrics.Registry.MustRegister(c.Collectors()...)
+		}
 	}
 	if len(watches) > 0 {
 		a.metrics.Registry.MustRegister(watches)

@@ -39,6 +39,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -77,6 +78,9 @@ type Manager struct {
 	dialer *connrotation.Dialer
 	config *rest.Config
 
+	// renewalErrors counts failed requests (Collectors).
+	renewalErrors prometheus.Counter
+
 	mu   sync.RWMutex
 	cert *tls.Certificate
 	// renewAt is the current certificate's rotation deadline, drawn once
@@ -103,7 +107,10 @@ func New(o Options) (*Manager, error) {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("node certificate directory: %w", err)
 	}
-	m := &Manager{o: o, bootstrap: bootstrap, now: time.Now}
+	m := &Manager{o: o, bootstrap: bootstrap, now: time.Now, renewalErrors: prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "volume_agent_node_certificate_renewal_errors_total",
+		Help: "Failed requests for the node's client certificate (--bootstrap-kubeconfig).",
+	})}
 	m.base = &rest.Config{
 		Host: bootstrap.Host, UserAgent: o.UserAgent,
 		TLSClientConfig: rest.TLSClientConfig{
@@ -137,6 +144,22 @@ func (m *Manager) Current() *tls.Certificate {
 		return nil
 	}
 	return m.cert
+}
+
+// Collectors are the manager's metrics: when the current certificate
+// expires (0 while there is none) and how many requests for one failed, so
+// that a node about to lose its identity can be alerted on.
+func (m *Manager) Collectors() []prometheus.Collector {
+	expiry := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "volume_agent_node_certificate_expiration_timestamp_seconds",
+		Help: "When the node's client certificate expires, in Unix seconds; 0 while there is none.",
+	}, func() float64 {
+		if c := m.Current(); c != nil {
+			return float64(c.Leaf.NotAfter.Unix())
+		}
+		return 0
+	})
+	return []prometheus.Collector{expiry, m.renewalErrors}
 }
 
 // Config is a client configuration that authenticates with the current
@@ -214,6 +237,7 @@ func (m *Manager) Run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
+			m.renewalErrors.Inc()
 			backoff = min(max(2*backoff, 2*time.Second), 5*time.Minute)
 			m.o.Log.Error("node certificate request failed", zap.Duration("retryIn", backoff), zap.Error(err))
 			continue

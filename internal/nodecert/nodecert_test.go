@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -108,6 +109,10 @@ func TestStart(t *testing.T) {
 			}
 			if got := !m.deadline().IsZero(); got != tc.usable {
 				t.Errorf("renewal scheduled: %v, want %v", got, tc.usable)
+			}
+			expiry := testutil.ToFloat64(m.Collectors()[0])
+			if got := expiry != 0; got != tc.usable {
+				t.Errorf("expiration metric %v, want it set: %v", expiry, tc.usable)
 			}
 			if tc.usable {
 				return

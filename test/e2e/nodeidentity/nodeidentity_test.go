@@ -285,11 +285,19 @@ func TestNodeIdentity(t *testing.T) {
 		}
 		return nil
 	})
+	var renewed *x509.Certificate
 	e2eutil.PollErr(t, 30*time.Second, "the renewed certificate on disk", func() error {
-		if c, _ := current(t, certDir); c.SerialNumber.Cmp(leaf.SerialNumber) == 0 {
-			return fmt.Errorf("still serial %v", c.SerialNumber)
+		if renewed, _ = current(t, certDir); renewed.SerialNumber.Cmp(leaf.SerialNumber) == 0 {
+			return fmt.Errorf("still serial %v", renewed.SerialNumber)
 		}
 		return nil
+	})
+	e2eutil.PollErr(t, 30*time.Second, "the expiration metric of the renewed certificate", func() error {
+		v, err := agent.Metric("volume_agent_node_certificate_expiration_timestamp_seconds")
+		if err == nil && int64(v) != renewed.NotAfter.Unix() {
+			err = fmt.Errorf("%v, want %d", v, renewed.NotAfter.Unix())
+		}
+		return err
 	})
 	e2eutil.Poll(t, 4*time.Minute, "the first certificate expired", func(context.Context) (bool, string) {
 		return time.Now().After(leaf.NotAfter.Add(time.Second)), "valid until " + leaf.NotAfter.String()
