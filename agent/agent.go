@@ -313,6 +313,9 @@ func (p *parts) registerMetrics() {
 	if p.mode.cluster != nil {
 		kubeclient.RegisterMetrics(p.metrics.Registry)
 		state.Watches = append(state.Watches, p.mode.cluster.source.WatchStats)
+		if c := p.mode.cluster.nodeCert; c != nil {
+			p.metrics.Registry.MustRegister(c.Collectors()...)
+		}
 	}
 	p.metrics.RegisterState(state)
 	p.metrics.Registry.MustRegister(p.csi.stats)

@@ -69,6 +69,9 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired, 
 		a.credentials = "the agent's own (its ServiceAccount)"
 		if c.nodeClient != nil {
 			a.credentials = "the node's (" + cfg.NodeKubeconfig + ")"
+			if c.nodeCert != nil {
+				a.credentials = "the node's own certificate (" + cfg.NodeCertDir + ")"
+			}
 		}
 		client := c.objectsClient()
 		a.objects = apiobjects.NewCluster(apiobjects.ClusterOptions{Client: client, OnChange: changed, Limiter: c.listing, Log: log.Named("objects")})

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
+	"github.com/volume-agent/volume-agent/internal/nodecert"
 	"github.com/volume-agent/volume-agent/localpv"
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
 	"github.com/volume-agent/volume-agent/populator"
@@ -26,12 +27,16 @@ type clusterParts struct {
 	// connection as client, with a rate limiter of its own (see
 	// newClusterParts).
 	statusClient *kubeclient.Client
-	// nodeClient has the node's own identity (--node-kubeconfig), nil
-	// without it: see objectsClient.
-	nodeClient  *kubeclient.Client
-	source      *kube.Source
-	broadcaster record.EventBroadcaster
-	recorder    record.EventRecorder
+	// nodeClient has the node's own identity (--node-kubeconfig or
+	// --bootstrap-kubeconfig), nil without it: see objectsClient.
+	nodeClient *kubeclient.Client
+	// nodeCert obtains and renews the certificate nodeClient uses with
+	// --bootstrap-kubeconfig; nil otherwise.
+	nodeCert     *nodecert.Manager
+	stopNodeCert context.CancelFunc
+	source       *kube.Source
+	broadcaster  record.EventBroadcaster
+	recorder     record.EventRecorder
 	// attachmentChanged is told about VolumeAttachment changes; set by
 	// the CSI part, which is built after the source.
 	attachmentChanged atomic.Pointer[func(name string)]
@@ -115,6 +120,11 @@ func newClusterParts(cfg Config, log *zap.Logger) (*clusterParts, error) {
 			return nil, fmt.Errorf("--node-kubeconfig: %w", err)
 		}
 	}
+	if cfg.BootstrapKubeconfig != "" {
+		if err := p.startNodeCert(cfg, log); err != nil {
+			return nil, err
+		}
+	}
 	// Claims, volumes and attachments are read with the agent's own
 	// credentials even with --node-kubeconfig: the Node authorizer lets a
 	// node only GET them, never list or watch (docs/cluster-mode.md).
@@ -160,11 +170,49 @@ func (p *clusterParts) objectsClient() *kubeclient.Client {
 	return p.client
 }
 
+// startEvents also starts renewing the node's certificate: like the
+// events, only once the agent runs (its client metrics are registered by
+// then).
 func (p *clusterParts) startEvents() {
+	if p.nodeCert != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		p.stopNodeCert = func() { cancel(); <-done }
+		go func() {
+			defer close(done)
+			p.nodeCert.Run(ctx)
+		}()
+	}
 	p.broadcaster.StartRecordingToSink(kubeclient.EventSink{Client: p.client.Core})
 }
 
-func (p *clusterParts) close() { p.broadcaster.Shutdown() }
+// startNodeCert makes the node's identity a certificate of its own
+// (--bootstrap-kubeconfig); startEvents starts renewing it: at once when
+// there is none yet. Until it is issued, requests made with the node's
+// identity fail saying so and are retried, as any failed read is.
+func (p *clusterParts) startNodeCert(cfg Config, log *zap.Logger) error {
+	m, err := nodecert.New(nodecert.Options{
+		BootstrapKubeconfig: cfg.BootstrapKubeconfig, Dir: cfg.NodeCertDir, NodeName: cfg.NodeName,
+		UserAgent: "volume-agent/" + cfg.NodeName + " (node credentials)", Log: log.Named("nodecert"),
+	})
+	if err != nil {
+		return fmt.Errorf("--bootstrap-kubeconfig: %w", err)
+	}
+	nodeCfg := m.Config()
+	nodeCfg.QPS, nodeCfg.Burst = cfg.KubeAPIQPS, cfg.KubeAPIBurst
+	if p.nodeClient, err = kubeclient.New(nodeCfg); err != nil {
+		return fmt.Errorf("--bootstrap-kubeconfig: %w", err)
+	}
+	p.nodeCert = m
+	return nil
+}
+
+func (p *clusterParts) close() {
+	if p.stopNodeCert != nil {
+		p.stopNodeCert()
+	}
+	p.broadcaster.Shutdown()
+}
 
 // newLocalPV builds the local volume provisioner; it shares the source's
 // StorageClass and Node informers and watches its own PVs (by label).

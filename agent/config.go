@@ -37,6 +37,12 @@ type Config struct {
 	// requested with it, and the API server's Node authorizer limits them
 	// to what the node's pods reference, as it does for the kubelet.
 	NodeKubeconfig string
+	// BootstrapKubeconfig, in cluster mode, makes the node's identity a
+	// client certificate obtained and rotated the kubelet's way
+	// (internal/nodecert): used as NodeKubeconfig is. NodeCertDir keeps it
+	// (default <root>/pki).
+	BootstrapKubeconfig string
+	NodeCertDir         string
 	// KubeAPIQPS and KubeAPIBurst limit each API client's requests (the
 	// main one, pod condition patches, and the node's): default 50 and
 	// 100, as the kubelet's.
@@ -129,6 +135,15 @@ func (c Config) complete() (Config, error) {
 	}
 	if c.NodeKubeconfig != "" && c.standalone() {
 		return c, errors.New("--node-kubeconfig needs cluster mode: it is the node's identity on the API server")
+	}
+	if c.BootstrapKubeconfig != "" && c.standalone() {
+		return c, errors.New("--bootstrap-kubeconfig needs cluster mode: it obtains the node's identity on the API server")
+	}
+	if c.BootstrapKubeconfig != "" && c.NodeKubeconfig != "" {
+		return c, errors.New("--bootstrap-kubeconfig and --node-kubeconfig both give the node's identity: set one")
+	}
+	if c.NodeCertDir == "" {
+		c.NodeCertDir = filepath.Join(c.RootDir, "pki")
 	}
 	if c.LocalVolumesConfig != "" && c.standalone() {
 		return c, errors.New("--local-volumes-config needs cluster mode: the local volume provisioner creates PersistentVolumes")

@@ -78,6 +78,8 @@ func run() error {
 	fs.StringVar(&cfg.PodManifestPath, "pod-manifest-path", "", "standalone mode: directory of Pod, PV, PVC, StorageClass and CSIDriver manifests (YAML or JSON)")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "cluster mode: kubeconfig file (without it and without --pod-manifest-path, the in-cluster configuration is used)")
 	fs.StringVar(&cfg.NodeKubeconfig, "node-kubeconfig", "", "cluster mode: kubeconfig with the node's own identity (system:node:<name>, e.g. the kubelet's /var/lib/kubelet/kubeconfig); secrets, configMaps and service-account tokens for API volumes are requested with it, so the Node authorizer limits them to what this node's pods reference")
+	fs.StringVar(&cfg.BootstrapKubeconfig, "bootstrap-kubeconfig", "", "cluster mode, a node without a kubelet: kubeconfig (e.g. with a bootstrap token) to request the node's own client certificate (system:node:<name>) with, as the kubelet does; it is kept in --node-cert-dir, renewed before it expires, and used as --node-kubeconfig would be")
+	fs.StringVar(&cfg.NodeCertDir, "node-cert-dir", "", "with --bootstrap-kubeconfig: directory of the node's client certificate and key (default <root-dir>/pki)")
 	var qps float64
 	fs.Float64Var(&qps, "kube-api-qps", 50, "cluster mode: sustained requests per second to the API server (watches do not count), as the kubelet's default; pod condition patches have a limit of their own of the same size")
 	fs.IntVar(&cfg.KubeAPIBurst, "kube-api-burst", 100, "cluster mode: request burst to the API server (and of pod condition patches)")

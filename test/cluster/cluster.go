@@ -81,6 +81,20 @@ type Options struct {
 	// package passes, for example to set feature gates.
 	APIServerArgs         []string
 	ControllerManagerArgs []string
+	// NodeCertificates lets nodes obtain client certificates the
+	// kubelet's way: the apiserver accepts bootstrap tokens and client
+	// certificates of the cluster's CA, and the controller manager also
+	// runs CSRControllers, signing with that CA (for
+	// --cluster-signing-duration, see ControllerManagerArgs).
+	NodeCertificates bool
+}
+
+// CSRControllers approve, sign and clean up CertificateSigningRequests
+// (Options.NodeCertificates adds them).
+var CSRControllers = []string{
+	"certificatesigningrequest-signing-controller",
+	"certificatesigningrequest-approving-controller",
+	"certificatesigningrequest-cleaner-controller",
 }
 
 // Cluster is a running control plane. Its methods are safe for concurrent use.
@@ -264,6 +278,9 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		"--audit-policy-file=" + c.path("audit-policy.yaml"),
 		"--audit-log-path=" + c.auditLogPath(),
 	}
+	if c.opts.NodeCertificates {
+		args = append(args, "--client-ca-file="+c.pki.caCert, "--enable-bootstrap-token-auth")
+	}
 	p, err := startProcess("kube-apiserver", filepath.Join(c.bin, "kube-apiserver"), append(args, c.opts.APIServerArgs...), c.path("kube-apiserver.log"))
 	if err != nil {
 		return err
@@ -288,6 +305,9 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 	if len(controllers) == 0 {
 		controllers = DefaultControllers
 	}
+	if c.opts.NodeCertificates {
+		controllers = append(slices.Clone(controllers), CSRControllers...)
+	}
 	args := []string{
 		"--kubeconfig=" + c.path("kube-controller-manager.kubeconfig"),
 		"--controllers=" + strings.Join(controllers, ","),
@@ -301,6 +321,9 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 		"--pvclaimbinder-sync-period=1s",
 		// Otherwise it creates /usr/libexec/kubernetes/kubelet-plugins on the host.
 		"--flex-volume-plugin-dir=" + c.path("flexvolume"),
+	}
+	if c.opts.NodeCertificates {
+		args = append(args, "--cluster-signing-cert-file="+c.pki.caCert, "--cluster-signing-key-file="+c.pki.caKey)
 	}
 	p, err := startProcess("kube-controller-manager", filepath.Join(c.bin, "kube-controller-manager"), append(args, c.opts.ControllerManagerArgs...), c.path("kube-controller-manager.log"))
 	if err != nil {

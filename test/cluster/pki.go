@@ -25,6 +25,7 @@ import (
 // pki holds the file names of the credentials generated for one cluster.
 type pki struct {
 	caCert, servingCert, servingKey string // TLS for the apiserver; clients trust caCert
+	caKey                           string // signs node certificates (Options.NodeCertificates)
 	saKey, saPub                    string // service-account token signing key pair
 	tokens                          string // static token file for --token-auth-file
 	caPEM                           []byte
@@ -45,6 +46,7 @@ func writePKI(dir string, users []staticUser) (*pki, error) {
 	}
 	p := &pki{
 		caCert:      filepath.Join(dir, "ca.crt"),
+		caKey:       filepath.Join(dir, "ca.key"),
 		servingCert: filepath.Join(dir, "apiserver.crt"),
 		servingKey:  filepath.Join(dir, "apiserver.key"),
 		saKey:       filepath.Join(dir, "sa.key"),
@@ -104,6 +106,7 @@ func writePKI(dir string, users []staticUser) (*pki, error) {
 		data func() ([]byte, error)
 	}{
 		{p.caCert, func() ([]byte, error) { return p.caPEM, nil }},
+		{p.caKey, func() ([]byte, error) { return privateKeyPEM(caKey) }},
 		{p.servingCert, func() ([]byte, error) { return servingPEM, nil }},
 		{p.servingKey, func() ([]byte, error) { return privateKeyPEM(servingKey) }},
 		{p.saKey, func() ([]byte, error) { return privateKeyPEM(saKey) }},

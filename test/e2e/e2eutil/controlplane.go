@@ -49,6 +49,9 @@ type ControlPlaneOptions struct {
 	// (Kubeconfig's is not; see PodTokenKubeconfig), so only suites that
 	// run agents with pod-bound tokens set it.
 	AdmissionPolicies bool
+	// NodeCertificates and ControllerManagerArgs: see cluster.Options.
+	NodeCertificates      bool
+	ControllerManagerArgs []string
 }
 
 // ControlPlane is a running etcd, kube-apiserver and
@@ -90,7 +93,7 @@ func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (_ *ControlPl
 		return nil, err
 	}
 	c, err := cluster.Start(ctx, cluster.Options{ControllerManager: true, Dir: o.Dir, Nodes: o.Nodes, APIServerArgs: o.APIServerArgs,
-		Controllers: o.Controllers})
+		Controllers: o.Controllers, NodeCertificates: o.NodeCertificates, ControllerManagerArgs: o.ControllerManagerArgs})
 	if err != nil {
 		return nil, fmt.Errorf("starting the control plane: %w", err)
 	}
