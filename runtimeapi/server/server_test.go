@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -332,32 +331,36 @@ func TestLongSocketPath(t *testing.T) {
 
 const asNobodyEnv = "VOLUME_AGENT_TEST_RUNTIME_CLIENT"
 
-// nobodyBinary is a copy of the test binary that uid 65534 may run.
-var nobodyBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "runtimeapi-client-")
-	if err != nil {
-		return "", err
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return "", err
-	}
-	data, err := os.ReadFile(os.Args[0])
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "client.test")
-	return bin, os.WriteFile(bin, data, 0o755)
-})
-
-// asNobody runs TestClientHelper as uid 65534 against socket and returns
-// what its client said.
-func asNobody(t *testing.T, socket string) string {
+// nobodyBinary copies the test binary where uid 65534 may run it (a
+// directory of mode 0755, not the test's own temporary directory); the
+// copy is removed when the test ends. A copy per test, not one per
+// process: a test run again (-count) after the first run's cleanup needs
+// its own.
+func nobodyBinary(t *testing.T) string {
 	t.Helper()
-	bin, err := nobodyBinary()
+	dir, err := os.MkdirTemp("", "runtimeapi-client-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(filepath.Dir(bin)) })
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "client.test")
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// asNobody runs TestClientHelper of bin (nobodyBinary) as uid 65534
+// against socket and returns what its client said.
+func asNobody(t *testing.T, bin, socket string) string {
+	t.Helper()
 	cmd := exec.CommandContext(t.Context(), bin, "-test.run=^TestClientHelper$", "-test.v")
 	cmd.Env = append(os.Environ(), asNobodyEnv+"="+socket)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
@@ -399,13 +402,14 @@ func TestNonRootClientRefused(t *testing.T) {
 	w, _ := emptyDirWorld("u1")
 	publish(s, w)
 
-	if got := asNobody(t, socket); !strings.Contains(got, "uid=65534") || !strings.Contains(got, "permission denied") {
+	bin := nobodyBinary(t)
+	if got := asNobody(t, bin, socket); !strings.Contains(got, "uid=65534") || !strings.Contains(got, "permission denied") {
 		t.Errorf("non-root client on the 0600 socket: %s, want permission denied", got)
 	}
 	if err := os.Chmod(socket, 0o666); err != nil {
 		t.Fatal(err)
 	}
-	got := asNobody(t, socket)
+	got := asNobody(t, bin, socket)
 	if !strings.Contains(got, "403 Forbidden") || !strings.Contains(got, "answers root (uid 0) only; this client runs as uid 65534") {
 		t.Errorf("non-root client on a socket it may connect to: %s, want 403 from the peer check", got)
 	}

@@ -137,7 +137,7 @@ func TestAPIServerOutage(t *testing.T) {
 func controllerManagerWorks() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	name := "outage-probe"
+	name := e2eutil.UniqueName("outage-probe")
 	if _, err := suite.Admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -39,6 +40,10 @@ type env struct {
 // newEnv skips the test if the suite is not set up, and creates the Node
 // <name>-node (labelled kubernetes.io/hostname) and the namespace <name>,
 // waiting for its default ServiceAccount (Pods cannot be created before).
+// When the test runs again (-count) the names are <name>-2... (UniqueName),
+// but for a node with credentials of its own (credentialNodes), whose
+// name the API server learnt at its start: it keeps its name, and the
+// first run deleted the Node and its pods when it ended.
 func newEnv(t *testing.T, name string) *env {
 	t.Helper()
 	suite.Require(t)
@@ -46,7 +51,12 @@ func newEnv(t *testing.T, name string) *env {
 	// data first: cleanups run in reverse, so it is removed only after the
 	// agent has stopped and everything under the root is unmounted.
 	data := t.TempDir()
-	e := &env{t: t, node: name + "-node", ns: name, data: data, root: mounttest.TempDir(t)}
+	ns := e2eutil.UniqueName(name)
+	node := ns + "-node"
+	if slices.Contains(credentialNodes, name+"-node") {
+		node = name + "-node"
+	}
+	e := &env{t: t, node: node, ns: ns, data: data, root: mounttest.TempDir(t)}
 	suite.CreateNodeAndNamespace(t, e.node, e.ns, nil)
 	return e
 }

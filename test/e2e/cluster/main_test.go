@@ -48,7 +48,7 @@ func TestMain(m *testing.M) {
 		Name:      "cluster",
 		CSIDriver: true,
 		ControlPlane: e2eutil.ControlPlaneOptions{
-			Nodes: []string{nodeCredsTest + "-node", trustBundleTest + "-node"},
+			Nodes: credentialNodes,
 			// ClusterTrustBundles and their projection are beta and off by
 			// default in 1.36.
 			APIServerArgs: []string{
@@ -64,6 +64,10 @@ func TestMain(m *testing.M) {
 		Check:   checkRBAC,
 	}))
 }
+
+// credentialNodes are the nodes whose agents run with the node's own
+// credentials (system:node:<name>, --node-kubeconfig).
+var credentialNodes = []string{nodeCredsTest + "-node", trustBundleTest + "-node"}
 
 var recordOnce sync.Once
 

@@ -112,15 +112,13 @@ func TestLocalBlockVolumeExpansion(t *testing.T) {
 	// Claims of class "manual" (no StorageClass object) cannot be resized:
 	// the PersistentVolumeClaimResize admission plugin wants a class that
 	// allows expansion. This one provisions nothing.
-	class := "e2e-expandable"
-	if _, err := suite.Admin.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{
+	class := e.ns + "-expandable"
+	suite.CreateStorageClass(t, &storagev1.StorageClass{
 		ObjectMeta:           metav1.ObjectMeta{Name: class},
 		Provisioner:          "kubernetes.io/no-provisioner",
 		AllowVolumeExpansion: ptr.To(true),
 		VolumeBindingMode:    ptr.To(storagev1.VolumeBindingImmediate),
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	pvName := e.pvName("disk")
 	pv := e2eutil.PreBoundPV(pvName, small.String(), class, e.ns, "disk",
 		corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: dev, FSType: ptr.To("ext4")}})

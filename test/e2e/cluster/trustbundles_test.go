@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -72,7 +73,7 @@ func TestClusterTrustBundles(t *testing.T) {
 		if _, err := ctbs.Create(t.Context(), b, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create ClusterTrustBundle %s: %v", name, err)
 		}
-		t.Cleanup(func() { _ = ctbs.Delete(t.Context(), name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() { _ = ctbs.Delete(context.Background(), name, metav1.DeleteOptions{}) })
 	}
 	plainPEM, plainDER := testCert(t, "plain")
 	aPEM, aDER := testCert(t, "a")

@@ -172,9 +172,7 @@ func TestPodOnOtherNodeIgnored(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "other-node")
 	other := e.node + "-other"
-	if _, err := suite.Cluster.CreateNode(t.Context(), other, nil); err != nil {
-		t.Fatal(err)
-	}
+	suite.CreateNode(t, other, nil)
 	e.start()
 	p := e.pod("elsewhere", e2eutil.MemoryVolume("scratch"))
 	p.Spec.NodeName = other

@@ -193,7 +193,10 @@ func TestVolumeStatsAndHealth(t *testing.T) {
 
 	csiKey, localKey, blockKey := e.ns+"/data", e.ns+"/scratch", e.ns+"/disk"
 	var stats volumeStats
-	e2eutil.Poll(t, 60*time.Second, "volume stats of both claims, with the data written", func(context.Context) (bool, string) {
+	// The collector stores each volume's answer as it arrives: wait for
+	// all three claims, not only the two whose data the test wrote, or a
+	// scrape in the middle of a round can lack the block claim.
+	e2eutil.Poll(t, 60*time.Second, "volume stats of the three claims, with the data written", func(context.Context) (bool, string) {
 		s, err := scrapeVolumeStats(t, a)
 		if err != nil {
 			return false, err.Error()
@@ -201,7 +204,8 @@ func TestVolumeStatsAndHealth(t *testing.T) {
 		stats = s
 		csiUsed, _ := s.get("used_bytes", csiKey)
 		localUsed, _ := s.get("used_bytes", localKey)
-		return csiUsed >= 2<<20 && localUsed >= 3<<20, fmt.Sprintf("%v", s)
+		_, block := s.get("capacity_bytes", blockKey)
+		return csiUsed >= 2<<20 && localUsed >= 3<<20 && block, fmt.Sprintf("%v", s)
 	})
 	for metric := range kubeletVolumeStats {
 		short := strings.TrimPrefix(metric, "kubelet_volume_stats_")

@@ -20,16 +20,55 @@ import (
 // parts of the components there are not (kubelet, external-provisioner,
 // -attacher, -resizer).
 
-// CreateNodeAndNamespace creates the Node (labelled
-// kubernetes.io/hostname=node and with labels) and the namespace, and
-// waits for the namespace's default ServiceAccount: no pod can be created
-// before.
+// CreateNode creates the Node (labelled kubernetes.io/hostname=node and
+// with labels). When the test ends the Node is deleted with what an agent
+// of a later run on a node of the same name would otherwise find: the
+// pods bound to it (at once, as the pod garbage collector would once the
+// Node is gone; a pod with a finalizer waits for it) and the CSINode an
+// agent made for it. So a test can run again in the same control plane
+// (-count) with the same node name, as a node with credentials of its own
+// must (ControlPlaneOptions.Nodes). The cleanup is registered first, so it
+// runs after the agents the test starts later have stopped.
+func (cp *ControlPlane) CreateNode(t *testing.T, node string, labels map[string]string) {
+	t.Helper()
+	if _, err := cp.Cluster.CreateNode(t.Context(), node, labels); err != nil {
+		t.Fatalf("create node %s: %v", node, err)
+	}
+	t.Cleanup(func() {
+		// t.Context() has ended by now. Failures are logged, not errors: the
+		// test is over, and its control plane may be down (a test of an
+		// outage that failed); a later run would fail to create the node.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		pods, err := cp.Admin.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String()})
+		if err != nil {
+			t.Logf("list the pods of node %s: %v", node, err)
+		} else {
+			for _, p := range pods.Items {
+				err := cp.Admin.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+				if err != nil && !apierrors.IsNotFound(err) {
+					t.Logf("delete pod %s/%s of node %s: %v", p.Namespace, p.Name, node, err)
+				}
+			}
+		}
+		if err := cp.Admin.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Logf("delete node %s: %v", node, err)
+		}
+		if err := cp.Admin.StorageV1().CSINodes().Delete(ctx, node, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Logf("delete CSINode %s: %v", node, err)
+		}
+	})
+}
+
+// CreateNodeAndNamespace creates the Node (CreateNode) and the namespace,
+// and waits for the namespace's default ServiceAccount: no pod can be
+// created before. The namespace is left when the test ends (deleting it
+// would leave its pods terminating, with no kubelet to finish them): a
+// test that can run twice in one control plane names it with UniqueName.
 func (cp *ControlPlane) CreateNodeAndNamespace(t *testing.T, node, namespace string, labels map[string]string) {
 	t.Helper()
 	ctx := t.Context()
-	if _, err := cp.Cluster.CreateNode(ctx, node, labels); err != nil {
-		t.Fatalf("create node: %v", err)
-	}
+	cp.CreateNode(t, node, labels)
 	if _, err := cp.Admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create namespace: %v", err)
 	}
@@ -75,6 +114,18 @@ func (cp *ControlPlane) CreateCSIDriver(t *testing.T, name string, spec storagev
 	}
 	t.Cleanup(func() {
 		_ = cp.Admin.StorageV1().CSIDrivers().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+}
+
+// CreateStorageClass creates the StorageClass; it is deleted when the test
+// ends.
+func (cp *ControlPlane) CreateStorageClass(t *testing.T, sc *storagev1.StorageClass) {
+	t.Helper()
+	if _, err := cp.Admin.StorageV1().StorageClasses().Create(t.Context(), sc, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create StorageClass %s: %v", sc.Name, err)
+	}
+	t.Cleanup(func() {
+		_ = cp.Admin.StorageV1().StorageClasses().Delete(context.Background(), sc.Name, metav1.DeleteOptions{})
 	})
 }
 

@@ -95,10 +95,12 @@ type env struct {
 
 // newEnv skips the test if the suite is not set up, and creates the Node
 // <name>-node (labelled kubernetes.io/hostname) and the namespace <name>,
-// waiting for its default ServiceAccount (Pods cannot be created before).
+// waiting for its default ServiceAccount (Pods cannot be created before);
+// <name>-2... when the test runs again (-count).
 func newEnv(t *testing.T, name string) *env {
 	t.Helper()
 	suite.Require(t)
+	name = e2eutil.UniqueName(name)
 	e := &env{t: t, node: name + "-node", ns: name, root: mounttest.TempDir(t)}
 	suite.CreateNodeAndNamespace(t, e.node, e.ns, nil)
 	return e

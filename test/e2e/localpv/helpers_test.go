@@ -43,9 +43,13 @@ type env struct {
 	cfgGen   int
 }
 
+// newEnv skips the test if the suite is not set up, and creates the Node
+// <name>-node (hostname <name>-host) and the namespace <name>; <name>-2...
+// when the test runs again (-count).
 func newEnv(t *testing.T, name string) *env {
 	t.Helper()
 	suite.Require(t)
+	name = e2eutil.UniqueName(name)
 	e := &env{t: t, name: name, node: name + "-node", hostname: name + "-host", ns: name, data: mounttest.TempDir(t), cfgDir: t.TempDir()}
 	suite.CreateNodeAndNamespace(t, e.node, e.ns, map[string]string{corev1.LabelHostname: e.hostname})
 	return e

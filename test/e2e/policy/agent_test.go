@@ -34,7 +34,9 @@ import (
 func TestAgentWorksUnderPolicies(t *testing.T) {
 	suite.Require(t)
 	ctx := t.Context()
-	const node, ns, class = "works-a", "works-tenant", "works-local"
+	// works-2... when the test runs again (-count).
+	prefix := e2eutil.UniqueName("works")
+	node, ns, class := prefix+"-a", prefix+"-tenant", prefix+"-local"
 	suite.CreateNodeAndNamespace(t, node, ns, nil)
 	// The agent's own pod, as the DaemonSet makes it: with the
 	// kube-api-access volume the agent mounts for it, with a token of its
@@ -52,14 +54,12 @@ func TestAgentWorksUnderPolicies(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, err := suite.Admin.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{
+	suite.CreateStorageClass(t, &storagev1.StorageClass{
 		ObjectMeta:        metav1.ObjectMeta{Name: class},
 		Provisioner:       "kubernetes.io/no-provisioner",
 		ReclaimPolicy:     ptr.To(corev1.PersistentVolumeReclaimDelete),
 		VolumeBindingMode: ptr.To(storagev1.VolumeBindingImmediate),
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	dir := mounttest.TempDir(t)
 	disks := filepath.Join(dir, "disks")
 	disk := filepath.Join(disks, "disk-1")

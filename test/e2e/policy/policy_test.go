@@ -61,6 +61,7 @@ type attempt struct {
 // tenant pod on each, the agent's pod on each, and the agent of node A's
 // client.
 type fixture struct {
+	prefix               string
 	nodeA, nodeB, ns     string
 	podA, podB           *corev1.Pod
 	agentPodA, agentPodB *corev1.Pod
@@ -81,14 +82,14 @@ func client(t *testing.T, kubeconfig, userAgent string) kubernetes.Interface {
 	return c
 }
 
+// newFixture makes the fixture's nodes, namespace and pods, named after
+// prefix; <prefix>-2... when the test runs again (-count).
 func newFixture(t *testing.T, prefix string) *fixture {
 	t.Helper()
-	ctx := t.Context()
-	f := &fixture{nodeA: prefix + "-a", nodeB: prefix + "-b", ns: prefix + "-tenant", admin: suite.Admin}
+	prefix = e2eutil.UniqueName(prefix)
+	f := &fixture{prefix: prefix, nodeA: prefix + "-a", nodeB: prefix + "-b", ns: prefix + "-tenant", admin: suite.Admin}
 	suite.CreateNodeAndNamespace(t, f.nodeA, f.ns, nil)
-	if _, err := suite.Cluster.CreateNode(ctx, f.nodeB, nil); err != nil {
-		t.Fatal(err)
-	}
+	suite.CreateNode(t, f.nodeB, nil)
 	f.podA = suite.CreatePod(t, tenantPod(f.ns, "tenant-a", f.nodeA))
 	f.podB = suite.CreatePod(t, tenantPod(f.ns, "tenant-b", f.nodeB))
 	var kubeconfigA string
@@ -106,6 +107,10 @@ func tenantPod(ns, name, node string) *corev1.Pod {
 	pod.Finalizers = []string{holdFinalizer}
 	return pod
 }
+
+// name is the name of a cluster-scoped object (PV, VolumeAttachment) of
+// the fixture's.
+func (f *fixture) name(s string) string { return f.prefix + "-" + s }
 
 // releasePods removes the tests' finalizers so that the namespace's pods
 // can go.
@@ -430,13 +435,13 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 	})
 	// Node B's local PV and VolumeAttachment, an administrator's PV, and a
 	// PV node A's provisioner made before PVs were labelled, bound.
-	aOld := localPV("a-old", a, hostnameIn(corev1.NodeSelectorOpIn, a))
+	aOld := localPV(f.name("a-old"), a, hostnameIn(corev1.NodeSelectorOpIn, a))
 	aOld.Spec.ClaimRef = &corev1.ObjectReference{Namespace: f.ns, Name: "old-claim"}
 	aOld.Labels = nil
 	for _, pv := range []*corev1.PersistentVolume{
-		localPV("b-local", b, hostnameIn(corev1.NodeSelectorOpIn, b)),
+		localPV(f.name("b-local"), b, hostnameIn(corev1.NodeSelectorOpIn, b)),
 		aOld,
-		{ObjectMeta: metav1.ObjectMeta{Name: "admins"}, Spec: corev1.PersistentVolumeSpec{
+		{ObjectMeta: metav1.ObjectMeta{Name: f.name("admins")}, Spec: corev1.PersistentVolumeSpec{
 			Capacity:               corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
 			AccessModes:            []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			PersistentVolumeSource: corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/srv/data"}},
@@ -446,7 +451,7 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := f.admin.StorageV1().VolumeAttachments().Create(ctx, volumeAttachment("b-attachment", b), metav1.CreateOptions{}); err != nil {
+	if _, err := f.admin.StorageV1().VolumeAttachments().Create(ctx, volumeAttachment(f.name("b-attachment"), b), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := createEvent(f.ns, "by-b", b)(ctx, f.admin, nil); err != nil {
@@ -634,33 +639,33 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 			do: claimStatus(f.ns, "claim", types.StrategicMergePatchType, `{"status":{"conditions":[{"type":"Resizing","status":"True"}]}}`)},
 
 		// Local PersistentVolumes.
-		{name: "own node: a local PV", do: createPV(localPV("a-local", a, hostnameIn(corev1.NodeSelectorOpIn, a)))},
-		{name: "own node: deleting its local PV", do: deletePV("a-local")},
+		{name: "own node: a local PV", do: createPV(localPV(f.name("a-local"), a, hostnameIn(corev1.NodeSelectorOpIn, a)))},
+		{name: "own node: deleting its local PV", do: deletePV(f.name("a-local"))},
 		{name: "other node: a local PV", refusedBy: localPVPolicy, msg: "volume-agent.io/" + b,
-			do: createPV(localPV("b-local-2", b, hostnameIn(corev1.NodeSelectorOpIn, b)))},
+			do: createPV(localPV(f.name("b-local-2"), b, hostnameIn(corev1.NodeSelectorOpIn, b)))},
 		{name: "own annotation, other node's affinity", refusedBy: localPVPolicy, msg: "In [" + a + "]",
-			do: createPV(localPV("x-affinity-b", a, hostnameIn(corev1.NodeSelectorOpIn, b)))},
+			do: createPV(localPV(f.name("x-affinity-b"), a, hostnameIn(corev1.NodeSelectorOpIn, b)))},
 		{name: "own affinity, other node's annotation", refusedBy: localPVPolicy, msg: "volume-agent.io/" + b,
-			do: createPV(localPV("x-annotation-b", b, hostnameIn(corev1.NodeSelectorOpIn, a)))},
+			do: createPV(localPV(f.name("x-annotation-b"), b, hostnameIn(corev1.NodeSelectorOpIn, a)))},
 		{name: "own affinity, no annotation", refusedBy: localPVPolicy, msg: "provisioned-by",
-			do: createPV(localPV("x-no-annotation", "", hostnameIn(corev1.NodeSelectorOpIn, a)))},
+			do: createPV(localPV(f.name("x-no-annotation"), "", hostnameIn(corev1.NodeSelectorOpIn, a)))},
 		{name: "affinity to both nodes in one term", refusedBy: localPVPolicy, msg: "In [" + a + "]",
-			do: createPV(localPV("x-both", a, hostnameIn(corev1.NodeSelectorOpIn, a, b)))},
+			do: createPV(localPV(f.name("x-both"), a, hostnameIn(corev1.NodeSelectorOpIn, a, b)))},
 		{name: "a second term for the other node", refusedBy: localPVPolicy, msg: "In [" + a + "]",
-			do: createPV(localPV("x-two-terms", a, hostnameIn(corev1.NodeSelectorOpIn, a), hostnameIn(corev1.NodeSelectorOpIn, b)))},
+			do: createPV(localPV(f.name("x-two-terms"), a, hostnameIn(corev1.NodeSelectorOpIn, a), hostnameIn(corev1.NodeSelectorOpIn, b)))},
 		{name: "every node but another", refusedBy: localPVPolicy, msg: "In [" + a + "]",
-			do: createPV(localPV("x-notin", a, hostnameIn(corev1.NodeSelectorOpNotIn, b)))},
+			do: createPV(localPV(f.name("x-notin"), a, hostnameIn(corev1.NodeSelectorOpNotIn, b)))},
 		{name: "affinity to a zone only", refusedBy: localPVPolicy, msg: "In [" + a + "]",
-			do: createPV(localPV("x-zone", a, []corev1.NodeSelectorRequirement{{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpIn, Values: []string{"z"}}}))},
+			do: createPV(localPV(f.name("x-zone"), a, []corev1.NodeSelectorRequirement{{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpIn, Values: []string{"z"}}}))},
 		{name: "a hostPath PV pinned to its node", refusedBy: localPVPolicy, msg: "not one",
 			do: createPV(func() *corev1.PersistentVolume {
-				pv := localPV("x-hostpath", a, hostnameIn(corev1.NodeSelectorOpIn, a))
+				pv := localPV(f.name("x-hostpath"), a, hostnameIn(corev1.NodeSelectorOpIn, a))
 				pv.Spec.PersistentVolumeSource = corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc"}}
 				return pv
 			}())},
 		{name: "a local PV bound in advance to a claim", refusedBy: localPVPolicy, msg: "claim",
 			do: createPV(func() *corev1.PersistentVolume {
-				pv := localPV("x-prebound", a, hostnameIn(corev1.NodeSelectorOpIn, a))
+				pv := localPV(f.name("x-prebound"), a, hostnameIn(corev1.NodeSelectorOpIn, a))
 				pv.Spec.ClaimRef = &corev1.ObjectReference{Namespace: f.ns, Name: "claim"}
 				return pv
 			}())},
@@ -703,37 +708,37 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 				term := &pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0]
 				term.MatchExpressions = append(term.MatchExpressions, corev1.NodeSelectorRequirement{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpIn, Values: []string{"z"}})
 			}))},
-		{name: "own node: a local PV with a mount option", do: createPV(ownPV("a-mount-options", a, func(pv *corev1.PersistentVolume) {
+		{name: "own node: a local PV with a mount option", do: createPV(ownPV(f.name("a-mount-options"), a, func(pv *corev1.PersistentVolume) {
 			pv.Spec.MountOptions = []string{"noatime"}
 		}))},
-		{name: "own node: deleting that PV", do: deletePV("a-mount-options")},
+		{name: "own node: deleting that PV", do: deletePV(f.name("a-mount-options"))},
 		{name: "own node's local PV: an owner", refusedBy: localPVPolicy, msg: "metadata.ownerReferences",
 			effect: func(o runtime.Object) bool { return len(o.(*corev1.PersistentVolume).OwnerReferences) == 1 },
-			do:     patchPV("a-old", `{"metadata":{`+ghostOwner+`}}`)},
-		{name: "other node: deleting its local PV", refusedBy: localPVPolicy, msg: "volume-agent.io/" + b, do: deletePV("b-local")},
-		{name: "own node's earlier local PV: its node label", do: patchPV("a-old", `{"metadata":{"labels":{"`+localpv.LabelNode+`":"`+a+`"}}}`)},
+			do:     patchPV(f.name("a-old"), `{"metadata":{`+ghostOwner+`}}`)},
+		{name: "other node: deleting its local PV", refusedBy: localPVPolicy, msg: "volume-agent.io/" + b, do: deletePV(f.name("b-local"))},
+		{name: "own node's earlier local PV: its node label", do: patchPV(f.name("a-old"), `{"metadata":{"labels":{"`+localpv.LabelNode+`":"`+a+`"}}}`)},
 		{name: "own node's local PV: another node's label", refusedBy: localPVPolicy, msg: "only " + localpv.LabelNode + "=" + a,
-			do: patchPV("a-old", `{"metadata":{"labels":{"`+localpv.LabelNode+`":"`+b+`"}}}`)},
+			do: patchPV(f.name("a-old"), `{"metadata":{"labels":{"`+localpv.LabelNode+`":"`+b+`"}}}`)},
 		{name: "own node's local PV: another label", refusedBy: localPVPolicy, msg: "change only the label",
-			do: patchPV("a-old", `{"metadata":{"labels":{"tier":"gold"}}}`)},
+			do: patchPV(f.name("a-old"), `{"metadata":{"labels":{"tier":"gold"}}}`)},
 		{name: "own node's local PV: its claimRef", refusedBy: localPVPolicy, msg: "change only the label",
 			effect: func(o runtime.Object) bool { return o.(*corev1.PersistentVolume).Spec.ClaimRef.Name == "thief" },
-			do:     patchPV("a-old", `{"spec":{"claimRef":{"namespace":"`+f.ns+`","name":"thief","uid":null,"resourceVersion":null}}}`)},
+			do:     patchPV(f.name("a-old"), `{"spec":{"claimRef":{"namespace":"`+f.ns+`","name":"thief","uid":null,"resourceVersion":null}}}`)},
 		{name: "own node's local PV: its annotation", refusedBy: localPVPolicy, msg: "change only the label",
-			do: patchPV("a-old", `{"metadata":{"annotations":{"`+provisionedBy+`":"someone"}}}`)},
+			do: patchPV(f.name("a-old"), `{"metadata":{"annotations":{"`+provisionedBy+`":"someone"}}}`)},
 		{name: "other node's local PV: its node label", refusedBy: localPVPolicy, msg: "volume-agent.io/" + b,
-			do: patchPV("b-local", `{"metadata":{"labels":{"`+localpv.LabelNode+`":"`+b+`"}}}`)},
+			do: patchPV(f.name("b-local"), `{"metadata":{"labels":{"`+localpv.LabelNode+`":"`+b+`"}}}`)},
 		{name: "an administrator's PV: a label", refusedBy: localPVPolicy, msg: "not one",
-			do: patchPV("admins", `{"metadata":{"labels":{"`+localpv.LabelNode+`":"`+a+`"}}}`)},
-		{name: "deleting an administrator's PV", refusedBy: localPVPolicy, msg: "not one", do: deletePV("admins")},
+			do: patchPV(f.name("admins"), `{"metadata":{"labels":{"`+localpv.LabelNode+`":"`+a+`"}}}`)},
+		{name: "deleting an administrator's PV", refusedBy: localPVPolicy, msg: "not one", do: deletePV(f.name("admins"))},
 
 		// VolumeAttachments (deploy/self-attach).
-		{name: "own node: a VolumeAttachment", do: createVA(volumeAttachment("a-attachment", a))},
-		{name: "own node: its attachment status", do: attachedStatus("a-attachment")},
-		{name: "own node: deleting its VolumeAttachment", do: deleteVA("a-attachment")},
-		{name: "other node: a VolumeAttachment", refusedBy: attachPolicy, msg: "is for node " + b, do: createVA(volumeAttachment("b-attachment-2", b))},
-		{name: "other node: its attachment status", refusedBy: attachPolicy, msg: "is for node " + b, do: attachedStatus("b-attachment")},
-		{name: "other node: deleting its VolumeAttachment", refusedBy: attachPolicy, msg: "is for node " + b, do: deleteVA("b-attachment")},
+		{name: "own node: a VolumeAttachment", do: createVA(volumeAttachment(f.name("a-attachment"), a))},
+		{name: "own node: its attachment status", do: attachedStatus(f.name("a-attachment"))},
+		{name: "own node: deleting its VolumeAttachment", do: deleteVA(f.name("a-attachment"))},
+		{name: "other node: a VolumeAttachment", refusedBy: attachPolicy, msg: "is for node " + b, do: createVA(volumeAttachment(f.name("b-attachment-2"), b))},
+		{name: "other node: its attachment status", refusedBy: attachPolicy, msg: "is for node " + b, do: attachedStatus(f.name("b-attachment"))},
+		{name: "other node: deleting its VolumeAttachment", refusedBy: attachPolicy, msg: "is for node " + b, do: deleteVA(f.name("b-attachment"))},
 
 		// Events.
 		{name: "an event from its node", do: createEvent(f.ns, "from-a", a)},
@@ -786,7 +791,7 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 	if len(node.OwnerReferences) != 0 || len(node.Finalizers) != 0 || len(node.Status.Images) != 0 {
 		t.Errorf("node %s after the refusals: owners %v, finalizers %v, images %v", a, node.OwnerReferences, node.Finalizers, node.Status.Images)
 	}
-	if _, err := f.admin.CoreV1().PersistentVolumes().Get(ctx, "b-local", metav1.GetOptions{}); err != nil {
+	if _, err := f.admin.CoreV1().PersistentVolumes().Get(ctx, f.name("b-local"), metav1.GetOptions{}); err != nil {
 		t.Errorf("node B's PV: %v", err)
 	}
 }
@@ -816,8 +821,8 @@ func TestUnboundTokenIsRefused(t *testing.T) {
 		{name: "own node: volumesInUse", refusedBy: nodeStatusPolicy, msg: msg,
 			do: nodeStatus(a, types.MergePatchType, `{"status":{"volumesInUse":["kubernetes.io/csi/csi.example.com^vol-1"]}}`)},
 		{name: "own node: a local PV", refusedBy: localPVPolicy, msg: msg,
-			do: createPV(localPV("unbound-local", a, hostnameIn(corev1.NodeSelectorOpIn, a)))},
-		{name: "own node: a VolumeAttachment", refusedBy: attachPolicy, msg: msg, do: createVA(volumeAttachment("unbound-attachment", a))},
+			do: createPV(localPV(f.name("unbound-local"), a, hostnameIn(corev1.NodeSelectorOpIn, a)))},
+		{name: "own node: a VolumeAttachment", refusedBy: attachPolicy, msg: msg, do: createVA(volumeAttachment(f.name("unbound-attachment"), a))},
 		{name: "a token of a pod's account, bound to the pod", refusedBy: tokensPolicy, msg: msg, do: token(f.ns, "default", boundTo("Pod", f.podA))},
 	}
 	waitPolicies(t, f.unbound, attempts)
@@ -834,6 +839,6 @@ func TestOtherIdentitiesUnaffected(t *testing.T) {
 	run(t, f.admin, []attempt{
 		{name: "other node's pod: its VolumesReady condition",
 			do: podStatus(f.ns, "tenant-b", types.StrategicMergePatchType, `{"status":{"conditions":[{"type":"volume-agent.io/VolumesReady","status":"True"}]}}`)},
-		{name: "a PV pinned to node B", do: createPV(localPV("others-b", f.nodeB, hostnameIn(corev1.NodeSelectorOpIn, f.nodeB)))},
+		{name: "a PV pinned to node B", do: createPV(localPV(f.name("others-b"), f.nodeB, hostnameIn(corev1.NodeSelectorOpIn, f.nodeB)))},
 	})
 }

@@ -55,7 +55,10 @@ func foreignPairs(t *testing.T) int {
 func TestMemoryIndependentOfForeignClaims(t *testing.T) {
 	suite.Require(t)
 	ctx := t.Context()
-	const node, ns = "scale-node", "scale"
+	// scale-2... when the test runs again (-count): the Node is deleted
+	// when the test ends, its namespaces, PVs and claims are left.
+	ns := e2eutil.UniqueName("scale")
+	node, foreign := ns+"-node", ns+"-foreign"
 	suite.CreateNodeAndNamespace(t, node, ns, nil)
 	// data before root: cleanups run in reverse, the root is unmounted
 	// first.
@@ -65,7 +68,7 @@ func TestMemoryIndependentOfForeignClaims(t *testing.T) {
 	if err := os.MkdirAll(own, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := e2eutil.BindPair(ctx, suite.Admin, e2eutil.Pair{Namespace: ns, Claim: "own", Volume: "scale-own",
+	if err := e2eutil.BindPair(ctx, suite.Admin, e2eutil.Pair{Namespace: ns, Claim: "own", Volume: ns + "-own",
 		Source: corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: own}}, Node: node, Status: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -74,12 +77,12 @@ func TestMemoryIndependentOfForeignClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := e2eutil.VolumeDir(root, string(pod.UID), e2eutil.LocalPlugin, "scale-own")
+	path := e2eutil.VolumeDir(root, string(pod.UID), e2eutil.LocalPlugin, ns+"-own")
 
 	// The first agent mounts; the measured ones adopt, the same work
 	// before and after the foreign pairs exist.
 	a := suite.StartAgent(t, node, root)
-	waitReady(t, a, pod.Name)
+	waitReady(t, a, ns, pod.Name)
 	if len(mounttest.MountsAt(t, path)) != 1 {
 		t.Fatalf("%s is not mounted once", path)
 	}
@@ -87,7 +90,7 @@ func TestMemoryIndependentOfForeignClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	a = suite.StartAgent(t, node, root)
-	waitReady(t, a, pod.Name)
+	waitReady(t, a, ns, pod.Name)
 	without, withoutHeap := steadyRSS(t, a), liveHeap(t, a)
 	if err := a.Stop(); err != nil {
 		t.Fatal(err)
@@ -96,11 +99,11 @@ func TestMemoryIndependentOfForeignClaims(t *testing.T) {
 	n := foreignPairs(t)
 	pairs := make([]e2eutil.Pair, n)
 	for i := range pairs {
-		pairs[i] = e2eutil.Pair{Namespace: "foreign", Claim: fmt.Sprintf("claim-%05d", i), Volume: fmt.Sprintf("foreign-%05d", i),
+		pairs[i] = e2eutil.Pair{Namespace: foreign, Claim: fmt.Sprintf("claim-%05d", i), Volume: fmt.Sprintf("%s-%05d", foreign, i),
 			Source: corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: fmt.Sprintf("/mnt/disks/%05d", i)}},
 			Node:   fmt.Sprintf("other-node-%02d", i%20)}
 	}
-	if _, err := suite.Admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "foreign"}}, metav1.CreateOptions{}); err != nil {
+	if _, err := suite.Admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: foreign}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -111,7 +114,7 @@ func TestMemoryIndependentOfForeignClaims(t *testing.T) {
 
 	since := time.Now()
 	a = suite.StartAgent(t, node, root)
-	waitReady(t, a, pod.Name)
+	waitReady(t, a, ns, pod.Name)
 	with, withHeap := steadyRSS(t, a), liveHeap(t, a)
 	bound := max(int64(n)*bytesPerPair, minBound)
 	t.Logf("agent RSS: %.1f MiB without foreign pairs, %.1f MiB with %d (%+.1f MiB); live heap %.1f and %.1f MiB (%+.1f MiB, %+d B per pair; bound %.1f MiB)",
@@ -155,8 +158,8 @@ func TestMemoryIndependentOfForeignClaims(t *testing.T) {
 		}
 		return false, fmt.Sprintf("errors %+v", p.Errors)
 	})
-	bound2 := bind(t, claim, "scale-late", late, node)
-	latePath := e2eutil.VolumeDir(root, string(latePod.UID), e2eutil.LocalPlugin, "scale-late")
+	bound2 := bind(t, claim, ns+"-late", late, node)
+	latePath := e2eutil.VolumeDir(root, string(latePod.UID), e2eutil.LocalPlugin, ns+"-late")
 	e2eutil.Poll(t, 30*time.Second, "the late claim's volume mounted", func(context.Context) (bool, string) {
 		return len(mounttest.MountsAt(t, latePath)) == 1, "not mounted"
 	})
@@ -216,10 +219,10 @@ func bind(t *testing.T, claim *corev1.PersistentVolumeClaim, pvName, path, node 
 	return time.Now()
 }
 
-func waitReady(t *testing.T, a *e2eutil.Agent, pod string) {
+func waitReady(t *testing.T, a *e2eutil.Agent, ns, pod string) {
 	t.Helper()
 	e2eutil.Poll(t, 2*time.Minute, "pod "+pod+"'s volumes ready", func(context.Context) (bool, string) {
-		p := e2eutil.Must(t, a.DSW).Pod("scale", pod)
+		p := e2eutil.Must(t, a.DSW).Pod(ns, pod)
 		if p == nil {
 			return false, "not desired"
 		}
