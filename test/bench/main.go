@@ -537,8 +537,9 @@ func loopFS(img, dir string) (func(), error) {
 	}, nil
 }
 
-// unmountBelow unmounts whatever is left below dir (deepest first), so a
-// failed run leaks nothing.
+// unmountBelow unmounts whatever is left below dir (deepest first), and
+// the bind of dir onto itself the agent makes to share its root directory
+// (--shared-root-dir, on the host's filesystem), so no run leaks a mount.
 func unmountBelow(dir string) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
@@ -548,7 +549,7 @@ func unmountBelow(dir string) {
 	s := bufio.NewScanner(f)
 	for s.Scan() {
 		fields := strings.Fields(s.Text())
-		if len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
+		if len(fields) > 4 && (strings.HasPrefix(fields[4], dir+"/") || fields[4] == dir && fields[3] == dir) {
 			points = append(points, fields[4])
 		}
 	}
