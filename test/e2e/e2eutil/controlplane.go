@@ -26,7 +26,9 @@ type ControlPlaneOptions struct {
 	// Dir is the control plane's directory (data, logs, audit.log).
 	Dir string
 	// Kustomization is the directory, relative to the repository, whose
-	// RBAC objects the agents run with: "deploy" (the default) or an
+	// RBAC objects the agents run with: "deploy/cluster-read" (the
+	// default: the agents of most tests have no node credentials, so
+	// their ServiceAccount reads what API volumes need) or another
 	// overlay such as "deploy/self-attach".
 	Kustomization string
 	// Allowed is what the agent's ServiceAccount must be allowed, besides
@@ -82,7 +84,7 @@ type ControlPlane struct {
 // everything in Allowed. On error nothing is left running.
 func StartControlPlane(ctx context.Context, o ControlPlaneOptions) (_ *ControlPlane, err error) {
 	if o.Kustomization == "" {
-		o.Kustomization = "deploy"
+		o.Kustomization = "deploy/cluster-read"
 	}
 	root, err := cluster.RepoRoot()
 	if err != nil {
