@@ -227,17 +227,22 @@ func token(ns, sa string, bound *authenticationv1.BoundObjectReference, audience
 	}
 }
 
-// createEvent reports an event about pod tenant-a as the agent of node.
-func createEvent(ns, name, node string) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
+// createEvent reports an event about pod tenant-a as the agent of node,
+// its metadata changed by changes.
+func createEvent(ns, name, node string, changes ...func(*metav1.ObjectMeta)) func(context.Context, kubernetes.Interface, []string) (runtime.Object, error) {
 	return func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
 		now := metav1.Now()
-		return c.CoreV1().Events(ns).Create(ctx, &corev1.Event{
+		ev := &corev1.Event{
 			ObjectMeta:     metav1.ObjectMeta{Name: name, Namespace: ns},
 			InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: "tenant-a", APIVersion: "v1"},
 			Reason:         "FailedMount", Message: "test", Type: corev1.EventTypeWarning,
 			Source:         corev1.EventSource{Component: "volume-agent", Host: node},
 			FirstTimestamp: now, LastTimestamp: now, Count: 1,
-		}, metav1.CreateOptions{DryRun: dry})
+		}
+		for _, change := range changes {
+			change(&ev.ObjectMeta)
+		}
+		return c.CoreV1().Events(ns).Create(ctx, ev, metav1.CreateOptions{DryRun: dry})
 	}
 }
 
@@ -744,6 +749,12 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 		{name: "an event from its node", do: createEvent(f.ns, "from-a", a)},
 		{name: "an event that says it comes from the other node", refusedBy: eventsPolicy, msg: `this one is from "` + b + `"`,
 			do: createEvent(f.ns, "from-b", b)},
+		{name: "an event of its node with a finalizer", refusedBy: eventsPolicy, msg: "no owner references and no finalizers",
+			do: createEvent(f.ns, "from-a-kept", a, func(m *metav1.ObjectMeta) { m.Finalizers = []string{"example.com/keep"} })},
+		{name: "an event of its node with an owner", refusedBy: eventsPolicy, msg: "no owner references and no finalizers",
+			do: createEvent(f.ns, "from-a-owned", a, func(m *metav1.ObjectMeta) {
+				m.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: f.podA.Name, UID: f.podA.UID}}
+			})},
 		{name: "the other node's event, rewritten", refusedBy: eventsPolicy, msg: `this one is from "` + b + `"`,
 			do: func(ctx context.Context, c kubernetes.Interface, dry []string) (runtime.Object, error) {
 				return c.CoreV1().Events(f.ns).Patch(ctx, "by-b", types.MergePatchType, []byte(`{"source":{"host":"`+a+`"},"count":5}`), metav1.PatchOptions{DryRun: dry})
