@@ -741,6 +741,18 @@ func TestAgentIsConfinedToItsNode(t *testing.T) {
 		{name: "own node: a VolumeAttachment", do: createVA(volumeAttachment(f.name("a-attachment"), a))},
 		{name: "own node: its attachment status", do: attachedStatus(f.name("a-attachment"))},
 		{name: "own node: deleting its VolumeAttachment", do: deleteVA(f.name("a-attachment"))},
+		{name: "own node: a VolumeAttachment with a finalizer", refusedBy: attachPolicy, msg: "no owner references or finalizers",
+			do: createVA(func() *storagev1.VolumeAttachment {
+				va := volumeAttachment(f.name("a-attachment-kept"), a)
+				va.Finalizers = []string{"example.com/keep"}
+				return va
+			}())},
+		{name: "own node: a VolumeAttachment with an owner", refusedBy: attachPolicy, msg: "no owner references or finalizers",
+			do: createVA(func() *storagev1.VolumeAttachment {
+				va := volumeAttachment(f.name("a-attachment-owned"), a)
+				va.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: f.podA.Name, UID: f.podA.UID}}
+				return va
+			}())},
 		{name: "other node: a VolumeAttachment", refusedBy: attachPolicy, msg: "is for node " + b, do: createVA(volumeAttachment(f.name("b-attachment-2"), b))},
 		{name: "other node: its attachment status", refusedBy: attachPolicy, msg: "is for node " + b, do: attachedStatus(f.name("b-attachment"))},
 		{name: "other node: deleting its VolumeAttachment", refusedBy: attachPolicy, msg: "is for node " + b, do: deleteVA(f.name("b-attachment"))},
