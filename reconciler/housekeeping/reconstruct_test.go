@@ -3,7 +3,6 @@ package housekeeping
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -21,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/cache/cachetest"
 	"github.com/volume-agent/volume-agent/csi/registry"
 	"github.com/volume-agent/volume-agent/internal/atomicfile"
 	"github.com/volume-agent/volume-agent/internal/mounttest"
@@ -220,43 +220,20 @@ func (w *rcWorld) reconstruct() *Reconstruction {
 	return r
 }
 
-// rcPod is the expected reconstructed mount of a pod.
-func rcPod(uid types.UID, specName, path string, foundMounted bool) *cache.ActualPodMount {
-	return &cache.ActualPodMount{
-		Pod: volume.PodRef{UID: uid}, SpecName: specName, MountPath: path,
-		State: cache.MountUncertain, Reconstructed: true, FoundMounted: foundMounted,
-	}
-}
-
-// rcVolume is the expected reconstructed volume without a device mount.
-func rcVolume(name volume.UniqueName, plugin string, attrs volume.Attributes, pods ...*cache.ActualPodMount) *cache.ActualVolume {
-	v := &cache.ActualVolume{Name: name, Plugin: plugin, Attributes: attrs, DeviceState: cache.DeviceNotMounted,
-		Pods: map[types.UID]*cache.ActualPodMount{}}
-	for _, p := range pods {
-		v.Pods[p.Pod.UID] = p
-	}
-	return v
-}
-
-func rcJSON(v any) string {
-	b, _ := json.MarshalIndent(v, "", "  ")
-	return string(b)
-}
-
 func checkVolumes(t *testing.T, got, want []*cache.ActualVolume) {
 	t.Helper()
 	if len(got) == 0 && len(want) == 0 {
 		return
 	}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("reconstructed volumes:\n%s\nwant:\n%s", rcJSON(got), rcJSON(want))
+		t.Errorf("reconstructed volumes:\n%s\nwant:\n%s", cachetest.JSON(got), cachetest.JSON(want))
 	}
 }
 
 func checkNoProblems(t *testing.T, r *Reconstruction) {
 	t.Helper()
 	if len(r.Problems) > 0 {
-		t.Errorf("unexpected problems: %s", rcJSON(r.Problems))
+		t.Errorf("unexpected problems: %s", cachetest.JSON(r.Problems))
 	}
 }
 
@@ -274,9 +251,9 @@ func TestReconstructEmptyDir(t *testing.T) {
 	memName, _, memAttrs := w.populatorName("pod-a", mem)
 	otherName, _, _ := w.populatorName("pod-b", disk)
 	want := []*cache.ActualVolume{
-		rcVolume(memName, plugin, memAttrs, rcPod("pod-a", "cache", memDir, true)),
-		rcVolume(diskName, plugin, attrs, rcPod("pod-a", "scratch", diskDir, false)),
-		rcVolume(otherName, plugin, attrs, rcPod("pod-b", "scratch", otherDir, false)),
+		cachetest.ReconstructedVolume(memName, plugin, memAttrs, cachetest.ReconstructedPod("pod-a", "cache", memDir, true)),
+		cachetest.ReconstructedVolume(diskName, plugin, attrs, cachetest.ReconstructedPod("pod-a", "scratch", diskDir, false)),
+		cachetest.ReconstructedVolume(otherName, plugin, attrs, cachetest.ReconstructedPod("pod-b", "scratch", otherDir, false)),
 	}
 	slices.SortFunc(want, func(a, b *cache.ActualVolume) int { return strings.Compare(string(a.Name), string(b.Name)) })
 	checkVolumes(t, r.Volumes, want)
@@ -297,8 +274,8 @@ func TestReconstructHostPath(t *testing.T) {
 	w.writeFile(hostFile, "")
 	fileName, _, _ := w.populatorName("pod-a", hostPathSpec("sock", hostFile))
 	checkVolumes(t, r.Volumes, []*cache.ActualVolume{
-		rcVolume(dirName, plugin, attrs, rcPod("pod-a", "host", dir, true)),
-		rcVolume(fileName, plugin, attrs, rcPod("pod-a", "sock", file, true)),
+		cachetest.ReconstructedVolume(dirName, plugin, attrs, cachetest.ReconstructedPod("pod-a", "host", dir, true)),
+		cachetest.ReconstructedVolume(fileName, plugin, attrs, cachetest.ReconstructedPod("pod-a", "sock", file, true)),
 	})
 }
 
@@ -317,7 +294,7 @@ func TestReconstructLocalDirectory(t *testing.T) {
 		t.Fatal("a local directory PV must not be device-mountable")
 	}
 	checkVolumes(t, r.Volumes, []*cache.ActualVolume{
-		rcVolume(name, plugin, attrs, rcPod("pod-a", "pv-dir", a, true), rcPod("pod-b", "pv-dir", b, false)),
+		cachetest.ReconstructedVolume(name, plugin, attrs, cachetest.ReconstructedPod("pod-a", "pv-dir", a, true), cachetest.ReconstructedPod("pod-b", "pv-dir", b, false)),
 	})
 }
 
@@ -347,7 +324,7 @@ func TestReconstructLocalBlock(t *testing.T) {
 			var pods []*cache.ActualPodMount
 			if tc.withPods {
 				dir := w.podVolume("pod-a", local.Name, "pv-blk", tc.podMounted)
-				pods = append(pods, rcPod("pod-a", "pv-blk", dir, tc.podMounted))
+				pods = append(pods, cachetest.ReconstructedPod("pod-a", "pv-blk", dir, tc.podMounted))
 			}
 			r := w.reconstruct()
 			checkNoProblems(t, r)
@@ -355,7 +332,7 @@ func TestReconstructLocalBlock(t *testing.T) {
 			// The populator names it from the PV on a block device.
 			name, plugin := volume.SharedName(local.Name, "pv-blk"), local.Name
 			attrs := volume.Attributes{Identity: "pv-blk", DeviceMountable: true}
-			want := rcVolume(name, plugin, attrs, pods...)
+			want := cachetest.ReconstructedVolume(name, plugin, attrs, pods...)
 			want.DeviceState, want.DeviceMountPath = cache.DeviceMountUncertain, global
 			want.DeviceReconstructed, want.DeviceFoundMounted = true, tc.globalMounted
 			checkVolumes(t, r.Volumes, []*cache.ActualVolume{want})
@@ -379,7 +356,7 @@ func TestReconstructLocalBlockMatchesAttributes(t *testing.T) {
 	r := w.reconstruct()
 	checkNoProblems(t, r)
 	if len(r.Volumes) != 1 || r.Volumes[0].Name != name || r.Volumes[0].Attributes != attrs {
-		t.Errorf("reconstructed %s, want %s with %+v", rcJSON(r.Volumes), name, attrs)
+		t.Errorf("reconstructed %s, want %s with %+v", cachetest.JSON(r.Volumes), name, attrs)
 	}
 }
 
@@ -424,13 +401,13 @@ func TestReconstructCSI(t *testing.T) {
 			if tc.withPod {
 				dir := w.podVolume("pod-a", csiplugin.Name, "pv-csi", tc.podMounted)
 				w.csiPodState("pod-a", spec, name, staging)
-				pods = append(pods, rcPod("pod-a", "pv-csi", dir, tc.podMounted))
+				pods = append(pods, cachetest.ReconstructedPod("pod-a", "pv-csi", dir, tc.podMounted))
 			}
 			r := w.reconstruct()
 			checkNoProblems(t, r)
 
 			attrs := volume.Attributes{Identity: identity, DeviceMountable: true, Attachable: tc.attachment != ""}
-			want := rcVolume(name, plugin, attrs, pods...)
+			want := cachetest.ReconstructedVolume(name, plugin, attrs, pods...)
 			want.DeviceState, want.DeviceMountPath = cache.DeviceMountUncertain, staging
 			want.DeviceReconstructed, want.DeviceFoundMounted = true, tc.wantDeviceFound
 			if tc.attachment != "" {
@@ -469,8 +446,8 @@ func TestReconstructCSIStateWithoutVolumeDir(t *testing.T) {
 		t.Fatalf("reconstruction created %s (%v)", dir, err)
 	}
 	want := []*cache.ActualVolume{
-		rcVolume(name, plugin, volume.Attributes{Identity: attrs.Identity, DeviceMountable: true}, rcPod("pod-a", "pv-csi", dir, false)),
-		rcVolume(inlineName, plugin, inlineAttrs, rcPod("pod-b", "eph", w.paths.PodVolumeDir("pod-b", csiplugin.Name, "eph"), false)),
+		cachetest.ReconstructedVolume(name, plugin, volume.Attributes{Identity: attrs.Identity, DeviceMountable: true}, cachetest.ReconstructedPod("pod-a", "pv-csi", dir, false)),
+		cachetest.ReconstructedVolume(inlineName, plugin, inlineAttrs, cachetest.ReconstructedPod("pod-b", "eph", w.paths.PodVolumeDir("pod-b", csiplugin.Name, "eph"), false)),
 	}
 	slices.SortFunc(want, func(a, b *cache.ActualVolume) int { return strings.Compare(string(a.Name), string(b.Name)) })
 	checkVolumes(t, r.Volumes, want)
@@ -486,7 +463,7 @@ func TestReconstructCSIDirAndStateOnce(t *testing.T) {
 	r := w.reconstruct()
 	checkNoProblems(t, r)
 	if len(r.Volumes) != 1 || len(r.Volumes[0].Pods) != 1 || !r.Volumes[0].Pods["pod-a"].FoundMounted {
-		t.Errorf("reconstructed %s", rcJSON(r.Volumes))
+		t.Errorf("reconstructed %s", cachetest.JSON(r.Volumes))
 	}
 }
 
@@ -552,7 +529,7 @@ func TestReconstructProblems(t *testing.T) {
 		t.Errorf("unexpected problem for %s: %+v", path, p)
 	}
 	name, _, attrs := w.populatorName("pod-a", emptyDirSpec("scratch", ""))
-	checkVolumes(t, r.Volumes, []*cache.ActualVolume{rcVolume(name, emptydir.Name, attrs, rcPod("pod-a", "scratch", good, false))})
+	checkVolumes(t, r.Volumes, []*cache.ActualVolume{cachetest.ReconstructedVolume(name, emptydir.Name, attrs, cachetest.ReconstructedPod("pod-a", "scratch", good, false))})
 
 	if _, err := os.Lstat(filepath.Dir(csiDevEmpty)); err == nil {
 		t.Errorf("%s (an interrupted first stage) was not removed", filepath.Dir(csiDevEmpty))
@@ -569,12 +546,12 @@ func TestReconstructEmptyRoot(t *testing.T) {
 	w := newRCWorld(t)
 	r := w.reconstruct()
 	if len(r.Volumes) != 0 || len(r.Problems) != 0 {
-		t.Errorf("empty root: %s", rcJSON(r))
+		t.Errorf("empty root: %s", cachetest.JSON(r))
 	}
 	w.mkdir(w.paths.PodsDir())
 	w.mkdir(filepath.Join(w.paths.Root, "plugins"))
 	if r := w.reconstruct(); len(r.Volumes) != 0 || len(r.Problems) != 0 {
-		t.Errorf("empty pods and plugins directories: %s", rcJSON(r))
+		t.Errorf("empty pods and plugins directories: %s", cachetest.JSON(r))
 	}
 }
 
@@ -636,9 +613,9 @@ func TestReconstructBlockAccessPoints(t *testing.T) {
 		return s
 	}())
 	want := []*cache.ActualVolume{
-		rcVolume(cname, csiplugin.Name, volume.Attributes{Identity: cattrs.Identity, DeviceMountable: true, Block: true},
-			rcPod("pod-c", "pv-cblk", w.paths.PodDevicePath("pod-c", csiplugin.Name, "pv-cblk"), false)),
-		rcVolume(lname, local.Name, lattrs, rcPod("pod-a", "pv-blk", mapped, true), rcPod("pod-b", "pv-blk", notMapped, false)),
+		cachetest.ReconstructedVolume(cname, csiplugin.Name, volume.Attributes{Identity: cattrs.Identity, DeviceMountable: true, Block: true},
+			cachetest.ReconstructedPod("pod-c", "pv-cblk", w.paths.PodDevicePath("pod-c", csiplugin.Name, "pv-cblk"), false)),
+		cachetest.ReconstructedVolume(lname, local.Name, lattrs, cachetest.ReconstructedPod("pod-a", "pv-blk", mapped, true), cachetest.ReconstructedPod("pod-b", "pv-blk", notMapped, false)),
 	}
 	slices.SortFunc(want, func(a, b *cache.ActualVolume) int { return strings.Compare(string(a.Name), string(b.Name)) })
 	checkVolumes(t, r.Volumes, want)
@@ -656,11 +633,11 @@ func TestReconstructSubPaths(t *testing.T) {
 	checkNoProblems(t, r)
 	name, plugin, attrs := w.populatorName("pod-a", disk)
 	plainName, _, _ := w.populatorName("pod-a", emptyDirSpec("plain", v1.StorageMediumDefault))
-	withSubPaths := rcPod("pod-a", "scratch", dir, true)
+	withSubPaths := cachetest.ReconstructedPod("pod-a", "scratch", dir, true)
 	withSubPaths.SubPathsOutdated = true
 	want := []*cache.ActualVolume{
-		rcVolume(plainName, plugin, attrs, rcPod("pod-a", "plain", plainDir, true)),
-		rcVolume(name, plugin, attrs, withSubPaths),
+		cachetest.ReconstructedVolume(plainName, plugin, attrs, cachetest.ReconstructedPod("pod-a", "plain", plainDir, true)),
+		cachetest.ReconstructedVolume(name, plugin, attrs, withSubPaths),
 	}
 	slices.SortFunc(want, func(a, b *cache.ActualVolume) int { return strings.Compare(string(a.Name), string(b.Name)) })
 	checkVolumes(t, r.Volumes, want)
@@ -674,6 +651,6 @@ func TestReconstructBlockEntryOfAPluginWithoutBlock(t *testing.T) {
 	w.writeFile(ap, "")
 	r := w.reconstruct()
 	if len(r.Volumes) != 0 || len(r.Problems) != 1 || r.Problems[0].Path != ap || !strings.Contains(r.Problems[0].Reason, "cannot reconstruct raw block volumes") {
-		t.Errorf("reconstruction: %s", rcJSON(r))
+		t.Errorf("reconstruction: %s", cachetest.JSON(r))
 	}
 }

@@ -1,7 +1,6 @@
 package planner
 
 import (
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -15,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/cache/cachetest"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/plugins/emptydir"
 	"github.com/volume-agent/volume-agent/plugins/local"
@@ -62,9 +62,9 @@ func rcWant(name volume.UniqueName, plugin string, attrs volume.Attributes, spec
 // rcFound is a reconstructed volume with reconstructed pod mounts; found
 // maps each pod to whether its mount was in place.
 func rcFound(name volume.UniqueName, plugin string, attrs volume.Attributes, found map[types.UID]bool) *cache.ActualVolume {
-	v := rcVolume(name, plugin, attrs)
+	v := cachetest.ReconstructedVolume(name, plugin, attrs)
 	for uid, mounted := range found {
-		v.Pods[uid] = rcPod(uid, "spec", "/root/pods/"+string(uid), mounted)
+		v.Pods[uid] = cachetest.ReconstructedPod(uid, "spec", "/root/pods/"+string(uid), mounted)
 	}
 	return v
 }
@@ -207,14 +207,14 @@ func TestAdoptions(t *testing.T) {
 			if tc.noSUWM {
 				suwm = nil
 			}
-			before := rcJSON(tc.asw) + rcJSON(tc.dsw)
+			before := cachetest.JSON(tc.asw) + cachetest.JSON(tc.dsw)
 			got := stripAdoptions(Adoptions(tc.dsw, tc.asw, suwm))
 			if len(got) != 0 || len(tc.want) != 0 {
 				if !reflect.DeepEqual(got, tc.want) {
-					t.Errorf("adoptions:\n%s\nwant:\n%s", rcJSON(got), rcJSON(tc.want))
+					t.Errorf("adoptions:\n%s\nwant:\n%s", cachetest.JSON(got), cachetest.JSON(tc.want))
 				}
 			}
-			if rcJSON(tc.asw)+rcJSON(tc.dsw) != before {
+			if cachetest.JSON(tc.asw)+cachetest.JSON(tc.dsw) != before {
 				t.Error("Adoptions modified its inputs")
 			}
 		})
@@ -252,7 +252,7 @@ func TestAdoptionsApplied(t *testing.T) {
 	}
 	if v := s.Volumes[localName]; v.DeviceState != cache.DeviceGloballyMounted || v.DeviceReconstructed ||
 		v.Pods["p1"].State != cache.Mounted || !v.Pods["gone"].Reconstructed {
-		t.Errorf("adopted device volume: %s", rcJSON(v))
+		t.Errorf("adopted device volume: %s", cachetest.JSON(v))
 	}
 	if m := s.Volumes[lostName].Pods["p1"]; m.State != cache.MountUncertain || !m.Reconstructed {
 		t.Errorf("mount not in place: %+v", m)
@@ -428,12 +428,12 @@ func rcRandomWorld(r *rand.Rand) (*cache.DesiredSnapshot, *cache.ActualSnapshot)
 		if r.IntN(4) == 0 {
 			continue
 		}
-		av := rcVolume(name, "test", attrs)
+		av := cachetest.ReconstructedVolume(name, "test", attrs)
 		for _, p := range pods {
 			if r.IntN(2) == 0 {
 				continue
 			}
-			m := rcPod(p, spec.Name, "/pods/"+string(p), r.IntN(2) == 0)
+			m := cachetest.ReconstructedPod(p, spec.Name, "/pods/"+string(p), r.IntN(2) == 0)
 			m.Reconstructed = r.IntN(2) == 0
 			if !m.Reconstructed && r.IntN(2) == 0 {
 				m.State = cache.Mounted
@@ -528,27 +528,4 @@ func localSpec(pv, path string) *volume.Spec {
 		PersistentVolumeSource: v1.PersistentVolumeSource{Local: &v1.LocalVolumeSource{Path: path}},
 	}}
 	return &volume.Spec{Name: pv, PV: p, Mode: v1.PersistentVolumeFilesystem}
-}
-
-// rcPod is a pod mount found on disk after a restart.
-func rcPod(uid types.UID, specName, path string, foundMounted bool) *cache.ActualPodMount {
-	return &cache.ActualPodMount{
-		Pod: volume.PodRef{UID: uid}, SpecName: specName, MountPath: path,
-		State: cache.MountUncertain, Reconstructed: true, FoundMounted: foundMounted,
-	}
-}
-
-// rcVolume is a volume found on disk without a device mount.
-func rcVolume(name volume.UniqueName, plugin string, attrs volume.Attributes, pods ...*cache.ActualPodMount) *cache.ActualVolume {
-	v := &cache.ActualVolume{Name: name, Plugin: plugin, Attributes: attrs, DeviceState: cache.DeviceNotMounted,
-		Pods: map[types.UID]*cache.ActualPodMount{}}
-	for _, p := range pods {
-		v.Pods[p.Pod.UID] = p
-	}
-	return v
-}
-
-func rcJSON(v any) string {
-	b, _ := json.MarshalIndent(v, "", "  ")
-	return string(b)
 }
