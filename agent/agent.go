@@ -34,6 +34,7 @@ import (
 	"github.com/volume-agent/volume-agent/agent/opreport"
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/internal/blockpin"
+	"github.com/volume-agent/volume-agent/internal/disklimit"
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/notify"
@@ -95,7 +96,9 @@ type Agent struct {
 // parts are all of the agent's parts as build makes and wires them; the
 // Agent keeps what Run needs of them.
 type parts struct {
-	cfg        Config
+	cfg Config
+	// limits enforces disk emptyDirs' sizeLimit (its Usage reads theirs).
+	limits     *disklimit.Enforcer
 	log        *zap.Logger
 	mode       *mode
 	source     source.Source
@@ -219,7 +222,13 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 		// running.
 		sourcesReady: func() bool { return p.populator.Ready() },
 	})
-	p.plugins = plugins.NewRegistry(append([]plugins.Plugin{emptydir.New(host), hostpath.New(host), local.New(host), p.csi.plugin}, p.api.plugins...)...)
+	mode, _ := disklimit.ParseMode(cfg.EmptyDirSizeLimit) // checked by complete
+	var err error
+	if p.limits, err = disklimit.New(disklimit.Options{Mode: mode, Root: paths.Root,
+		StateDir: filepath.Join(paths.Root, "plugins", volume.EscapePlugin(emptydir.Name)), Log: log.Named("disklimit")}); err != nil {
+		return nil, err
+	}
+	p.plugins = plugins.NewRegistry(append([]plugins.Plugin{emptydir.New(host).WithLimits(p.limits), hostpath.New(host), local.New(host), p.csi.plugin}, p.api.plugins...)...)
 	p.executor = operations.NewExecutor(operations.ExecutorOptions{
 		MaxConcurrent: cfg.MaxConcurrentOperations,
 		Timeout:       cfg.OperationTimeout,

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/volume-agent/volume-agent/agent/httpserve"
+	"github.com/volume-agent/volume-agent/internal/disklimit"
 	"github.com/volume-agent/volume-agent/internal/procs"
 	"github.com/volume-agent/volume-agent/runtimeapi"
 )
@@ -81,6 +82,10 @@ type Config struct {
 	APIVolumePodBytes  int64
 	APIVolumeNodeBytes int64
 
+	// EmptyDirSizeLimit is how disk emptyDirs' sizeLimit is enforced
+	// (internal/disklimit: auto, quota, image, off; "" is auto).
+	EmptyDirSizeLimit string
+
 	// LocalVolumesConfig turns on the local volume provisioner (cluster
 	// mode only).
 	LocalVolumesConfig string
@@ -147,6 +152,9 @@ func (c Config) complete() (Config, error) {
 	}
 	if c.LocalVolumesConfig != "" && c.standalone() {
 		return c, errors.New("--local-volumes-config needs cluster mode: the local volume provisioner creates PersistentVolumes")
+	}
+	if _, err := disklimit.ParseMode(c.EmptyDirSizeLimit); err != nil {
+		return c, err
 	}
 	if c.ShutdownGracePeriod <= 0 {
 		c.ShutdownGracePeriod = 30 * time.Second

@@ -23,6 +23,7 @@ func (p *parts) pageInput() model.Input {
 		DSW: p.dsw.Snapshot(), ASW: p.asw.Snapshot(), Operations: p.executor.Status(),
 		Drivers: p.csi.drivers.List(), Sockets: p.csi.watcher.Sockets(), ProbePeriod: p.cfg.CSIProbePeriod,
 		Orphans: p.orphans.List(), Events: p.events.Recent(), History: p.history,
+		EmptyDirLimits: p.limits.Status(),
 	}
 	if p.mode.cluster != nil {
 		in.Mode = "cluster"

@@ -12,6 +12,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/duration"
 
+	"github.com/volume-agent/volume-agent/internal/disklimit"
 	"github.com/volume-agent/volume-agent/ui/model"
 )
 
@@ -132,6 +133,7 @@ type view struct {
 	Node         string
 	Mode         string
 	SourcesReady bool
+	Limits       disklimit.Status
 	Stream       string
 	Summary      model.Summary
 	Bar          stateBar
@@ -157,7 +159,7 @@ type view struct {
 
 func baseView(kind string, page *model.Page, stream string, fragment bool) view {
 	return view{
-		Kind: kind, Fragment: fragment, Now: page.Now, Node: page.Node, Mode: page.Mode, SourcesReady: page.SourcesReady,
+		Kind: kind, Fragment: fragment, Now: page.Now, Node: page.Node, Mode: page.Mode, SourcesReady: page.SourcesReady, Limits: page.EmptyDirLimits,
 		Stream: stream, Summary: page.Summary, Bar: newStateBar(page.Summary),
 	}
 }

@@ -103,6 +103,7 @@ func run() error {
 	fs.Func("api-volume-node-bytes", "bytes of that content all volumes on the node may hold together; the agent's memory limit must cover twice this (a rewrite holds the old and the new content) plus the agent's own; negative: no bound (default 128Mi)", func(s string) error {
 		return parseBytes(s, &cfg.APIVolumeNodeBytes)
 	})
+	fs.StringVar(&cfg.EmptyDirSizeLimit, "empty-dir-size-limit", "auto", "how the sizeLimit of disk emptyDirs is enforced: quota (project quotas on the root directory's filesystem; the agent does not start without them), image (a filesystem image per volume, mounted through a loop device), auto (quota where the filesystem enforces project quotas, else image) or off (not enforced)")
 	fs.StringVar(&cfg.LocalVolumesConfig, "local-volumes-config", "", "cluster mode: turn on the local volume provisioner with this configuration file (see docs/local-volumes.md); reloaded on change")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "127.0.0.1:9808", "address of the debug endpoint (/debug/*, /healthz, /readyz); empty disables it")
 	fs.StringVar(&cfg.RuntimeSocket, "runtime-socket", "", "unix socket of the runtime API, for container runtimes (root only; see docs/runtime-api.md; default <root-dir>/runtime.sock)")

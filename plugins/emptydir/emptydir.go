@@ -14,6 +14,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/volume-agent/volume-agent/internal/disklimit"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/internal/trash"
 	"github.com/volume-agent/volume-agent/plugins"
@@ -24,7 +25,10 @@ import (
 const Name = "kubernetes.io/empty-dir"
 
 // Plugin is the emptyDir plugin.
-type Plugin struct{ host plugins.Host }
+type Plugin struct {
+	host   plugins.Host
+	limits *disklimit.Enforcer // see sizelimit.go
+}
 
 // The agent finds a plugin's capabilities by type assertion: these make a
 // changed signature fail the build instead of a volume at run time.
@@ -55,7 +59,7 @@ func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	src := req.Spec.Volume.EmptyDir
 	if src.Medium != v1.StorageMediumMemory {
-		return setUpDir(ctx, req)
+		return p.setUpDisk(ctx, req)
 	}
 	created, err := mountutil.EnsureDir(req.Dir, 0o777)
 	if err != nil {
@@ -130,7 +134,7 @@ func (p *Plugin) tmpfsSize(src *v1.EmptyDirVolumeSource, pod volume.PodInfo) int
 	return max(size, 0)
 }
 
-// TearDown unmounts a tmpfs (whatever the spec says: after a restart the spec
+// removeDir unmounts a tmpfs (whatever the spec says: after a restart the spec
 // may be unknown) and deletes the directory and its contents, never crossing
 // into another mount and never following a symbolic link. A directory with
 // contents is moved into the trash first, so an agent stopped half way
@@ -142,7 +146,7 @@ func (p *Plugin) tmpfsSize(src *v1.EmptyDirVolumeSource, pod volume.PodInfo) int
 // removal fail with EBUSY before anything is deleted: then every mount is
 // peeled off and the removal tried again. Peeling up front cost every
 // volume a failing umount2.
-func (p *Plugin) TearDown(ctx context.Context, req *plugins.TearDownRequest) error {
+func (p *Plugin) removeDir(ctx context.Context, req *plugins.TearDownRequest) error {
 	if err := p.host.Mounter.Unmount(req.Dir); err != nil {
 		return err
 	}
@@ -165,5 +169,5 @@ func (p *Plugin) ReconstructPodVolume(pod types.UID, specName, _ string) (volume
 // SetUpWithoutMount implements plugins.SetUpWithoutMount: a disk emptyDir
 // is a plain directory.
 func (p *Plugin) SetUpWithoutMount(spec *volume.Spec) bool {
-	return spec.Volume != nil && spec.Volume.EmptyDir != nil && spec.Volume.EmptyDir.Medium == v1.StorageMediumDefault
+	return spec.Volume != nil && spec.Volume.EmptyDir != nil && spec.Volume.EmptyDir.Medium == v1.StorageMediumDefault && !p.mountsImage(spec)
 }

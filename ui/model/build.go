@@ -14,6 +14,7 @@ import (
 	"github.com/volume-agent/volume-agent/csi/registration"
 	"github.com/volume-agent/volume-agent/csi/registry"
 	"github.com/volume-agent/volume-agent/explain"
+	"github.com/volume-agent/volume-agent/internal/disklimit"
 	"github.com/volume-agent/volume-agent/localpv"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/reconciler/housekeeping"
@@ -47,6 +48,8 @@ type Input struct {
 	Events []events.Event
 	// History is the operation timeline (nil: none).
 	History History
+	// EmptyDirLimits is how disk emptyDirs' sizeLimit is enforced.
+	EmptyDirLimits disklimit.Status
 }
 
 // History is the operation timeline (timeline.Ring).
@@ -61,7 +64,7 @@ const MaxEvents = 50
 func Build(in Input) *Page {
 	ix := index(in)
 	p := &Page{
-		Node: in.Node, Mode: in.Mode, Now: in.Now, SourcesReady: in.SourcesReady,
+		Node: in.Node, Mode: in.Mode, Now: in.Now, SourcesReady: in.SourcesReady, EmptyDirLimits: in.EmptyDirLimits,
 		Namespaces: []string{}, Pods: []Pod{}, Operations: []Operation{}, Drivers: []Driver{}, Orphans: []Orphan{},
 		Events: []events.Event{},
 	}

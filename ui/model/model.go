@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/explain"
+	"github.com/volume-agent/volume-agent/internal/disklimit"
 	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/ui/timeline"
 	"github.com/volume-agent/volume-agent/volume"
@@ -64,7 +65,9 @@ type Page struct {
 	// relative to it.
 	Now          time.Time `json:"now"`
 	SourcesReady bool      `json:"sourcesReady"`
-	Summary      Summary   `json:"summary"`
+	// EmptyDirLimits is how disk emptyDirs' sizeLimit is enforced.
+	EmptyDirLimits disklimit.Status `json:"emptyDirLimits"`
+	Summary        Summary          `json:"summary"`
 	// Namespaces are every namespace with a pod (for filters), sorted.
 	Namespaces []string    `json:"namespaces"`
 	Pods       []Pod       `json:"pods"`
