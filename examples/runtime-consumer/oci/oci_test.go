@@ -198,8 +198,10 @@ func TestUnpackHostileLayers(t *testing.T) {
 			}
 		},
 	}, {
-		name:    "hard link to a host file",
-		layers:  func(outside string) [][]entry { return [][]entry{{{typ: tar.TypeLink, name: "h", link: filepath.Join(outside, "victim")}}} },
+		name: "hard link to a host file",
+		layers: func(outside string) [][]entry {
+			return [][]entry{{{typ: tar.TypeLink, name: "h", link: filepath.Join(outside, "victim")}}}
+		},
 		wantErr: "hard link to",
 	}, {
 		name: "hard link through a symlinked directory",
