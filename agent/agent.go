@@ -44,6 +44,7 @@ import (
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/emptydir"
 	"github.com/volume-agent/volume-agent/plugins/hostpath"
+	"github.com/volume-agent/volume-agent/plugins/image"
 	"github.com/volume-agent/volume-agent/plugins/local"
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/reconciler"
@@ -228,7 +229,7 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 		StateDir: filepath.Join(paths.Root, "plugins", volume.EscapePlugin(emptydir.Name)), Log: log.Named("disklimit")}); err != nil {
 		return nil, err
 	}
-	p.plugins = plugins.NewRegistry(append([]plugins.Plugin{emptydir.New(host).WithLimits(p.limits), hostpath.New(host), local.New(host), p.csi.plugin}, p.api.plugins...)...)
+	p.plugins = plugins.NewRegistry(append([]plugins.Plugin{emptydir.New(host).WithLimits(p.limits), hostpath.New(host), local.New(host), p.csi.plugin, image.New()}, p.api.plugins...)...)
 	p.executor = operations.NewExecutor(operations.ExecutorOptions{
 		MaxConcurrent: cfg.MaxConcurrentOperations,
 		Timeout:       cfg.OperationTimeout,

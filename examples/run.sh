@@ -35,6 +35,9 @@ fi
 mkdir -p "$base/local/content" "$base/host"
 echo "<h1>served from a local PersistentVolume</h1>" >"$base/local/content/index.html"
 rm -f "$base/local/content/from-worker.txt"
+# The image volume's image: an OCI image layout built from a directory of
+# the repository (there is no registry); the runtime unpacks it once.
+"$consumer_bin" build-image -from "$here/image/greeting" -layout "$base/image-layout" -ref example.local/greeting:v1 >/dev/null
 # The agent watches this copy; the demo tears down by emptying it.
 rm -rf "$base/manifests"
 mkdir -p "$base/manifests"
@@ -111,7 +114,8 @@ done
 # The pods' containers, run by an example container runtime that asks the
 # agent's runtime API (docs/runtime-api.md) where each volume is.
 echo "== containers (examples/runtime-consumer: each command in its own mount namespace, volumes from $base/root/runtime.sock)"
-"$consumer_bin" -socket "$base/root/runtime.sock" -manifests "$base/manifests" -timeout 5s 2>&1 | sed 's/^/  /' || true
+"$consumer_bin" -socket "$base/root/runtime.sock" -manifests "$base/manifests" -timeout 5s \
+	-image-layout "$base/image-layout" -image-cache "$base/image-cache" 2>&1 | sed 's/^/  /' || true
 echo
 echo "Explore: open http://$debug/ in a browser, or run: bin/volume-agent status --address $debug [--watch] [--pod default/web]"
 echo "         curl http://$debug/debug/asw | /debug/operations | /debug/api-volumes | /debug/events ; curl http://$metrics/metrics"

@@ -102,6 +102,10 @@ type Volume struct {
 	ReadOnly bool `json:"readOnly,omitempty"`
 	// Block: a raw block volume (volumeDevices).
 	Block bool `json:"block,omitempty"`
+	// NoHostPath: the runtime mounts the volume itself (an image
+	// volume); ready means resolved, and there is no path on the node
+	// (volume.Attributes.NoHostPath).
+	NoHostPath bool `json:"noHostPath,omitempty"`
 }
 
 // Ready reports whether the pod can have the volume.
@@ -233,7 +237,7 @@ func PodReady(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.Actual
 // resolved explains a volume the pod's name resolved to.
 func resolved(p *cache.DesiredPod, dv *cache.DesiredVolume, dpv *cache.DesiredPodVolume, asw *cache.ActualSnapshot, failures Failures) Volume {
 	v := Volume{Unique: dv.Name, Plugin: dv.Plugin, Block: dpv.Spec != nil && dpv.Spec.IsBlock(),
-		ReadOnly: dv.Attributes.ReadOnlyForContainers || (dpv.Spec != nil && dpv.Spec.ReadOnly)}
+		ReadOnly: dv.Attributes.ReadOnlyForContainers || (dpv.Spec != nil && dpv.Spec.ReadOnly), NoHostPath: dv.Attributes.NoHostPath}
 	uid := p.Pod.UID
 	av := asw.Volumes[dv.Name]
 	var m *cache.ActualPodMount

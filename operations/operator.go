@@ -218,11 +218,17 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 	if av != nil {
 		req.DevicePath, req.PublishContext = av.DevicePath, av.PublishContext
 	}
-	parent := filepath.Dir(req.Dir)
-	made := o.dirs.ensure(o.Paths.PodsDir(), parent)
-	err = p.SetUp(ctx, req)
-	if err != nil && !volume.IsUncertain(err) {
-		o.dirs.undo(parent, made)
+	if t.Attributes.NoHostPath {
+		// Nothing on the node: no directory to make, none to record.
+		req.Dir = ""
+		err = p.SetUp(ctx, req)
+	} else {
+		parent := filepath.Dir(req.Dir)
+		made := o.dirs.ensure(o.Paths.PodsDir(), parent)
+		err = p.SetUp(ctx, req)
+		if err != nil && !volume.IsUncertain(err) {
+			o.dirs.undo(parent, made)
+		}
 	}
 	mount := cache.ActualPodMount{Pod: t.Pod.PodRef, SpecName: t.SpecName, MountPath: req.Dir, Spec: t.Spec}
 	switch {

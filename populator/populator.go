@@ -351,7 +351,9 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 // mount of it: read-only when the mount or the volume is, or when
 // containers get the volume read-only anyway.
 func withSubPaths(pv cache.PodVolume, subPaths []volume.SubPath) cache.PodVolume {
-	if len(subPaths) == 0 {
+	if len(subPaths) == 0 || pv.Attributes.NoHostPath {
+		// The runtime resolves a sub-path of a volume it mounts itself
+		// (the CRI mount's image_sub_path): nothing to prepare here.
 		return pv
 	}
 	pv.SubPaths = make([]volume.SubPath, len(subPaths))

@@ -114,8 +114,24 @@ type Volume struct {
 	ReadOnly   bool   `json:"readOnly,omitempty"`
 	// SELinuxRelabel is the hint a runtime passes on as the CRI mount's
 	// selinux_relabel: the content is the pod's own and may be relabelled
-	// for the container (false for host paths and devices).
+	// for the container (false for host paths, devices and images).
 	SELinuxRelabel bool `json:"selinuxRelabel,omitempty"`
+	// Image is set for an image volume (volumes[].image): the runtime
+	// mounts the image itself, read-only; there is no HostPath.
+	Image *ImageVolume `json:"image,omitempty"`
+}
+
+// ImageVolume is what a runtime needs to mount an image volume, the CRI
+// Mount's image: pull Reference as PullPolicy says, then mount the image's
+// merged layers read-only. docs/runtime-api.md says what the runtime must
+// do.
+type ImageVolume struct {
+	// Reference is the image or artifact reference as the pod gives it.
+	Reference string `json:"reference"`
+	// PullPolicy is Always, IfNotPresent or Never; when the pod gives
+	// none, the API server's default (Always for a :latest tag or for no
+	// tag and no digest, IfNotPresent otherwise).
+	PullPolicy string `json:"pullPolicy"`
 }
 
 // Container is what one container gets.
@@ -128,7 +144,9 @@ type Container struct {
 }
 
 // Mount is one volumeMounts entry of a container: bind HostPath at
-// ContainerPath. HostPath is empty while the volume is not ready.
+// ContainerPath, or for an image volume mount Image (at ImageSubPath in
+// it). HostPath is empty while the volume is not ready, and always for an
+// image volume.
 type Mount struct {
 	Volume        string `json:"volume"`
 	ContainerPath string `json:"containerPath"`
@@ -145,6 +163,15 @@ type Mount struct {
 	// RecursiveReadOnly is the volumeMount's recursiveReadOnly, if set.
 	RecursiveReadOnly string `json:"recursiveReadOnly,omitempty"`
 	SELinuxRelabel    bool   `json:"selinuxRelabel,omitempty"`
+	// Image is the volume's Image, for a mount of an image volume (the
+	// CRI Mount's image); ReadOnly is then always true.
+	Image *ImageVolume `json:"image,omitempty"`
+	// ImageSubPath is the sub-path (subPathExpr expanded) inside the
+	// image to mount instead of its root (the CRI Mount's
+	// image_sub_path), set when the volume is ready. The runtime
+	// resolves it within the image and fails the container if it does
+	// not exist or leaves the image.
+	ImageSubPath string `json:"imageSubPath,omitempty"`
 }
 
 // Device is one volumeDevices entry: make the block device HostPath (a

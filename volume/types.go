@@ -99,6 +99,12 @@ type Attributes struct {
 	// sources (the kubelet's ReadOnlyAPIDataVolumes: configMap, secret,
 	// downwardAPI, projected).
 	ReadOnlyForContainers bool `json:"readOnlyForContainers,omitempty"`
+	// NoHostPath volumes have nothing on the node: the container runtime
+	// mounts them from their spec (an image volume: the runtime pulls and
+	// mounts the image). Set up records them; no directory is made, no
+	// sub-path is prepared (the runtime resolves it inside what it
+	// mounts), no fsGroup is applied, and the pod's mount has no path.
+	NoHostPath bool `json:"noHostPath,omitempty"`
 }
 
 // Mode is the volume mode the attributes describe, as Kubernetes spells it.

@@ -40,6 +40,10 @@ type bind struct {
 	Source   string `json:"source"`
 	Target   string `json:"target"`
 	ReadOnly bool   `json:"readOnly"`
+	// Image: an unpacked image at Source (an image volume), mounted
+	// read-only, nosuid and nodev; ImageSubPath is resolved inside it.
+	Image        bool   `json:"image,omitempty"`
+	ImageSubPath string `json:"imageSubPath,omitempty"`
 }
 
 func writeSpec(w io.Writer, s *containerSpec) error { return json.NewEncoder(w).Encode(s) }
@@ -107,7 +111,12 @@ func runChild() error {
 	sort.SliceStable(mounts, func(i, j int) bool { return depth(mounts[i].Target) < depth(mounts[j].Target) })
 	fds := make([]int, len(mounts))
 	for i, m := range mounts {
-		fd, err := unix.Open(m.Source, unix.O_PATH|unix.O_CLOEXEC, 0)
+		var fd int
+		if m.Image {
+			fd, err = openInImage(m.Source, m.ImageSubPath)
+		} else {
+			fd, err = unix.Open(m.Source, unix.O_PATH|unix.O_CLOEXEC, 0)
+		}
 		if err != nil {
 			return fmt.Errorf("opening %s for %s: %w", m.Source, m.Target, err)
 		}
@@ -227,6 +236,9 @@ func mountFd(fd int, m bind) error {
 		return nil
 	}
 	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+	if m.Image {
+		attr.Attr_set |= unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV
+	}
 	if err := unix.MountSetattr(-1, target, unix.AT_RECURSIVE, attr); err != nil {
 		return fmt.Errorf("making %s read-only: %w", target, err)
 	}

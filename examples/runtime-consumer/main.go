@@ -12,6 +12,16 @@
 // Init containers run first, one after the other, then the regular
 // containers of the pod together. Containers without a command are
 // skipped: there is no image to take one from. It needs root, like the API.
+//
+// Image volumes come from a local OCI image layout instead of a registry
+// (package oci): -image-layout names it, the reference is matched with
+// the org.opencontainers.image.ref.name annotation (or by digest), the
+// image is unpacked once into -image-cache as the pull policy says, and
+// mounted read-only (nosuid, nodev), its sub-path resolved inside it.
+//
+//	runtime-consumer build-image -from DIR -layout LAYOUT -ref NAME:TAG
+//
+// builds (or adds to) such a layout: one layer with DIR's files.
 package main
 
 import (
@@ -33,6 +43,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/volume-agent/volume-agent/examples/runtime-consumer/oci"
 	"github.com/volume-agent/volume-agent/runtimeapi"
 	"github.com/volume-agent/volume-agent/runtimeapi/client"
 )
@@ -46,13 +57,25 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "build-image" {
+		if err := buildImage(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "runtime-consumer build-image:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	socket := flag.String("socket", runtimeapi.Socket("/var/lib/volume-agent"), "the agent's runtime API socket")
 	manifests := flag.String("manifests", "", "directory of pod manifests (YAML or JSON) whose containers to run")
 	timeout := flag.Duration("timeout", 30*time.Second, "how long to wait for a pod's volumes")
 	runFor := flag.Duration("container-timeout", time.Minute, "how long a container may run before it is killed")
 	workDir := flag.String("work-dir", "", "where containers' root directories are made (default: a new directory under $TMPDIR)")
 	list := flag.Bool("list", false, "only list the pods the agent manages")
+	layout := flag.String("image-layout", "", "the OCI image layout image volumes are taken from (no registry)")
+	imageCache := flag.String("image-cache", "", "where images are unpacked, each once (default: image-cache next to -image-layout)")
 	flag.Parse()
+	if *imageCache == "" && *layout != "" {
+		*imageCache = filepath.Join(filepath.Dir(filepath.Clean(*layout)), "image-cache")
+	}
 
 	c := client.New(*socket)
 	ctx, stop := signalContext()
@@ -69,6 +92,9 @@ func main() {
 		os.Exit(2)
 	}
 	r := &runner{client: c, timeout: *timeout, runFor: *runFor, workDir: *workDir, out: newPrinter(os.Stdout)}
+	if *layout != "" {
+		r.images = &oci.Cache{Dir: *imageCache, Layout: *layout}
+	}
 	if err := r.run(ctx, *manifests); err != nil {
 		fmt.Fprintln(os.Stderr, "runtime-consumer:", err)
 		os.Exit(1)
@@ -93,6 +119,8 @@ type runner struct {
 	runFor  time.Duration
 	workDir string
 	out     *printer
+	// images holds image volumes' images (nil: no -image-layout).
+	images *oci.Cache
 }
 
 func (r *runner) run(ctx context.Context, dir string) error {
@@ -249,6 +277,14 @@ func (r *runner) runContainer(ctx context.Context, pod *v1.Pod, uid string, c v1
 		Hostname:   pod.Name,
 	}
 	for _, m := range api.Mounts {
+		if m.Image != nil {
+			dir, err := r.imageMount(ctx, m)
+			if err != nil {
+				return err
+			}
+			spec.Mounts = append(spec.Mounts, bind{Source: dir, ImageSubPath: m.ImageSubPath, Target: m.ContainerPath, ReadOnly: true, Image: true})
+			continue
+		}
 		if m.HostPath == "" {
 			return fmt.Errorf("the API gave no host path for the mount at %s", m.ContainerPath)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/plugins/image"
 	"github.com/volume-agent/volume-agent/runtimeapi"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -53,7 +54,14 @@ func View(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualSnap
 			if m.RecursiveReadOnly != nil {
 				rm.RecursiveReadOnly = string(*m.RecursiveReadOnly)
 			}
-			if v.Ready && m.SubPathError == "" {
+			if v.Image != nil {
+				// The runtime mounts the image and resolves the sub-path
+				// in it; there is nothing on the node to bind.
+				rm.Image = v.Image
+				if v.Ready && m.SubPathError == "" {
+					rm.ImageSubPath = m.SubPath
+				}
+			} else if v.Ready && m.SubPathError == "" {
 				rm.HostPath = v.HostPath
 				if m.SubPath != "" {
 					rm.HostPath = paths.SubPathTarget(uid, v.Plugin, v.specName, c.Name, m.Index)
@@ -118,11 +126,16 @@ func viewVolume(p *cache.DesiredPod, name string, ex *explain.Pod, dsw *cache.De
 	if e.Block {
 		v.VolumeMode = runtimeapi.Block
 	}
-	v.SELinuxRelabel = e.Unique != "" && v.VolumeMode == runtimeapi.Filesystem && e.Plugin != hostPathPlugin
-	if !v.Ready {
+	v.SELinuxRelabel = e.Unique != "" && v.VolumeMode == runtimeapi.Filesystem && e.Plugin != hostPathPlugin && !e.NoHostPath
+	dv := dsw.Volumes[e.Unique]
+	if dv != nil && dv.Pods[p.Pod.UID] != nil {
+		if src := image.Source(dv.Pods[p.Pod.UID].Spec); src != nil {
+			v.Image = &runtimeapi.ImageVolume{Reference: src.Reference, PullPolicy: string(image.PullPolicy(src))}
+		}
+	}
+	if !v.Ready || e.NoHostPath {
 		return v
 	}
-	dv := dsw.Volumes[e.Unique]
 	v.specName = dv.SpecName
 	m := asw.Volumes[e.Unique].Pods[p.Pod.UID]
 	if v.VolumeMode == runtimeapi.Block {

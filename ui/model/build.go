@@ -17,6 +17,7 @@ import (
 	"github.com/volume-agent/volume-agent/internal/disklimit"
 	"github.com/volume-agent/volume-agent/localpv"
 	"github.com/volume-agent/volume-agent/operations"
+	"github.com/volume-agent/volume-agent/plugins/image"
 	"github.com/volume-agent/volume-agent/reconciler/housekeeping"
 	"github.com/volume-agent/volume-agent/source"
 	"github.com/volume-agent/volume-agent/status/events"
@@ -592,6 +593,9 @@ func describeInline(spec *volume.Spec, plugin string) string {
 		return "projected"
 	case v.Ephemeral != nil:
 		return "ephemeral"
+	case v.Image != nil:
+		// No path on the node: the runtime pulls and mounts it.
+		return fmt.Sprintf("image %s (pull %s, mounted by the runtime)", v.Image.Reference, image.PullPolicy(v.Image))
 	}
 	return plugin
 }

@@ -34,6 +34,9 @@ func CheckReadyPaths(p *runtimeapi.Pod) error {
 	}
 	plain := map[string]bool{}
 	for _, v := range p.Volumes {
+		if v.Image != nil {
+			continue // the runtime mounts the image: no path on the node
+		}
 		if v.HostPath == "" && v.DevicePath == "" {
 			return fmt.Errorf("ready volume %s has no path", v.Name)
 		}
@@ -73,12 +76,24 @@ func CheckReadyPaths(p *runtimeapi.Pod) error {
 		return nil
 	}
 	for _, v := range p.Volumes {
+		if v.Image != nil {
+			if v.HostPath != "" {
+				return fmt.Errorf("image volume %s has a host path %s", v.Name, v.HostPath)
+			}
+			continue
+		}
 		if err := check("volume "+v.Name, v.HostPath+v.DevicePath, v.VolumeMode == runtimeapi.Block); err != nil {
 			return err
 		}
 	}
 	for _, c := range p.Containers {
 		for _, m := range c.Mounts {
+			if m.Image != nil {
+				if m.HostPath != "" || !m.ReadOnly {
+					return fmt.Errorf("container %s mount %s of an image: host path %q, read-only %v", c.Name, m.ContainerPath, m.HostPath, m.ReadOnly)
+				}
+				continue
+			}
 			if err := check(fmt.Sprintf("container %s mount %s", c.Name, m.ContainerPath), m.HostPath, false); err != nil {
 				return err
 			}

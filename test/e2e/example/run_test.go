@@ -185,6 +185,11 @@ func TestCtrlCLeavesNothingBehind(t *testing.T) {
 		"[default/web/web] wrote /scratch/greeting: hello from web (emptyDir on disk)",
 		"[default/web/web] the worker left in the shared volume: a note from the worker",
 		"[default/worker/worker] wrote /tmp/scratch on tmpfs (emptyDir medium Memory)",
+		// An image volume: the agent hands the reference to the runtime,
+		// which unpacks it from the OCI layout run.sh built.
+		"[default/worker/worker] the image volume example.local/greeting:v1 says: hello from an OCI image",
+		"[default/worker/worker] one file of the image through a subPath: a file of the image, through a subPath",
+		"[default/worker/worker] cannot write to the image volume: read-only",
 		"[default/web] all containers exited 0",
 		"[default/worker] all containers exited 0",
 		"[default/configured] all containers exited 0",
