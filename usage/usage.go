@@ -203,13 +203,21 @@ func (m *Measurer) Refresh(ctx context.Context) {
 		return nil
 	}
 	m.decide(targets, limits)
+	// Deciding costs a look at every target: done at most once a second
+	// during the round (a pod over its limit is known within a second of
+	// its measurement) and at its end, not after every measurement.
+	decided := m.opts.Clock.Now()
 	for _, t := range schedule(targets, last) {
 		if ctx.Err() != nil {
 			return
 		}
 		m.store(t, m.measure(ctx, t))
-		m.decide(targets, limits)
+		if m.opts.Clock.Since(decided) >= time.Second {
+			m.decide(targets, limits)
+			decided = m.opts.Clock.Now()
+		}
 	}
+	m.decide(targets, limits)
 }
 
 // measured is one measurement's outcome.

@@ -30,7 +30,7 @@ type world struct {
 	dir string
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t testing.TB) *world {
 	clk := clocktesting.NewFakeClock(time.Unix(0, 0))
 	return &world{dsw: cache.NewDesiredStateOfWorld(clk), asw: cache.NewActualStateOfWorld(clk), dir: t.TempDir()}
 }
@@ -43,7 +43,7 @@ type vol struct {
 }
 
 // pod adds a pod with its volumes, each with a directory of its own.
-func (w *world) pod(t *testing.T, name string, ephemeral string, vols ...vol) {
+func (w *world) pod(t testing.TB, name string, ephemeral string, vols ...vol) {
 	t.Helper()
 	info := volume.PodInfo{PodRef: volume.PodRef{UID: types.UID("uid-" + name), Namespace: "ns", Name: name}}
 	if ephemeral != "" {
