@@ -136,15 +136,15 @@ func TestOverLimits(t *testing.T) {
 		limit   *resource.Quantity
 		want    []string // reason/volume
 	}{
-		{"under its sizeLimit", []Target{disk("p", "a", 16 * mi)}, map[string]int64{"a": 16 * mi}, nil, nil},
-		{"over its sizeLimit", []Target{disk("p", "a", 16 * mi)}, map[string]int64{"a": 16*mi + 1}, nil, []string{"EmptyDirOverLimit/a"}},
+		{"under its sizeLimit", []Target{disk("p", "a", 16*mi)}, map[string]int64{"a": 16 * mi}, nil, nil},
+		{"over its sizeLimit", []Target{disk("p", "a", 16*mi)}, map[string]int64{"a": 16*mi + 1}, nil, []string{"EmptyDirOverLimit/a"}},
 		{"no sizeLimit", []Target{disk("p", "a", 0)}, map[string]int64{"a": 1 << 40}, nil, nil},
 		{"not measured yet", []Target{disk("p", "a", 1)}, map[string]int64{}, nil, nil},
 		{"emptyDirs summed over the pod's limit", []Target{disk("p", "a", 0), disk("p", "b", 0)}, map[string]int64{"a": 6 * mi, "b": 5 * mi}, &q,
 			[]string{"EphemeralStorageOverLimit/"}},
 		{"summed, at the limit", []Target{disk("p", "a", 0), disk("p", "b", 0)}, map[string]int64{"a": 5 * mi, "b": 5 * mi}, &q, nil},
 		{"memory emptyDirs are not ephemeral storage", []Target{disk("p", "a", 0), mem}, map[string]int64{"a": 5 * mi, "mem": 50 * mi}, &q, nil},
-		{"both", []Target{disk("p", "a", 8 * mi), disk("p", "b", 0)}, map[string]int64{"a": 9 * mi, "b": 5 * mi}, &q,
+		{"both", []Target{disk("p", "a", 8*mi), disk("p", "b", 0)}, map[string]int64{"a": 9 * mi, "b": 5 * mi}, &q,
 			[]string{"EphemeralStorageOverLimit/", "EmptyDirOverLimit/a"}},
 	}
 	for _, tc := range tests {
