@@ -60,7 +60,7 @@ lint:
 # VolumesReady condition True, 100 and 500 pods x 4 PVCs); see
 # docs/performance.md. The many-node simulation takes longer: make bench-scale.
 bench: build tools
-	$(GO) test -run '^$$' -bench . -benchmem ./volume/ ./reconciler/planner/ ./operations/ ./source/manifest/ ./internal/atomicdir/ ./ui/ ./ui/timeline/ ./internal/subpath/ ./runtimeapi/server/ ./internal/safefs/ ./status/podstatus/
+	$(GO) test -run '^$$' -bench . -benchmem ./volume/ ./reconciler/planner/ ./operations/ ./source/manifest/ ./internal/atomicdir/ ./ui/ ./ui/timeline/ ./internal/subpath/ ./runtimeapi/server/ ./internal/safefs/ ./status/podstatus/ ./usage/
 	$(GO) build -o bin/bench ./test/bench
 	bin/bench -agent $(BIN) -pods 500 -volumes 4
 	bin/bench -agent $(BIN) -pods 1000 -volumes 4 -idle 5s

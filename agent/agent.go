@@ -55,6 +55,7 @@ import (
 	"github.com/volume-agent/volume-agent/status/podstatus"
 	"github.com/volume-agent/volume-agent/ui"
 	"github.com/volume-agent/volume-agent/ui/timeline"
+	"github.com/volume-agent/volume-agent/usage"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -78,6 +79,7 @@ type Agent struct {
 	localPV      *localpv.Provisioner
 	page         *ui.Server
 	podStatus    *podstatus.Reporter
+	usage        *usage.Measurer
 
 	// What Run waits for as it stops.
 	executor *operations.Executor
@@ -124,6 +126,7 @@ type parts struct {
 	// pins keeps raw block devices open under pods' access points.
 	pins       *blockpin.Loops
 	runtimeAPI *runtimeserver.Server
+	usage      *usage.Measurer // nil: not measured
 
 	// housekeeping cleans what gone pods left, after passes.
 	housekeeping *housekeeping.Loop
@@ -238,9 +241,10 @@ func build(cfg Config, paths volume.Paths, m *mode) (*Agent, error) {
 		OnStateChange: wake.Notify,
 	})
 	p.csi.retryOnChange(p.executor, wake)
-	p.podStatus = m.podStatus(p.executor, log)
+	p.usage = p.newUsage(wake.Notify)
+	p.podStatus = m.podStatus(failuresWithLimits{p.executor, p.usage}, log)
 	p.runtimeAPI = runtimeserver.New(runtimeserver.Options{
-		Socket: cfg.RuntimeSocket, Paths: paths, Errors: p.executor, Log: log.Named("runtimeapi"),
+		Socket: cfg.RuntimeSocket, Paths: paths, Errors: failuresWithLimits{p.executor, p.usage}, Log: log.Named("runtimeapi"),
 		Snapshots: func() (*cache.DesiredSnapshot, *cache.ActualSnapshot) { return p.dsw.Snapshot(), p.asw.Snapshot() },
 	})
 	p.populator = p.newPopulator(wake, recheck)
@@ -329,6 +333,9 @@ func (p *parts) registerMetrics() {
 	}
 	p.metrics.RegisterState(state)
 	p.metrics.Registry.MustRegister(p.csi.stats)
+	if p.usage != nil {
+		p.metrics.Registry.MustRegister(p.usage)
+	}
 	if p.localPV != nil {
 		p.metrics.Registry.MustRegister(p.localPV.Collectors()...)
 	}
@@ -352,7 +359,7 @@ func (p *parts) agent() *Agent {
 			orphans: p.orphans, metrics: p.metrics, period: p.cfg.ResyncPeriod, log: p.log,
 		},
 		source: p.source, populator: p.populator, reconciler: p.reconciler, housekeeping: p.housekeeping,
-		csi: p.csi, api: p.api, localPV: p.localPV, page: p.page, podStatus: p.podStatus,
+		csi: p.csi, api: p.api, localPV: p.localPV, page: p.page, podStatus: p.podStatus, usage: p.usage,
 		executor: p.executor, trimmer: p.trimmer,
 		runtimeAPI: p.runtimeAPI, debugHandler: p.debugMux(), metricsHandler: mux,
 		healthHandler: httpserve.WriteDeadline(health, short),
@@ -499,6 +506,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	// them; whatever is still watched stops with the agent.
 	l.run("object watches", untilDone(func(ctx context.Context) { <-ctx.Done(); a.api.stop() }))
 	l.run("page", untilDone(a.page.Run))
+	if a.usage != nil {
+		l.run("volume usage", untilDone(a.usage.Run))
+	}
 	if a.podStatus != nil {
 		l.run("pod status", untilDone(func(ctx context.Context) { a.podStatus.Run(ctx, a.cfg.StatusWorkers) }))
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/volume-agent/volume-agent/internal/disklimit"
 	"github.com/volume-agent/volume-agent/internal/procs"
 	"github.com/volume-agent/volume-agent/runtimeapi"
+	"github.com/volume-agent/volume-agent/usage"
 )
 
 // Config is the agent's configuration; cmd/volume-agent fills it from flags.
@@ -72,6 +73,17 @@ type Config struct {
 	// VolumeStatsAggPeriod is how often volume stats are read (the
 	// kubelet's --volume-stats-agg-period); 0: 1m, negative: never.
 	VolumeStatsAggPeriod time.Duration
+	// UsagePeriod is how often emptyDir (and hostPath) usage is measured;
+	// 0: 1m, negative: never. UsageEntriesPerSecond bounds the entries
+	// all walks look at together, UsageWalkTimeout one walk (0: the
+	// defaults of package usage). MeasureHostPathUsage measures hostPath
+	// volumes too. UsageSource answers cheaply for the volumes it backs
+	// (quotas, filesystem images); nil: every disk emptyDir is walked.
+	UsagePeriod           time.Duration
+	UsageEntriesPerSecond int
+	UsageWalkTimeout      time.Duration
+	MeasureHostPathUsage  bool
+	UsageSource           usage.Source
 
 	// APIVolumePodBytes and APIVolumeNodeBytes bound the content of API
 	// volumes (configMap, secret, downwardAPI, projected) of one pod and

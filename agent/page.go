@@ -36,6 +36,7 @@ func (p *parts) pageInput() model.Input {
 		in.LocalVolumes = &doc
 	}
 	in.InputErrors = p.source.InputErrors()
+	usageInput(p.usage, &in)
 	return in
 }
 

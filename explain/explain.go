@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"slices"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/volume"
@@ -77,6 +79,37 @@ const (
 	ReasonSubPathFailed = "SubPathFailed"
 )
 
+// Reasons of warnings: a pod that uses more local storage than its limits
+// allow, as the kubelet's eviction manager finds it (localStorageEviction).
+// A node without a kubelet has nobody to evict the pod; the warning does not
+// make it unready either: its volumes work, and taking its readiness away
+// would stop its traffic, not its writes (enforcement, where in force, stops
+// those).
+const (
+	// ReasonEmptyDirOverLimit: an emptyDir uses more than its sizeLimit.
+	ReasonEmptyDirOverLimit = "EmptyDirOverLimit"
+	// ReasonEphemeralStorageOverLimit: the pod's local ephemeral volumes
+	// use more than its containers' ephemeral-storage limits summed.
+	ReasonEphemeralStorageOverLimit = "EphemeralStorageOverLimit"
+)
+
+// Warning is something wrong with a pod that does not make it unready.
+type Warning struct {
+	// Volume is the pod's name for the volume; empty for the pod as a
+	// whole.
+	Volume  string `json:"volume,omitempty"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+// Limits says which pods use more local storage than their limits allow.
+// It is an optional capability of the Failures given to Explain (the agent
+// gives one value that is both), so that every surface asking Explain
+// with the agent's failures sees the same warnings.
+type Limits interface {
+	OverLimit(pod types.UID) []Warning
+}
+
 // Failures gives the last error of an operation key that waits in backoff
 // (operations.Executor). A volume.IsWaiting error is a normal wait, not a
 // failure.
@@ -123,6 +156,9 @@ type Pod struct {
 	// Problems are errors of the pod that name no volume (a pod UID that
 	// cannot be a directory name); each needs a change.
 	Problems []*volume.PodVolumeError `json:"-"`
+	// Warnings leave the pod as ready as it is: local storage over its
+	// limits (failures implementing Limits).
+	Warnings []Warning `json:"warnings,omitempty"`
 }
 
 // Volume finds a volume of the pod by the pod's name for it.
@@ -159,7 +195,8 @@ func ErrorStatus(e *volume.PodVolumeError) Status {
 	return NeedsChange
 }
 
-// Explain explains a pod of dsw. failures may be nil.
+// Explain explains a pod of dsw. failures may be nil; when it implements
+// Limits, the pod's warnings come from it.
 func Explain(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, failures Failures) Pod {
 	out := Pod{Status: Ready, Volumes: []Volume{}}
 	byName := map[string]int{}
@@ -210,6 +247,9 @@ func Explain(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualS
 		out.Status = NeedsChange
 	}
 	out.Ready = out.Status == Ready
+	if l, ok := failures.(Limits); ok {
+		out.Warnings = l.OverLimit(uid)
+	}
 	return out
 }
 

@@ -53,6 +53,8 @@ type situation struct {
 	// failures are the operations in backoff with their last error.
 	failures map[operations.Key]error
 	mounts   []volume.ContainerMount
+	// over are the pod's local storage warnings (usage.Measurer).
+	over []explain.Warning
 }
 
 func newSituation(t *testing.T) *situation {
@@ -102,6 +104,10 @@ func (s *situation) fail(id cache.VolumeIdentity, pod bool, err error) {
 	}
 	s.failures[k] = err
 }
+
+// OverLimit makes the situation's warnings what the usage measurer would
+// say (the agent's failures implement explain.Limits too).
+func (s *situation) OverLimit(types.UID) []explain.Warning { return s.over }
 
 // LastError makes the situation's failures what the executor would say.
 func (s *situation) LastError(k operations.Key) error { return s.failures[k] }
@@ -217,6 +223,15 @@ func TestSurfacesAgree(t *testing.T) {
 			s.mount(s.volume("data", emptyDir, volume.Attributes{}), "data", cache.Mounted)
 			s.podError("", populator.ReasonPodUIDUnusable, errors.New("pod UID is not usable as a directory name"), false)
 		}, explain.Ready, "", explain.NeedsChange},
+		{"over its emptyDir sizeLimit: ready, with a warning", func(s *situation) {
+			s.mount(s.volume("data", emptyDir, volume.Attributes{}), "data", cache.Mounted)
+			s.over = []explain.Warning{{Volume: "data", Reason: explain.ReasonEmptyDirOverLimit, Message: `Usage of EmptyDir volume "data" exceeds the limit "16Mi".`}}
+		}, explain.Ready, "", explain.Ready},
+		{"over its ephemeral-storage limit, a volume waiting", func(s *situation) {
+			s.mount(s.volume("data", emptyDir, volume.Attributes{}), "data", cache.Mounted)
+			s.volume("cache", emptyDir, volume.Attributes{})
+			s.over = []explain.Warning{{Reason: explain.ReasonEphemeralStorageOverLimit, Message: "Pod ephemeral local storage usage exceeds the total limit of containers 1Gi."}}
+		}, explain.Ready, "", explain.Waiting},
 		{"read-only for containers", func(s *situation) {
 			s.mount(s.volume("data", configMap, volume.Attributes{RequiresRemount: true, ReadOnlyForContainers: true}), "data", cache.Mounted)
 		}, explain.Ready, "", explain.Ready},
@@ -239,7 +254,11 @@ func TestSurfacesAgree(t *testing.T) {
 			}
 			checkCondition(t, &ex, podstatus.Compute(p, dsw, asw, s))
 			checkRuntimeAPI(t, &ex, server.View(p, dsw, asw, s, volume.Paths{Root: "/var/lib/volume-agent"}))
-			in := model.Input{Now: s.clk.Now(), Node: "node-1", Mode: "standalone", SourcesReady: true, DSW: dsw, ASW: asw, Operations: s.operations()}
+			if got := len(ex.Warnings); got != len(s.over) {
+				t.Fatalf("explanation has %d warnings, want %d", got, len(s.over))
+			}
+			in := model.Input{Now: s.clk.Now(), Node: "node-1", Mode: "standalone", SourcesReady: true, DSW: dsw, ASW: asw, Operations: s.operations(),
+				OverLimit: map[types.UID][]explain.Warning{s.pod.UID: s.over}}
 			page := model.Build(in)
 			checkPage(t, &ex, page)
 			checkStatusCommand(t, &ex, in, page)
@@ -256,6 +275,16 @@ func checkCondition(t *testing.T, ex *explain.Pod, c podstatus.Condition) {
 		explain.Ready: podstatus.ReasonMounted, explain.Waiting: podstatus.ReasonWaiting,
 		explain.Failing: podstatus.ReasonMountFailed, explain.NeedsChange: podstatus.ReasonVolumeErrors,
 	}[ex.Status]
+	// A ready pod's warnings are its condition's reason; a pod not ready
+	// has a reason for that, which comes first.
+	if ex.Ready && len(ex.Warnings) > 0 {
+		want = podstatus.ReasonOverLimit
+		for _, w := range ex.Warnings {
+			if !strings.Contains(c.Message, w.Message) {
+				t.Errorf("condition message %q does not say %q", c.Message, w.Message)
+			}
+		}
+	}
 	if (c.Status == v1.ConditionTrue) != ex.Ready || c.Reason != want {
 		t.Errorf("condition %s %s (%s), want ready=%v reason %s", c.Status, c.Reason, c.Message, ex.Ready, want)
 	}
@@ -321,6 +350,12 @@ func checkPage(t *testing.T, ex *explain.Pod, page *model.Page) {
 	}
 	if !ex.Ready && !strings.Contains(p.Reason, worst(ex)) {
 		t.Errorf("page: pod reason %q does not say %q", p.Reason, worst(ex))
+	}
+	if ex.Ready && len(ex.Warnings) > 0 && !strings.Contains(p.Reason, ex.Warnings[0].Reason) {
+		t.Errorf("page: ready pod's reason %q does not give its warning %s", p.Reason, ex.Warnings[0].Reason)
+	}
+	if len(p.Warnings) != len(ex.Warnings) {
+		t.Errorf("page: %d warnings, explained %d", len(p.Warnings), len(ex.Warnings))
 	}
 }
 
@@ -419,6 +454,13 @@ func checkStatusCommand(t *testing.T, ex *explain.Pod, in model.Input, page *mod
 	for _, v := range ex.NotReady() {
 		if !strings.Contains(text, v.Reason) {
 			t.Errorf("status does not give volume %s's reason %s:\n%s", v.Name, v.Reason, text)
+		}
+	}
+	if ex.Ready {
+		for _, w := range ex.Warnings {
+			if !strings.Contains(text, w.Reason) {
+				t.Errorf("status does not give the warning %s:\n%s", w.Reason, text)
+			}
 		}
 	}
 }

@@ -463,12 +463,27 @@ func podInfo(pod *v1.Pod) volume.PodInfo {
 		PodRef:         volume.PodRef{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name},
 		ServiceAccount: pod.Spec.ServiceAccountName,
 		MemoryLimit:    memoryLimit(pod),
+		// The eviction manager's sum (podEphemeralStorageLimitEviction):
+		// declared limits only, the largest init container if larger, a
+		// pod-level limit, overhead.
+		EphemeralStorageLimit: ephemeralStorageLimit(pod),
 	}
 	if sc := pod.Spec.SecurityContext; sc != nil {
 		info.FSGroup = sc.FSGroup
 		info.FSGroupChangePolicy = sc.FSGroupChangePolicy
 	}
 	return info
+}
+
+// ephemeralStorageLimit is the pod's ephemeral-storage limit as the
+// kubelet's eviction manager computes it (PodLimits with default options):
+// nil when nothing declares one.
+func ephemeralStorageLimit(pod *v1.Pod) *resource.Quantity {
+	q, ok := resourcehelper.PodLimits(pod, resourcehelper.PodResourcesOptions{})[v1.ResourceEphemeralStorage]
+	if !ok {
+		return nil
+	}
+	return &q
 }
 
 // memoryLimit is the pod's memory limit as the kubelet computes it for the

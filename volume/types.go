@@ -42,6 +42,9 @@ type PodInfo struct {
 	FSGroup             *int64                     `json:"fsGroup,omitempty"`
 	FSGroupChangePolicy *v1.PodFSGroupChangePolicy `json:"fsGroupChangePolicy,omitempty"`
 	MemoryLimit         *resource.Quantity         `json:"memoryLimit,omitempty"`
+	// EphemeralStorageLimit is the pod's ephemeral-storage limit as the
+	// kubelet's eviction manager sums it; nil when no container has one.
+	EphemeralStorageLimit *resource.Quantity `json:"ephemeralStorageLimit,omitempty"`
 }
 
 // Spec describes one volume as a pod uses it. It is built by the populator and

@@ -25,6 +25,7 @@ import (
 	"github.com/volume-agent/volume-agent/internal/logging"
 	"github.com/volume-agent/volume-agent/internal/procs"
 	"github.com/volume-agent/volume-agent/ui/statuscmd"
+	"github.com/volume-agent/volume-agent/usage"
 )
 
 func main() {
@@ -97,6 +98,10 @@ func run() error {
 	fs.BoolVar(&cfg.AttachDetachAnnotation, "attach-detach-annotation", true, "cluster mode: keep the Node's volumes.kubernetes.io/controller-managed-attach-detach annotation in step with --attach-mode (\"true\" for controller, removed for self), as the kubelet does; false leaves it alone")
 	fs.DurationVar(&cfg.CSIProbePeriod, "csi-probe-period", 30*time.Second, "how often registered CSI drivers are probed; three failures in a row deregister a driver")
 	fs.DurationVar(&cfg.VolumeStatsAggPeriod, "volume-stats-agg-period", time.Minute, "how often the kubelet_volume_stats_* of claim-backed volumes are read (as the kubelet's flag); negative disables them")
+	fs.DurationVar(&cfg.UsagePeriod, "volume-usage-period", time.Minute, "how often the usage of every emptyDir (and hostPath volume, with --measure-host-path-usage) is measured, for volume_agent_volume_used_bytes, the page and the pods over their limits; negative disables it")
+	fs.IntVar(&cfg.UsageEntriesPerSecond, "usage-entries-per-second", usage.DefaultEntriesPerSecond, "directory entries per second all usage walks of the node look at together")
+	fs.DurationVar(&cfg.UsageWalkTimeout, "usage-walk-timeout", usage.DefaultWalkTimeout, "how long one volume's usage walk may take; a walk cut short keeps the volume's last figures")
+	fs.BoolVar(&cfg.MeasureHostPathUsage, "measure-host-path-usage", false, "measure hostPath volumes' usage too (walks of host directories)")
 	fs.Func("api-volume-pod-bytes", "bytes of configMap, secret, downwardAPI and projected content one pod's volumes may hold together (a quantity: 32Mi); the agent writes it, so it counts against the agent's memory; a volume over it fails with an error naming pod, volume and sizes; negative: no bound (default 32Mi)", func(s string) error {
 		return parseBytes(s, &cfg.APIVolumePodBytes)
 	})

@@ -65,6 +65,10 @@ func TestMemoryHelperProcess(t *testing.T) {
 		err = safefs.RemoveAll(context.Background(), dir)
 	case "chgrp":
 		err = safefs.SetGroup(context.Background(), dir, safefs.Group{GID: 4242, FileBits: 0o660, DirBits: 0o2770})
+	case "usage":
+		var du safefs.DiskUsage
+		du, err = safefs.Usage(context.Background(), dir, safefs.UsageOptions{})
+		fmt.Printf("INODES %d\n", du.Inodes)
 	}
 	if err != nil {
 		t.Fatal(err)

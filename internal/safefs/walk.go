@@ -9,8 +9,8 @@
 // directory whose descriptor was closed to keep that bound is found again
 // through ".." and its inode number.
 //
-// It owns two walks: removal (RemoveAll, RemoveContents) and giving a tree
-// a group (SetGroup, for a pod's fsGroup).
+// It owns three walks: removal (RemoveAll, RemoveContents), giving a tree
+// a group (SetGroup, for a pod's fsGroup) and measuring it (DiskUsage).
 package safefs
 
 import (
@@ -54,7 +54,8 @@ var errMoved = errors.New("the directory tree changed during the walk (a directo
 
 const (
 	dirFlags  = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
-	statxMask = unix.STATX_TYPE | unix.STATX_MODE | unix.STATX_GID | unix.STATX_INO | unix.STATX_MNT_ID
+	statxMask = unix.STATX_TYPE | unix.STATX_MODE | unix.STATX_GID | unix.STATX_INO | unix.STATX_MNT_ID |
+		unix.STATX_NLINK | unix.STATX_BLOCKS // for DiskUsage; the same call either way
 )
 
 // fileStat is what a walk needs to know of an entry.
@@ -65,6 +66,8 @@ type fileStat struct {
 	mountRoot bool
 	mode      uint32 // st_mode: type and permission bits
 	gid       uint32
+	nlink     uint32
+	blocks    uint64 // 512-byte blocks allocated
 }
 
 func (s fileStat) isDir() bool     { return s.mode&unix.S_IFMT == unix.S_IFDIR }
@@ -85,7 +88,7 @@ func statAt(dirfd int, name string) (fileStat, error) {
 		dev: unix.Mkdev(stx.Dev_major, stx.Dev_minor), ino: stx.Ino,
 		mntID: stx.Mnt_id, hasMntID: stx.Mask&unix.STATX_MNT_ID != 0,
 		mountRoot: stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0,
-		mode:      uint32(stx.Mode), gid: stx.Gid,
+		mode:      uint32(stx.Mode), gid: stx.Gid, nlink: stx.Nlink, blocks: stx.Blocks,
 	}, nil
 }
 

@@ -43,6 +43,11 @@ const (
 	ReasonWaiting      = "WaitingForVolumes"
 	ReasonVolumeErrors = "VolumeErrors"
 	ReasonMountFailed  = "MountFailed"
+	// ReasonOverLimit: True, every volume mounted, but the pod uses more
+	// local storage than its limits allow (explain's warnings). The
+	// condition stays True: the kubelet would evict the pod, not make it
+	// unready, and a node without a kubelet only reports.
+	ReasonOverLimit = "LocalStorageOverLimit"
 )
 
 // notReadyDelay holds back a False condition in case it turns True at once.
@@ -145,6 +150,13 @@ func Compute(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualS
 		return Condition{Status: v1.ConditionFalse, Reason: ReasonMountFailed, Message: strings.Join(msgs, "; ")}
 	case explain.Waiting:
 		return Condition{Status: v1.ConditionFalse, Reason: ReasonWaiting, Message: "waiting for volumes to be mounted: " + strings.Join(msgs, ", ")}
+	}
+	if len(ex.Warnings) > 0 {
+		msgs = msgs[:0]
+		for _, w := range ex.Warnings {
+			msgs = append(msgs, w.Message)
+		}
+		return Condition{Status: v1.ConditionTrue, Reason: ReasonOverLimit, Message: "all volumes are mounted; " + strings.Join(msgs, " ")}
 	}
 	return Condition{Status: v1.ConditionTrue, Reason: ReasonMounted, Message: "all volumes are mounted"}
 }

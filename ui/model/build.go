@@ -51,6 +51,11 @@ type Input struct {
 	History History
 	// EmptyDirLimits is how disk emptyDirs' sizeLimit is enforced.
 	EmptyDirLimits disklimit.Status
+	// Usage is the last measured usage of pods' volumes, by pod UID and
+	// the pod's name for the volume (package usage); OverLimit the pods'
+	// warnings of local storage over its limits (explain.Limits).
+	Usage     map[types.UID]map[string]VolumeUsage
+	OverLimit map[types.UID][]explain.Warning
 }
 
 // History is the operation timeline (timeline.Ring).
@@ -259,6 +264,12 @@ func (ix *indexed) desiredPod(dp *cache.DesiredPod) Pod {
 		}
 	}
 	sortVolumes(p.Volumes)
+	for i := range p.Volumes {
+		if u, ok := ix.Usage[uid][p.Volumes[i].Name]; ok {
+			p.Volumes[i].Usage = &u
+		}
+	}
+	p.Warnings = ex.Warnings
 	p.State, p.Since = podState(ex.Status), time.Time{}
 	var worst *PodVolume
 	for i := range p.Volumes {
@@ -279,6 +290,9 @@ func (ix *indexed) desiredPod(dp *cache.DesiredPod) Pod {
 		if worst.State == Error {
 			p.Since = worst.Since
 		}
+	case len(ex.Warnings) > 0:
+		// Ready, with a warning: the reason says it.
+		p.Reason = ex.Warnings[0].Reason + ": " + ex.Warnings[0].Message
 	}
 	if p.Since.IsZero() {
 		p.Since = dp.Since
@@ -317,6 +331,9 @@ func reasonText(e explain.Volume) string {
 	}
 	return e.Reason + ": " + e.Message
 }
+
+// OverLimit implements explain.Limits from the warnings gathered.
+func (ix *indexed) OverLimit(pod types.UID) []explain.Warning { return ix.Input.OverLimit[pod] }
 
 // LastError implements explain.Failures from the operations listed (so the
 // pods and the operations of a page agree).

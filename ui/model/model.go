@@ -7,8 +7,10 @@
 package model
 
 import (
+	"fmt"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/explain"
@@ -114,9 +116,34 @@ type Pod struct {
 	State PodState `json:"state"`
 	// Since is when the pod reached its state, as well as it is known.
 	Since time.Time `json:"since,omitzero"`
-	// Reason says why the pod is not ready ("volume: reason").
+	// Reason says why the pod is not ready ("volume: reason"), or for a
+	// ready pod its first warning.
 	Reason  string      `json:"reason,omitempty"`
 	Volumes []PodVolume `json:"volumes"`
+	// Warnings are the explanation's: local storage over its limits.
+	Warnings []explain.Warning `json:"warnings,omitempty"`
+}
+
+// VolumeUsage is a volume's last measured usage (package usage).
+type VolumeUsage struct {
+	UsedBytes  int64 `json:"usedBytes"`
+	InodesUsed int64 `json:"inodesUsed"`
+	// LimitBytes is an emptyDir's sizeLimit (0: none).
+	LimitBytes int64 `json:"limitBytes,omitempty"`
+	// Method is how it was measured: source, statfs or walk.
+	Method string    `json:"method"`
+	At     time.Time `json:"at"`
+	// Error is why the last measurement failed (the figures are older).
+	Error string `json:"error,omitempty"`
+}
+
+// Text is the usage in a few words: "3.1Mi of 16Mi used".
+func (u *VolumeUsage) Text() string {
+	used := resource.NewQuantity(u.UsedBytes, resource.BinarySI)
+	if u.LimitBytes > 0 {
+		return fmt.Sprintf("%s of %s used", used, resource.NewQuantity(u.LimitBytes, resource.BinarySI))
+	}
+	return used.String() + " used"
 }
 
 // PodVolume is one volume of a pod.
@@ -151,6 +178,9 @@ type PodVolume struct {
 	MountPath       string     `json:"mountPath,omitempty"`
 	DevicePath      string     `json:"devicePath,omitempty"`
 	DeviceMountPath string     `json:"deviceMountPath,omitempty"`
+	// Usage is the volume's last measured usage (emptyDirs; hostPath when
+	// measured).
+	Usage *VolumeUsage `json:"usage,omitempty"`
 }
 
 // Operation is one entry of the executor's pending-operations map.

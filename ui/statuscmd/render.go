@@ -293,7 +293,11 @@ func (o options) pod(w io.Writer, d *model.PodDetail) error {
 	} else {
 		t := newTable(w, "VOLUME", "SOURCE", "STATE", "AGE", "REASON")
 		for _, v := range p.Volumes {
-			t.row(sanitize(v.Name), cellOr(sanitize(v.Source), "-"), string(v.State), age(now, v.Since), o.reason(v, now))
+			src := v.Source
+			if v.Usage != nil {
+				src += " · " + v.Usage.Text()
+			}
+			t.row(sanitize(v.Name), cellOr(sanitize(src), "-"), string(v.State), age(now, v.Since), o.reason(v, now))
 		}
 		t.flush()
 	}
