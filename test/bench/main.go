@@ -76,9 +76,10 @@ type options struct {
 	baseline     string
 	baselineArgs string
 	// ownership scenario
-	ownershipPeer  string
-	ownershipFiles string
-	ownershipDisks string
+	ownershipPeer   string
+	ownershipFiles  string
+	ownershipDisks  string
+	ownershipShapes string
 }
 
 func run() error {
@@ -108,6 +109,7 @@ func run() error {
 	flag.StringVar(&o.ownershipPeer, "ownership-peer", "", "ownership: the kubelet peer binary (default: ownership-peer in $VOLUME_AGENT_TOOLS_BIN)")
 	flag.StringVar(&o.ownershipFiles, "ownership-files", "100000", "ownership: numbers of files per tree, comma-separated")
 	flag.StringVar(&o.ownershipDisks, "ownership-disks", "root,loop", "ownership: where the trees live: root (the root disk), loop (an ext4 on a loop device)")
+	flag.StringVar(&o.ownershipShapes, "ownership-shapes", "wide,deep", "ownership: tree shapes, comma-separated")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("must run as root (it mounts)")

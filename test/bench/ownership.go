@@ -87,7 +87,10 @@ func runOwnership(o options) error {
 		ownGID, wrongGID, o.runs, runtime.GOMAXPROCS(0))
 	for _, disk := range strings.Split(o.ownershipDisks, ",") {
 		for _, n := range sizes {
-			for _, shape := range []string{"wide", "deep"} {
+			for _, shape := range strings.Split(o.ownershipShapes, ",") {
+				if shape != "wide" && shape != "deep" {
+					return fmt.Errorf("-ownership-shapes: %q is neither wide nor deep", shape)
+				}
 				if err := ownershipCase(o, disk, shape, n, impls); err != nil {
 					return fmt.Errorf("%s %s %d: %w", disk, shape, n, err)
 				}
