@@ -54,9 +54,13 @@ func runOwnership(o options) error {
 	g := safefs.Group{GID: ownGID, FileBits: 0o660, DirBits: 0o2770}
 	impls := []ownershipImpl{
 		{"kubelet", func(dir string) (time.Duration, error) {
-			out, err := exec.Command(peer, "-dir", dir, "-gid", strconv.Itoa(ownGID)).CombinedOutput()
+			// stderr has the kubelet's own log (its warning after 30 s).
+			var stderr strings.Builder
+			cmd := exec.Command(peer, "-dir", dir, "-gid", strconv.Itoa(ownGID))
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
 			if err != nil {
-				return 0, fmt.Errorf("%s: %v: %s", peer, err, out)
+				return 0, fmt.Errorf("%s: %v: %s", peer, err, stderr.String())
 			}
 			ns, err := strconv.ParseInt(strings.TrimPrefix(strings.TrimSpace(string(out)), "ownership-peer "), 10, 64)
 			if err != nil {
