@@ -8,6 +8,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # modules and cached outside the repo (see test/tools/build.sh); the first
 # build takes minutes.
 TOOLS_BIN    = $(shell test/tools/build.sh)
+OWNERSHIP_FILES ?= 100000
 
 .PHONY: all build run test deps unit e2e lint bench bench-scale fuzz tools cluster-up cluster-down clean
 
@@ -57,8 +58,10 @@ lint:
 # per second: the agent's CPU for that), the cluster-mode API volumes
 # benchmark (500 pods x kube-api-access + configMap + secret against a real
 # API server), the cluster-mode readiness benchmark (volumes mounted ->
-# VolumesReady condition True, 100 and 500 pods x 4 PVCs); see
-# docs/performance.md. The many-node simulation takes longer: make bench-scale.
+# VolumesReady condition True, 100 and 500 pods x 4 PVCs), the fsGroup walk
+# against the kubelet's own code on 100,000 files (OWNERSHIP_FILES=100000,1000000
+# adds the million, much longer); see docs/performance.md. The many-node
+# simulation takes longer: make bench-scale.
 bench: build tools
 	$(GO) test -run '^$$' -bench . -benchmem ./volume/ ./reconciler/planner/ ./operations/ ./source/manifest/ ./internal/atomicdir/ ./ui/ ./ui/timeline/ ./internal/subpath/ ./runtimeapi/server/ ./internal/safefs/ ./status/podstatus/ ./usage/
 	$(GO) build -o bin/bench ./test/bench
@@ -68,6 +71,7 @@ bench: build tools
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario api-volumes -agent $(BIN) -pods 500 -node-credentials
 	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario readiness -agent $(BIN) -sizes 100,500 -volumes 4
+	VOLUME_AGENT_TOOLS_BIN=$(TOOLS_BIN) bin/bench -scenario ownership -ownership-files $(OWNERSHIP_FILES)
 
 # Many nodes against one API server (test/bench/manynodes, about 10 minutes
 # on 2 cores): 20 agents, 20,000 PV/PVC pairs spread over their nodes, 50 pods

@@ -71,16 +71,26 @@ func BenchmarkRemoveAll(b *testing.B) {
 	}
 }
 
+// BenchmarkSetGroup compares the parallel walk with the sequential
+// reference (test/bench -scenario ownership compares both with the
+// kubelet's code).
 func BenchmarkSetGroup(b *testing.B) {
 	mounttest.RequireRoot(b) // to change groups
-	benchSetups(b, func(b *testing.B, tmp string) {
-		dir := filepath.Join(tmp, "vol")
-		benchTree(b, dir)
-		for i := 0; b.Loop(); i++ {
-			// Alternating groups: every entry changes on every walk.
-			if err := safefs.SetGroup(context.Background(), dir, safefs.Group{GID: 4000 + i%2, FileBits: 0o660, DirBits: 0o2770}); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
+	for _, impl := range []struct {
+		name string
+		set  func(context.Context, string, safefs.Group) error
+	}{{"parallel", safefs.SetGroup}, {"sequential", safefs.SetGroupSequential}} {
+		b.Run(impl.name, func(b *testing.B) {
+			benchSetups(b, func(b *testing.B, tmp string) {
+				dir := filepath.Join(tmp, "vol")
+				benchTree(b, dir)
+				for i := 0; b.Loop(); i++ {
+					// Alternating groups: every entry changes on every walk.
+					if err := impl.set(context.Background(), dir, safefs.Group{GID: 4000 + i%2, FileBits: 0o660, DirBits: 0o2770}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
+	}
 }

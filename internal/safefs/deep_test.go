@@ -69,11 +69,42 @@ func TestMemoryHelperProcess(t *testing.T) {
 		var du safefs.DiskUsage
 		du, err = safefs.Usage(context.Background(), dir, safefs.UsageOptions{})
 		fmt.Printf("INODES %d\n", du.Inodes)
+	case "chgrp-fd-limit":
+		limitOpenFiles(t, safefs.GroupFDBound()+1) // +1: the root
+		err = safefs.SetGroup(context.Background(), dir, safefs.Group{GID: 4242, FileBits: 0o660, DirBits: 0o2770})
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	fmt.Printf("PEAK-GROWTH-KB %d\n", procStatus(t, "VmHWM")-before)
+}
+
+// limitOpenFiles lets the process open at most n more descriptors than it
+// has open now: the limit is on descriptor numbers, and the kernel hands
+// out the lowest free one, so it goes just past the n-th free number.
+func limitOpenFiles(t *testing.T, n int) {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := map[int]bool{}
+	for _, e := range fds {
+		if fd, err := strconv.Atoi(e.Name()); err == nil {
+			open[fd] = true
+		}
+	}
+	lim := 0
+	for free := 0; free < n; lim++ {
+		if !open[lim] {
+			free++
+		}
+	}
+	// The descriptor ReadDir used is closed again: one more free number.
+	lim--
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(lim), Max: uint64(lim)}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func procStatus(t *testing.T, key string) int64 {

@@ -32,23 +32,53 @@ const permBits = 0o7777
 // descriptor with AT_SYMLINK_NOFOLLOW, so a symbolic link swapped in
 // mid-walk is never followed out of the tree. Other mounts inside the tree
 // are left alone. Entries that vanish during the walk are skipped.
+//
+// It walks with a few workers at once (see parallel.go); SetGroupSequential
+// is the same walk one directory at a time, the reference it agrees with.
 func SetGroup(ctx context.Context, dir string, g Group) error {
-	w, err := openRoot(dir)
-	if err != nil {
+	w, done, err := startGroup(dir, g)
+	if done || err != nil {
+		return err
+	}
+	return setGroupParallel(ctx, w, g, groupWorkers())
+}
+
+// SetGroupSequential is SetGroup one directory at a time: the simple walk
+// the parallel one must agree with (an oracle test compares them).
+func SetGroupSequential(ctx context.Context, dir string, g Group) error {
+	w, done, err := startGroup(dir, g)
+	if done || err != nil {
 		return err
 	}
 	defer w.close()
+	return walkGroup(ctx, w, g)
+}
+
+// startGroup opens the root and gives it the group; done means nothing
+// below it is to be looked at (OnRootMismatch with a right root).
+func startGroup(dir string, g Group) (w *walker, done bool, err error) {
+	w, err = openRoot(dir)
+	if err != nil {
+		return nil, false, err
+	}
 	root := w.rootStat
 	if g.SkipIfRootMatches && int(root.gid) == g.GID && root.mode&g.DirBits == g.DirBits {
-		return nil
+		w.close()
+		return nil, true, nil
 	}
 	if err := fixFD(w.root.fd, root, g, g.DirBits); err != nil {
-		return &os.PathError{Op: "chgrp", Path: dir, Err: err}
+		w.close()
+		return nil, false, &os.PathError{Op: "chgrp", Path: dir, Err: err}
 	}
+	return w, false, nil
+}
+
+// walkGroup gives everything below w's root (already changed) the group.
+func walkGroup(ctx context.Context, w *walker, g Group) error {
 	for count := 1; ; count++ {
 		if count%checkEvery == 0 {
 			if err := ctx.Err(); err != nil {
-				return fmt.Errorf("applying group %d to %s: %w", g.GID, dir, err)
+				return fmt.Errorf("applying group %d to %s: %w", g.GID, w.rootName(), err)
 			}
 		}
 		e, ok, err := w.next()
@@ -80,6 +110,9 @@ func setGroupEntry(w *walker, e entry, g Group) error {
 			if err := fixFD(fd, st, g, g.DirBits); err != nil {
 				unix.Close(fd)
 				return &os.PathError{Op: "chgrp", Path: w.pathOf(e.name), Err: err}
+			}
+			if w.handOff != nil && w.handOff(fd, st) {
+				return nil // another worker walks it
 			}
 			w.push(fd, st, e.name)
 			return nil

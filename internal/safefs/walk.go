@@ -127,6 +127,11 @@ type walker struct {
 	pos, n     int
 	loaded     bool // buf holds entries of the current directory
 	positioned bool // the current directory's file offset is its off
+
+	// handOff, if set, may take a directory the walk just opened (and
+	// changed) to walk it elsewhere, owning its descriptor; false: this
+	// walk enters it itself.
+	handOff func(fd int, st fileStat) bool
 }
 
 // entry is one directory entry.
@@ -154,11 +159,18 @@ func newWalker(fd int, dir string) (*walker, error) {
 		unix.Close(fd)
 		return nil, &os.PathError{Op: "statx", Path: dir, Err: err}
 	}
+	return walkerAt(fd, st, dir), nil
+}
+
+// walkerAt makes the open directory fd, whose stat is st, the root of a
+// walk; dir names it in messages ("": found when needed through /proc).
+// The walker owns the descriptor.
+func walkerAt(fd int, st fileStat, dir string) *walker {
 	bufp := bufPool.Get().(*[]byte)
 	return &walker{
 		rootPath: dir, root: frame{fd: fd, ino: st.ino}, rootStat: st,
 		stack: make([]frame, 0, maxOpenDirs), bufp: bufp, buf: *bufp, positioned: true,
-	}, nil
+	}
 }
 
 // close releases every descriptor and the buffer.
@@ -167,7 +179,9 @@ func (w *walker) close() {
 		unix.Close(f.fd)
 	}
 	w.stack = nil
-	unix.Close(w.root.fd)
+	if w.root.fd >= 0 {
+		unix.Close(w.root.fd)
+	}
 	bufPool.Put(w.bufp)
 }
 
@@ -307,7 +321,7 @@ func (w *walker) ascend() (name string, failed bool, err error) {
 			// name is the root's entry with its inode number.
 			var err error
 			if name, _, err = w.find(p.fd, c.ino); err != nil {
-				return "", false, &os.PathError{Op: "readdir", Path: w.rootPath, Err: err}
+				return "", false, &os.PathError{Op: "readdir", Path: w.rootName(), Err: err}
 			}
 		}
 		return name, c.failed, nil
@@ -377,7 +391,7 @@ func (w *walker) find(fd int, ino uint64) (string, int64, error) {
 func (w *walker) dirPath() string {
 	if w.depth == len(w.stack) {
 		parts := make([]string, 0, len(w.stack)+1)
-		parts = append(parts, w.rootPath)
+		parts = append(parts, w.rootName())
 		for _, f := range w.stack {
 			if f.name == "" {
 				parts = nil
@@ -389,10 +403,23 @@ func (w *walker) dirPath() string {
 			return filepath.Join(parts...)
 		}
 	}
-	if p, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(w.current().fd)); err == nil && strings.HasPrefix(p, "/") {
+	return fdPath(w.current().fd, w.rootName()+"/…")
+}
+
+// rootName names the walk's root for messages.
+func (w *walker) rootName() string {
+	if w.rootPath != "" {
+		return w.rootPath
+	}
+	return fdPath(w.root.fd, "(a directory of the tree)")
+}
+
+// fdPath is where the kernel says the directory fd is, or else.
+func fdPath(fd int, otherwise string) string {
+	if p, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err == nil && strings.HasPrefix(p, "/") {
 		return p
 	}
-	return w.rootPath + "/…"
+	return otherwise
 }
 
 // pathOf names an entry of the current directory for messages.

@@ -6,7 +6,8 @@
 // manifests are deleted. -scenario api-volumes is cluster mode with API
 // volumes (see apivolumes.go); -scenario readiness is how soon pods'
 // VolumesReady conditions follow their mounts in cluster mode (see
-// readiness.go).
+// readiness.go); -scenario ownership is the fsGroup walk against the
+// kubelet's own code (see ownership.go).
 //
 // Mounts are counted in /proc/self/mountinfo, the kernel's own view. The
 // agent's root directory is, by default, on a dedicated ext4 filesystem on a
@@ -74,12 +75,17 @@ type options struct {
 	agentArgs    string
 	baseline     string
 	baselineArgs string
+	// ownership scenario
+	ownershipPeer   string
+	ownershipFiles  string
+	ownershipDisks  string
+	ownershipShapes string
 }
 
 func run() error {
 	var o options
 	flag.StringVar(&o.agent, "agent", "bin/volume-agent", "volume-agent binary")
-	flag.StringVar(&o.scenario, "scenario", "emptydir", "emptydir (standalone mode, Memory emptyDirs), api-volumes (cluster mode, kube-api-access + configMap + secret per pod) or readiness (cluster mode, pod conditions; see readiness.go)")
+	flag.StringVar(&o.scenario, "scenario", "emptydir", "emptydir (standalone mode, Memory emptyDirs), api-volumes (cluster mode, kube-api-access + configMap + secret per pod), readiness (cluster mode, pod conditions; see readiness.go) or ownership (fsGroup walks against the kubelet's code; see ownership.go)")
 	flag.IntVar(&o.kubeQPS, "kube-qps", 0, "api-volumes: the agent's --kube-api-qps (burst twice that); 0: its default")
 	flag.BoolVar(&o.nodeCredentials, "node-credentials", false, "api-volumes: run the agent with --node-kubeconfig")
 	flag.IntVar(&o.updates, "updates", 10, "api-volumes: ConfigMap updates timed")
@@ -100,9 +106,16 @@ func run() error {
 	flag.DurationVar(&o.profileFor, "profile-for", 10*time.Second, "emptydir: length of each CPU profile")
 	flag.Float64Var(&o.rate, "rate", 0, "emptydir: pods arriving per second (manifests renamed into place one by one at this pace); 0: all at once")
 	flag.BoolVar(&o.floor, "floor", true, "emptydir: also time the kernel floor (the same directories and mounts with bare syscalls) on the same filesystem, just before and just after the agent, and report the agent's ratio to it")
+	flag.StringVar(&o.ownershipPeer, "ownership-peer", "", "ownership: the kubelet peer binary (default: ownership-peer in $VOLUME_AGENT_TOOLS_BIN)")
+	flag.StringVar(&o.ownershipFiles, "ownership-files", "100000", "ownership: numbers of files per tree, comma-separated")
+	flag.StringVar(&o.ownershipDisks, "ownership-disks", "root,loop", "ownership: where the trees live: root (the root disk), loop (an ext4 on a loop device)")
+	flag.StringVar(&o.ownershipShapes, "ownership-shapes", "wide,deep", "ownership: tree shapes, comma-separated")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("must run as root (it mounts)")
+	}
+	if o.scenario == "ownership" {
+		return runOwnership(o)
 	}
 
 	work, err := os.MkdirTemp("", "volume-agent-bench-")

@@ -6,6 +6,8 @@
 #                  test/tools/etcd and test/tools/kube); 10-20 minutes cold
 #   csi/build.sh   csi-provisioner, csi-attacher and csi-resizer, the real
 #                  CSI sidecars (module test/tools/csi); a few minutes cold
+#   peer/build.sh  ownership-peer, the kubelet's fsGroup code for make bench
+#                  (module test/tools/kube, its own cache key)
 #
 # Each group has a cache directory of its own, keyed by what decides its
 # binaries: its modules (go.mod, go.sum, wrapper sources) and its recipe (its
@@ -24,13 +26,15 @@ k8s_version=$(modversion "$here/kube/go.mod" k8s.io/kubernetes)
 kube_key=$(key "$here"/kube/go.mod "$here"/kube/go.sum "$here"/etcd/go.mod "$here"/etcd/go.sum "$here"/etcd/main.go \
 	"$here"/kube/build.sh "$here"/lib.sh)
 csi_key=$(key "$here"/csi/go.mod "$here"/csi/go.sum "$here"/csi/build.sh "$here"/lib.sh)
+peer_key=$(key "$here"/kube/go.mod "$here"/kube/go.sum "$here"/kube/ownership-peer/main.go "$here"/peer/build.sh "$here"/lib.sh)
 
 mkdir -p "$cache_root"
 # Each recipe prints the paths of its binaries, one a line.
 bins=$("$here/kube/build.sh" "$cache_root/$k8s_version-$kube_key/bin")
 bins+=$'\n'$("$here/csi/build.sh" "$cache_root/csi-$csi_key/bin")
+bins+=$'\n'$("$here/peer/build.sh" "$cache_root/peer-$peer_key/bin")
 
-out="$cache_root/bin-$kube_key-$csi_key"
+out="$cache_root/bin-$kube_key-$csi_key-$peer_key"
 if [ ! -d "$out" ]; then
 	tmp=$(mktemp -d "$cache_root/.bin-XXXXXX")
 	chmod 755 "$tmp"

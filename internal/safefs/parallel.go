@@ -1,0 +1,130 @@
+package safefs
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// The parallel group walk: a few workers, each running the sequential walk
+// (walkGroup) on a directory it holds open. A worker that opens a
+// subdirectory offers it to a small queue; when the queue is full it walks
+// the subdirectory itself, as the sequential walk does, with the same bound
+// on what it holds. So memory and descriptors stay bounded whatever the
+// tree's shape (at most workers × (maxOpenDirs+1) + queue descriptors and
+// workers dirent buffers), and every directory is still entered only
+// through a descriptor its parent's walk opened with O_NOFOLLOW and found on
+// the volume's mount: handing one to another worker changes who walks it,
+// not how it was reached.
+
+// maxGroupWorkers bounds the workers of one walk. They mostly wait in the
+// kernel (the disk, inode locks, the journal), so more than the CPUs help
+// on a cold cache; beyond this they only contend.
+const maxGroupWorkers = 16
+
+// groupWorkersOverride, when positive, is the number of workers (tests).
+var groupWorkersOverride int
+
+func groupWorkers() int {
+	if groupWorkersOverride > 0 {
+		return groupWorkersOverride
+	}
+	return min(max(4, 4*runtime.GOMAXPROCS(0)), maxGroupWorkers)
+}
+
+// dirTask is a directory to walk: its descriptor (owned by the task), its
+// stat, and its path when known (the root: messages name it).
+type dirTask struct {
+	fd   int
+	st   fileStat
+	path string
+}
+
+// groupPool is one parallel walk.
+type groupPool struct {
+	ctx     context.Context
+	cancel  context.CancelFunc
+	g       Group
+	root    string // for messages
+	queue   chan dirTask
+	pending sync.WaitGroup // tasks queued or being walked
+
+	errOnce sync.Once
+	err     error
+}
+
+// setGroupParallel walks below root (already changed) with workers
+// goroutines. It closes root.
+func setGroupParallel(ctx context.Context, root *walker, g Group, workers int) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	p := &groupPool{ctx: ctx, cancel: cancel, g: g, root: root.rootPath, queue: make(chan dirTask, 2*workers)}
+	// The root's walker already holds its descriptor: hand it over as the
+	// first task (its buffer goes back to the pool).
+	first := dirTask{fd: root.root.fd, st: root.rootStat, path: root.rootPath}
+	root.root.fd = -1
+	root.close()
+	p.pending.Add(1)
+	p.queue <- first
+
+	var workersDone sync.WaitGroup
+	for range workers {
+		workersDone.Add(1)
+		go func() {
+			defer workersDone.Done()
+			p.work()
+		}()
+	}
+	p.pending.Wait()
+	close(p.queue)
+	workersDone.Wait()
+	return p.err
+}
+
+func (p *groupPool) work() {
+	for t := range p.queue {
+		if err := p.ctx.Err(); err != nil {
+			// Failed or cancelled: drain. A cancellation with work
+			// left is an error too (a no-op if one was kept).
+			unix.Close(t.fd)
+			p.fail(fmt.Errorf("applying group %d to %s: %w", p.g.GID, p.root, err))
+		} else {
+			w := walkerAt(t.fd, t.st, t.path)
+			w.handOff = p.offer
+			if err := walkGroup(p.ctx, w, p.g); err != nil {
+				p.fail(err)
+			}
+			w.close()
+		}
+		p.pending.Done()
+	}
+}
+
+// offer queues the open directory fd for any worker, unless the queue is
+// full (or the walk is failing): then the caller walks it itself.
+func (p *groupPool) offer(fd int, st fileStat) bool {
+	if p.ctx.Err() != nil {
+		return false
+	}
+	// The offering task is pending, so the count cannot reach zero (and
+	// the queue be closed) between this Add and the send.
+	p.pending.Add(1)
+	select {
+	case p.queue <- dirTask{fd: fd, st: st}:
+		return true
+	default:
+		p.pending.Done()
+		return false
+	}
+}
+
+// fail keeps the first error and stops the other workers.
+func (p *groupPool) fail(err error) {
+	p.errOnce.Do(func() {
+		p.err = err
+		p.cancel()
+	})
+}
