@@ -75,7 +75,7 @@ type Options struct {
 	// read: the pods whose subPathExpr waits for one are resolved again.
 	EnvChanged <-chan struct{}
 	Events     events.Recorder
-	Observer Observer
+	Observer   Observer
 	// Pods, when set, is told about every pod whose volumes the DSW is
 	// given (before they are desired, and again after any change to the
 	// pod) and about pods that left (refresh.Refresher).

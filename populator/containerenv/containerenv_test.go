@@ -160,7 +160,7 @@ func TestExpansionRules(t *testing.T) {
 			expr: "$(IP)/$(NOPE)", err: "missing value for NOPE"},
 		{name: "host IPs from the node", env: []v1.EnvVar{{Name: "H", ValueFrom: field("status.hostIP")}, {Name: "HS", ValueFrom: field("status.hostIPs")}},
 			modPod: func(p *v1.Pod) { p.Status.HostIP = "198.51.100.9" },
-			expr: "$(H)/$(HS)", want: "192.0.2.1/192.0.2.1,2001:db8::1"},
+			expr:   "$(H)/$(HS)", want: "192.0.2.1/192.0.2.1,2001:db8::1"},
 		{name: "host IP from the pod's status when the node's are unknown", env: []v1.EnvVar{{Name: "H", ValueFrom: field("status.hostIP")}},
 			modPod: func(p *v1.Pod) { p.Status.HostIPs = []v1.HostIP{{IP: "198.51.100.9"}} }, modIn: func(in *Inputs) { in.HostIPs = nil },
 			expr: "$(H)", want: "198.51.100.9"},
