@@ -260,7 +260,7 @@ func (p *parts) newPopulator(wake, recheck *notify.Signal) *populator.Populator 
 		EnvChanged:      p.api.envChanged.C(),
 		NodeAllocatable: p.api.allocatable,
 		Events:          p.events,
-		Pods:         p.api.refresh,
+		Pods:            p.api.refresh,
 		// Every populator pass wakes the reconciler: the first one makes
 		// the sources ready (adoption, orphan cleanup) and a later one may
 		// make them complete, without changing the DSW when no pod wants
