@@ -19,6 +19,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -510,6 +511,7 @@ func podInfo(pod *v1.Pod) volume.PodInfo {
 		PodRef:         volume.PodRef{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name},
 		ServiceAccount: pod.Spec.ServiceAccountName,
 		MemoryLimit:    memoryLimit(pod),
+		HugePageSizes:  hugePageSizes(pod),
 	}
 	if sc := pod.Spec.SecurityContext; sc != nil {
 		info.FSGroup = sc.FSGroup
@@ -540,4 +542,31 @@ func memoryLimit(pod *v1.Pod) *resource.Quantity {
 		return nil
 	}
 	return &q
+}
+
+// hugePageSizes lists the sizes of the pod's hugepages-<size> requests,
+// in the kubelet's order (pod-level, containers, init containers), each
+// once.
+func hugePageSizes(pod *v1.Pod) string {
+	lists := []v1.ResourceList{}
+	if pod.Spec.Resources != nil {
+		lists = append(lists, pod.Spec.Resources.Requests)
+	}
+	for _, cs := range [][]v1.Container{pod.Spec.Containers, pod.Spec.InitContainers} {
+		for i := range cs {
+			lists = append(lists, cs[i].Resources.Requests)
+		}
+	}
+	var out []string
+	for _, l := range lists {
+		names := make([]string, 0, len(l))
+		for name := range l {
+			if size, ok := strings.CutPrefix(string(name), v1.ResourceHugePagesPrefix); ok && !slices.Contains(out, size) && !slices.Contains(names, size) {
+				names = append(names, size)
+			}
+		}
+		sort.Strings(names)
+		out = append(out, names...)
+	}
+	return strings.Join(out, ",")
 }

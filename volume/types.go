@@ -42,6 +42,11 @@ type PodInfo struct {
 	FSGroup             *int64                     `json:"fsGroup,omitempty"`
 	FSGroupChangePolicy *v1.PodFSGroupChangePolicy `json:"fsGroupChangePolicy,omitempty"`
 	MemoryLimit         *resource.Quantity         `json:"memoryLimit,omitempty"`
+	// HugePageSizes are the <size>s of the pod's hugepages-<size>
+	// requests (pod-level, containers, init containers), each once,
+	// comma-separated: what a HugePages emptyDir's page size is chosen
+	// from.
+	HugePageSizes string `json:"hugePageSizes,omitempty"`
 }
 
 // Spec describes one volume as a pod uses it. It is built by the populator and
