@@ -269,8 +269,12 @@ func (p *parts) newPopulator(wake, recheck *notify.Signal) *populator.Populator 
 		IsTerminated: p.mode.isTerminated,
 		ResyncPeriod: p.cfg.ResyncPeriod,
 		Recheck:      recheck.C(),
-		Events:       p.events,
-		Pods:         p.api.refresh,
+		// subPathExpr reads what the API volumes read, the same way.
+		EnvObjects:      p.api.env,
+		EnvChanged:      p.api.envChanged.C(),
+		NodeAllocatable: p.api.allocatable,
+		Events:          p.events,
+		Pods:            p.api.refresh,
 		// Every populator pass wakes the reconciler: the first one makes
 		// the sources ready (adoption, orphan cleanup) and a later one may
 		// make them complete, without changing the DSW when no pod wants

@@ -14,10 +14,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/volume-agent/volume-agent/agent/debug"
+	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/apivolume"
 	"github.com/volume-agent/volume-agent/plugins/apivolume/budget"
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
+	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/refresh"
 	"github.com/volume-agent/volume-agent/source/apiobjects"
 	"github.com/volume-agent/volume-agent/source/manifest"
@@ -37,6 +39,12 @@ type apiVolumes struct {
 	// credentials says whose credentials read secrets and request tokens.
 	credentials string
 	budget      *budget.Budget
+	// env are the ConfigMaps and Secrets that containers' subPathExpr
+	// read, from the same watches (or manifests) as the volumes';
+	// envChanged fires when one changes or is read.
+	env         populator.EnvObjects
+	envChanged  *notify.Signal
+	allocatable func() v1.ResourceList
 }
 
 // newAPIVolumes builds the plugins and what feeds them: in standalone mode
@@ -47,7 +55,7 @@ type apiVolumes struct {
 // token requests' figures.
 func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired, obs apiVolumesObserver) *apiVolumes {
 	log := cfg.Log
-	a := &apiVolumes{}
+	a := &apiVolumes{envChanged: notify.New()}
 	a.budget = budget.New(budget.Limits{Pod: max(0, cfg.APIVolumePodBytes), Node: max(0, cfg.APIVolumeNodeBytes)}, obs)
 	src := apivolume.Sources{
 		Budget:               a.budget,
@@ -58,10 +66,14 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired, 
 	// The refresher is told about changes; it is built last, from the
 	// parts below.
 	var onChange func(kind, ns, name string)
-	changed := func(kind, ns, name string) { onChange(kind, ns, name) }
+	changed := func(kind, ns, name string) {
+		onChange(kind, ns, name)
+		a.envChanged.Notify()
+	}
 	if c := m.cluster; c == nil {
 		ms := m.manifest
 		src.Objects = apiobjects.Manifest{Store: ms}
+		a.env = ms
 		src.NodeAllocatable = hostAllocatable(cfg.RootDir)
 		ms.OnObjectChange(changed)
 		a.credentials = "none (standalone mode)"
@@ -74,7 +86,9 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired, 
 			}
 		}
 		client := c.objectsClient()
-		a.objects = apiobjects.NewCluster(apiobjects.ClusterOptions{Client: client, OnChange: changed, Limiter: c.listing, Log: log.Named("objects")})
+		a.objects = apiobjects.NewCluster(apiobjects.ClusterOptions{Client: client, OnChange: changed, Limiter: c.listing, Log: log.Named("objects"),
+			OnRead: func(string, string, string) { a.envChanged.Notify() }})
+		a.env = clusterEnvObjects{a.objects}
 		a.tokens = tokens.New(tokens.Options{Requester: client, Observer: obs})
 		src.Objects, src.Tokens, src.TrustBundles = a.objects, a.tokens, a.objects
 		src.NodeAllocatable = func() v1.ResourceList {
@@ -85,6 +99,7 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired, 
 		}
 		ropts.Watches, ropts.Tokens = a.objects, a.tokens
 	}
+	a.allocatable = src.NodeAllocatable
 	a.refresh = refresh.New(ropts)
 	onChange = a.refresh.ObjectChanged
 	src.Pods = a.refresh
@@ -92,6 +107,18 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired, 
 	log.Info("API volumes: configMap, secret, downwardAPI, projected", zap.String("credentials", a.credentials),
 		zap.Int64("podBudgetBytes", a.budget.Limits().Pod), zap.Int64("nodeBudgetBytes", a.budget.Limits().Node))
 	return a
+}
+
+// clusterEnvObjects reads subPathExpr's objects from the API volumes'
+// watches, never waiting.
+type clusterEnvObjects struct{ c *apiobjects.Cluster }
+
+func (o clusterEnvObjects) ConfigMap(ns, name string) (*v1.ConfigMap, error) {
+	return o.c.CachedConfigMap(ns, name)
+}
+
+func (o clusterEnvObjects) Secret(ns, name string) (*v1.Secret, error) {
+	return o.c.CachedSecret(ns, name)
 }
 
 // manifestObjects are the ConfigMaps and Secrets of standalone mode's

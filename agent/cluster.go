@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync/atomic"
 
 	"go.uber.org/zap"
@@ -67,7 +68,7 @@ func newCluster(cfg Config) (*mode, error) {
 		isTerminated: kube.PodTerminated,
 		node: func() populator.Node {
 			if n, ok := p.source.Node(); ok {
-				return populator.Node{Name: cfg.NodeName, Labels: n.Labels}
+				return populator.Node{Name: cfg.NodeName, Labels: n.Labels, HostIPs: nodeHostIPs(n)}
 			}
 			return populator.Node{Name: cfg.NodeName, Labels: configured}
 		},
@@ -230,4 +231,28 @@ func (p *clusterParts) newLocalPV(cfg Config, recorder events.Recorder) (*localp
 func (p *clusterParts) Event(obj events.Object, eventType, reason, message string) {
 	ref := &v1.ObjectReference{Kind: obj.Kind, APIVersion: "v1", Namespace: obj.Namespace, Name: obj.Name, UID: types.UID(obj.UID)}
 	p.recorder.Event(ref, eventType, reason, message)
+}
+
+// nodeHostIPs are the node's IPs as the kubelet picks them for pods'
+// status.hostIPs: the first InternalIP (else ExternalIP), and the first
+// address of the other family if there is one.
+func nodeHostIPs(n *v1.Node) []string {
+	var all []net.IP
+	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+		for _, a := range n.Status.Addresses {
+			if ip := net.ParseIP(a.Address); a.Type == typ && ip != nil {
+				all = append(all, ip)
+			}
+		}
+	}
+	if len(all) == 0 {
+		return nil
+	}
+	out := []string{all[0].String()}
+	for _, ip := range all[1:] {
+		if (ip.To4() == nil) != (all[0].To4() == nil) {
+			return append(out, ip.String())
+		}
+	}
+	return out
 }

@@ -7,12 +7,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
+	v1 "k8s.io/api/core/v1"
 )
 
 // apiServer answers pod status patches and counts them.
@@ -127,5 +129,26 @@ func TestClientLimitDefaults(t *testing.T) {
 				t.Fatalf("QPS %g, burst %d; want %g, %d", c.KubeAPIQPS, c.KubeAPIBurst, tc.wantQPS, tc.wantBurst)
 			}
 		})
+	}
+}
+
+// The node's IPs for status.hostIP(s) as the kubelet picks them.
+func TestNodeHostIPs(t *testing.T) {
+	addr := func(typ v1.NodeAddressType, a string) v1.NodeAddress { return v1.NodeAddress{Type: typ, Address: a} }
+	for _, tc := range []struct {
+		name  string
+		addrs []v1.NodeAddress
+		want  []string
+	}{
+		{"none", []v1.NodeAddress{addr(v1.NodeHostName, "n1")}, nil},
+		{"internal first", []v1.NodeAddress{addr(v1.NodeExternalIP, "203.0.113.1"), addr(v1.NodeInternalIP, "10.0.0.1")}, []string{"10.0.0.1"}},
+		{"external alone", []v1.NodeAddress{addr(v1.NodeExternalIP, "203.0.113.1")}, []string{"203.0.113.1"}},
+		{"dual stack", []v1.NodeAddress{addr(v1.NodeInternalIP, "10.0.0.1"), addr(v1.NodeInternalIP, "10.0.0.2"), addr(v1.NodeInternalIP, "fd00::1")}, []string{"10.0.0.1", "fd00::1"}},
+		{"unparsable skipped", []v1.NodeAddress{addr(v1.NodeInternalIP, "x"), addr(v1.NodeInternalIP, "fd00::1")}, []string{"fd00::1"}},
+	} {
+		got := nodeHostIPs(&v1.Node{Status: v1.NodeStatus{Addresses: tc.addrs}})
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -3,48 +3,19 @@ package populator
 import (
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/volume-agent/volume-agent/explain"
 	"github.com/volume-agent/volume-agent/plugins/emptydir"
 	"github.com/volume-agent/volume-agent/plugins/local"
 	"github.com/volume-agent/volume-agent/volume"
 )
-
-func TestExpand(t *testing.T) {
-	vars := map[string]string{"A": "a", "B": "b", "EMPTY": ""}
-	mapping := func(n string) string {
-		if v, ok := vars[n]; ok {
-			return v
-		}
-		return "<" + n + ">"
-	}
-	for _, tc := range []struct{ in, want string }{
-		{"", ""},
-		{"plain", "plain"},
-		{"$(A)", "a"},
-		{"x/$(A)/$(B)y", "x/a/by"},
-		{"$$(A)", "$(A)"},
-		{"$$$(A)", "$a"},
-		{"$A", "$A"},
-		{"a$", "a$"},
-		{"$(A", "$(A"},
-		{"$(A$(B)", "<A$(B>"},
-		{"$(", "$("},
-		{"$()", "<>"},
-		{"$(EMPTY)x", "x"},
-		{"$(UNDEFINED)", "<UNDEFINED>"},
-		{"$x$(A)", "$xa"},
-		{"日本$(A)語", "日本a語"},
-	} {
-		if got := expand(tc.in, mapping); got != tc.want {
-			t.Errorf("expand(%q) = %q, want %q", tc.in, got, tc.want)
-		}
-	}
-}
 
 func podWithEnv(env []v1.EnvVar, envFrom []v1.EnvFromSource, exprs ...string) *v1.Pod {
 	c := v1.Container{Name: "app", Env: env, EnvFrom: envFrom}
@@ -61,100 +32,128 @@ func field(path string) *v1.EnvVarSource {
 	return &v1.EnvVarSource{FieldRef: &v1.ObjectFieldSelector{FieldPath: path}}
 }
 
-// subPathExpr is expanded from the container's environment with the
-// kubelet's rules; what the agent cannot know gets an error saying why.
-func TestSubPathExprExpansion(t *testing.T) {
-	env := []v1.EnvVar{
-		{Name: "POD", ValueFrom: field("metadata.name")},
-		{Name: "NS", ValueFrom: field("metadata.namespace")},
-		{Name: "UID", ValueFrom: field("metadata.uid")},
-		{Name: "NODE", ValueFrom: field("spec.nodeName")},
-		{Name: "SA", ValueFrom: field("spec.serviceAccountName")},
-		{Name: "APP", ValueFrom: field("metadata.labels['app']")},
-		{Name: "TEAM", ValueFrom: field(`metadata.annotations["team"]`)},
-		{Name: "NOLABEL", ValueFrom: field("metadata.labels['none']")},
-		{Name: "DIR", Value: "logs/$(POD)"},
-		{Name: "LATER", Value: "$(DEFINED_LATER)"},
-		{Name: "DEFINED_LATER", Value: "x"},
-		{Name: "EMPTY", Value: ""},
-		{Name: "DOTS", Value: ".."},
-		{Name: "ABS", Value: "/etc"},
-		{Name: "IP", ValueFrom: field("status.podIP")},
-		{Name: "CM", ValueFrom: &v1.EnvVarSource{ConfigMapKeyRef: &v1.ConfigMapKeySelector{LocalObjectReference: v1.LocalObjectReference{Name: "cfg"}, Key: "k"}}},
-		{Name: "SEC", ValueFrom: &v1.EnvVarSource{SecretKeyRef: &v1.SecretKeySelector{LocalObjectReference: v1.LocalObjectReference{Name: "s"}, Key: "k"}}},
-		{Name: "MEM", ValueFrom: &v1.EnvVarSource{ResourceFieldRef: &v1.ResourceFieldSelector{Resource: "limits.memory"}}},
-		{Name: "FROMCM", Value: "x-$(CM)"},
-		{Name: "OVERRIDDEN", ValueFrom: field("status.hostIP")},
-		{Name: "OVERRIDDEN", Value: "known"},
+// envObjects serves ConfigMap shop/cfg, Secret shop/sec, and ConfigMap
+// shop/slow as not read yet; anything else is NotFound.
+type envObjects struct{ cfg map[string]string }
+
+func (o envObjects) ConfigMap(ns, name string) (*v1.ConfigMap, error) {
+	switch {
+	case ns == "shop" && name == "cfg":
+		return &v1.ConfigMap{Data: o.cfg}, nil
+	case name == "slow":
+		return nil, volume.Waitingf("configmaps %s/%s: not read from the API server yet", ns, name)
 	}
-	for _, tc := range []struct {
-		expr, want, err string
-	}{
-		{expr: "$(NS)/$(POD)", want: "shop/web-0"},
-		{expr: "$(UID)-$(NODE)-$(SA)", want: "uid-1-node-a-sa"},
-		{expr: "$(APP)/$(TEAM)", want: "web/blue"},
-		{expr: "$(DIR)", want: "logs/web-0"},
-		// A reference to a variable defined later stays as written.
-		{expr: "$(LATER)", want: "$(DEFINED_LATER)"},
-		{expr: "$$(POD)", want: "$(POD)"},
-		{expr: "static", want: "static"},
-		{expr: "$(OVERRIDDEN)", want: "known"},
-		{expr: "a/$(UNDEFINED)/$(EMPTY)/$(NOLABEL)", err: "missing value for EMPTY, NOLABEL, UNDEFINED"},
-		{expr: "$(IP)", err: "$(IP) comes from fieldRef status.podIP, which is only known once the pod's sandbox runs"},
-		{expr: "$(CM)", err: `$(CM) comes from key "k" of ConfigMap cfg, and volume-agent does not read ConfigMaps`},
-		{expr: "$(SEC)", err: `$(SEC) comes from key "k" of Secret s`},
-		{expr: "$(MEM)", err: "$(MEM) comes from resourceFieldRef"},
-		{expr: "$(FROMCM)", err: "$(FROMCM) refers to $(CM), which comes from key"},
-		{expr: "$(EMPTY)$(CM)", err: "missing value for EMPTY; $(CM) comes from"},
-		{expr: "$(POD)/$(DOTS)", err: `expands to an unusable path: subPath "web-0/.." must not contain '..'`},
-		{expr: "$(ABS)", err: `expands to an unusable path: subPath "/etc" must not be an absolute path`},
-		{expr: "$(POD)/..", err: `subPathExpr: subPath "$(POD)/.." must not contain '..'`},
-		{expr: "/$(POD)", err: "must not be an absolute path"},
-		{expr: "../$(POD)", err: "must not contain '..'"},
-	} {
-		got := containerMounts(podWithEnv(env, nil, tc.expr), "node-a")
-		mount := got.containers[0].Mounts[0]
-		if tc.err != "" {
-			if len(got.errs) != 1 || !strings.Contains(got.errs[0].Error(), tc.err) {
-				t.Errorf("%q: errors %v, want one saying %q", tc.expr, got.errs, tc.err)
-				continue
-			}
-			e := got.errs[0]
-			if e.Volume != "data" || e.Reason != ReasonInvalidSubPath || !strings.Contains(e.Error(), `pod shop/web-0 volume "data": container "app" volumeMount at /m0`) {
-				t.Errorf("%q: error %q (volume %q, reason %q) does not name the pod, volume and container", tc.expr, e, e.Volume, e.Reason)
-			}
-			if mount.SubPath != "" || mount.SubPathError == "" || len(got.subPaths["data"]) != 0 {
-				t.Errorf("%q: an unusable sub-path is still to be prepared: %+v %v", tc.expr, mount, got.subPaths)
-			}
-			continue
-		}
-		if len(got.errs) != 0 {
-			t.Errorf("%q: %v", tc.expr, got.errs)
-			continue
-		}
-		if mount.SubPath != tc.want {
-			t.Errorf("%q expands to %q, want %q", tc.expr, mount.SubPath, tc.want)
-		}
-		if want := []volume.SubPath{{Container: "app", Index: 0, MountPath: "/m0", Path: tc.want}}; !cmp.Equal(got.subPaths["data"], want) {
-			t.Errorf("%q: sub-paths %+v, want %+v", tc.expr, got.subPaths["data"], want)
-		}
+	return nil, apierrors.NewNotFound(v1.Resource("configmaps"), name)
+}
+
+func (o envObjects) Secret(ns, name string) (*v1.Secret, error) {
+	if ns == "shop" && name == "sec" {
+		return &v1.Secret{Data: map[string][]byte{"user": []byte("alice")}}, nil
+	}
+	return nil, apierrors.NewNotFound(v1.Resource("secrets"), name)
+}
+
+func testEnvInputs(node string) envInputs {
+	o := envObjects{cfg: map[string]string{"dir": "from-cfg"}}
+	return envInputs{NodeName: node,
+		ConfigMap: func(name string) (*v1.ConfigMap, error) { return o.ConfigMap("shop", name) },
+		Secret:    func(name string) (*v1.Secret, error) { return o.Secret("shop", name) },
 	}
 }
 
-func TestSubPathExprWithEnvFrom(t *testing.T) {
-	from := []v1.EnvFromSource{{ConfigMapRef: &v1.ConfigMapEnvSource{LocalObjectReference: v1.LocalObjectReference{Name: "settings"}}}}
-	env := []v1.EnvVar{{Name: "POD", ValueFrom: field("metadata.name")}, {Name: "MIXED", Value: "$(FROM_CM)-$(POD)"}}
-	got := containerMounts(podWithEnv(env, from, "$(POD)", "$(FROM_CM)", "$(MIXED)"), "n")
-	if sub := got.containers[0].Mounts[0].SubPath; sub != "web-0" {
-		t.Errorf("a variable env defines does not depend on envFrom: got %q", sub)
+// subPathExpr is expanded from the container's environment with the
+// kubelet's rules (package containerenv has them one by one); here, how
+// the outcome reaches the pod: the sub-path, or an error naming the pod,
+// volume, container and object, classified as a wait or a change needed.
+func TestSubPathExprExpansion(t *testing.T) {
+	cm := func(name, key string) *v1.EnvVarSource {
+		return &v1.EnvVarSource{ConfigMapKeyRef: &v1.ConfigMapKeySelector{LocalObjectReference: v1.LocalObjectReference{Name: name}, Key: key}}
 	}
-	if len(got.errs) != 2 {
-		t.Fatalf("errors %v, want two", got.errs)
+	env := []v1.EnvVar{
+		{Name: "POD", ValueFrom: field("metadata.name")},
+		{Name: "NODE", ValueFrom: field("spec.nodeName")},
+		{Name: "IP", ValueFrom: field("status.podIP")},
+		{Name: "USER", ValueFrom: &v1.EnvVarSource{SecretKeyRef: &v1.SecretKeySelector{LocalObjectReference: v1.LocalObjectReference{Name: "sec"}, Key: "user"}}},
+		{Name: "DOTS", Value: ".."},
+		{Name: "ABS", Value: "/etc"},
 	}
-	for _, e := range got.errs {
-		if !strings.Contains(e.Error(), "may come from envFrom (ConfigMap settings)") {
-			t.Errorf("error %q does not say the variable may come from envFrom", e)
-		}
+	for _, tc := range []struct {
+		name     string
+		env      []v1.EnvVar
+		from     []v1.EnvFromSource
+		expr     string
+		want     string
+		err      string
+		reason   string
+		waiting  bool
+		unpinned bool
+	}{
+		{name: "fields", expr: "$(NODE)/$(POD)", want: "node-a/web-0"},
+		{name: "configMapKeyRef", env: []v1.EnvVar{{Name: "D", ValueFrom: cm("cfg", "dir")}}, expr: "$(D)/$(POD)", want: "from-cfg/web-0"},
+		{name: "envFrom with prefix", from: []v1.EnvFromSource{{Prefix: "C_", ConfigMapRef: &v1.ConfigMapEnvSource{LocalObjectReference: v1.LocalObjectReference{Name: "cfg"}}}},
+			expr: "$(C_dir)", want: "from-cfg"},
+		{name: "secretKeyRef", expr: "home/$(USER)", want: "home/alice"},
+		{name: "pod IP not set yet", expr: "$(IP)", err: "$(IP) comes from fieldRef status.podIP, and the pod's status has no IP yet",
+			reason: ReasonSubPathExprWaiting, waiting: true, unpinned: true},
+		{name: "ConfigMap not read yet", env: []v1.EnvVar{{Name: "D", ValueFrom: cm("slow", "dir")}}, expr: "$(D)",
+			err: "ConfigMap shop/slow is not read yet", reason: ReasonSubPathExprWaiting, waiting: true, unpinned: true},
+		{name: "required ConfigMap missing", env: []v1.EnvVar{{Name: "D", ValueFrom: cm("gone", "dir")}}, expr: "$(POD)",
+			err: `subPathExpr "$(POD)": environment: ConfigMap shop/gone not found`, reason: ReasonInvalidSubPath, unpinned: true},
+		{name: "required key missing", env: []v1.EnvVar{{Name: "D", ValueFrom: cm("cfg", "k")}}, expr: "$(D)",
+			err: "couldn't find key k in ConfigMap shop/cfg", reason: ReasonInvalidSubPath, unpinned: true},
+		{name: "missing value", expr: "$(NOPE)", err: "missing value for NOPE", reason: ReasonInvalidSubPath, unpinned: true},
+		{name: "expands to ..", expr: "$(POD)/$(DOTS)", err: `expands to an unusable path: subPath "web-0/.." must not contain '..'`, reason: ReasonInvalidSubPath, unpinned: true},
+		{name: "expands to an absolute path", expr: "$(ABS)", err: `subPath "/etc" must not be an absolute path`, reason: ReasonInvalidSubPath, unpinned: true},
+		{name: "bad before expansion", expr: "$(POD)/..", err: `subPathExpr: subPath "$(POD)/.." must not contain '..'`, reason: ReasonInvalidSubPath, unpinned: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := containerMounts(podWithEnv(append(slices.Clone(env), tc.env...), tc.from, tc.expr), testEnvInputs("node-a"), nil)
+			mount := got.containers[0].Mounts[0]
+			if got.unpinned != tc.unpinned {
+				t.Errorf("unpinned = %v, want %v", got.unpinned, tc.unpinned)
+			}
+			if tc.err != "" {
+				if len(got.errs) != 1 || !strings.Contains(got.errs[0].Error(), tc.err) {
+					t.Fatalf("errors %v, want one saying %q", got.errs, tc.err)
+				}
+				e := got.errs[0]
+				if e.Volume != "data" || e.Reason != tc.reason || !strings.Contains(e.Error(), `pod shop/web-0 volume "data": container "app" volumeMount at /m0`) {
+					t.Errorf("error %q (volume %q, reason %q, want %q) does not name the pod, volume and container", e, e.Volume, e.Reason, tc.reason)
+				}
+				if explained := explain.ErrorStatus(e) == explain.Waiting; explained != tc.waiting {
+					t.Errorf("error %q: a wait = %v, want %v", e, explained, tc.waiting)
+				}
+				if mount.SubPath != "" || mount.SubPathError == "" || len(got.subPaths["data"]) != 0 || len(got.expanded) != 0 {
+					t.Errorf("an unusable sub-path is still to be prepared: %+v %v", mount, got.subPaths)
+				}
+				return
+			}
+			if len(got.errs) != 0 {
+				t.Fatal(got.errs)
+			}
+			if mount.SubPath != tc.want {
+				t.Errorf("expands to %q, want %q", mount.SubPath, tc.want)
+			}
+			if want := []volume.SubPath{{Container: "app", Index: 0, MountPath: "/m0", Path: tc.want}}; !cmp.Equal(got.subPaths["data"], want) {
+				t.Errorf("sub-paths %+v, want %+v", got.subPaths["data"], want)
+			}
+			if got.expanded[mountKey{"app", 0}] != tc.want {
+				t.Errorf("pins %v", got.expanded)
+			}
+		})
+	}
+}
+
+// A pinned expansion is used as it is: what the environment says now does
+// not matter any more.
+func TestSubPathExprPinned(t *testing.T) {
+	pod := podWithEnv([]v1.EnvVar{{Name: "D", ValueFrom: &v1.EnvVarSource{ConfigMapKeyRef: &v1.ConfigMapKeySelector{LocalObjectReference: v1.LocalObjectReference{Name: "gone"}, Key: "dir"}}}}, nil, "$(D)", "plain-$(D)")
+	got := containerMounts(pod, testEnvInputs("n"), map[mountKey]string{{"app", 0}: "old/dir"})
+	if sub := got.containers[0].Mounts[0].SubPath; sub != "old/dir" || got.expanded[mountKey{"app", 0}] != "old/dir" {
+		t.Errorf("pinned mount: sub-path %q, pins %v", sub, got.expanded)
+	}
+	if len(got.errs) != 1 || got.errs[0].Err == nil || !strings.Contains(got.errs[0].Error(), "/m1") || !got.unpinned {
+		t.Errorf("the unpinned mount must still fail (ConfigMap gone): %v", got.errs)
 	}
 }
 
@@ -180,7 +179,7 @@ func TestContainerMounts(t *testing.T) {
 			}}}},
 		},
 	}
-	got := containerMounts(pod, "n")
+	got := containerMounts(pod, testEnvInputs("n"), nil)
 	wantContainers := []volume.Container{
 		{Name: "init", Type: volume.InitContainer, Mounts: []volume.ContainerMount{{Volume: "data", MountPath: "/data", SubPath: "init"}}},
 		{Name: "app", Type: volume.RegularContainer, Mounts: []volume.ContainerMount{
@@ -254,17 +253,74 @@ func TestSyncRecordsSubPathsAndContainers(t *testing.T) {
 		t.Errorf("events = %v, want one for the bad sub-path", ev)
 	}
 
-	gen := s.Generation
+	// The kubelet expands once, when the container starts: a label
+	// changed afterwards does not move the prepared sub-path.
 	relabelled := pod.DeepCopy()
 	relabelled.Labels["track"] = "canary"
 	h.src.SetPods(relabelled)
 	h.pop.Sync(false)
 	s = h.snapshot()
-	if s.Generation == gen {
-		t.Fatal("a label change that changes a sub-path did not change the DSW")
-	}
 	dp = s.Volumes[volume.SharedName(local.Name, "pv-1")].Pods[pod.UID]
-	if dp.SubPaths[0].Path != "logs/canary" {
-		t.Errorf("after the label change: %+v", dp.SubPaths)
+	if dp.SubPaths[0].Path != "logs/stable" {
+		t.Errorf("after the label change the sub-path moved: %+v", dp.SubPaths)
 	}
+}
+
+// A subPathExpr that waits for a ConfigMap is a wait (no event), resolved
+// again when the objects change; once expanded, a change of the value does
+// not move it.
+func TestSyncSubPathExprFromConfigMap(t *testing.T) {
+	objs := &switchableObjects{}
+	changed := make(chan struct{}, 1)
+	h := newHarness(t, func(o *Options) { o.EnvObjects = objs; o.EnvChanged = changed })
+	pod := newPod("web", withVolume(emptyDirVol("scratch")))
+	c := &pod.Spec.Containers[0]
+	c.Env = []v1.EnvVar{{Name: "D", ValueFrom: &v1.EnvVarSource{ConfigMapKeyRef: &v1.ConfigMapKeySelector{LocalObjectReference: v1.LocalObjectReference{Name: "cfg"}, Key: "dir"}}}}
+	c.VolumeMounts = append(c.VolumeMounts, v1.VolumeMount{Name: "scratch", MountPath: "/d", SubPathExpr: "by/$(D)"})
+	h.src.Add(pod)
+	name := volume.PodScopedName(emptydir.Name, pod.UID, "scratch")
+
+	h.pop.Sync(false)
+	if got := reasons(h.pod(t, pod).Errors); !slices.Equal(got, []string{"scratch:" + ReasonSubPathExprWaiting}) {
+		t.Fatalf("errors = %v, want a wait", got)
+	}
+	if ev := h.events.list(); len(ev) != 0 {
+		t.Errorf("a wait made events: %v", ev)
+	}
+
+	objs.set(&v1.ConfigMap{Data: map[string]string{"dir": "one"}})
+	h.pop.Sync(false) // what EnvChanged triggers: no pod changed
+	if sp := h.snapshot().Volumes[name].Pods[pod.UID].SubPaths; len(sp) != 1 || sp[0].Path != "by/one" {
+		t.Fatalf("sub-paths %+v, want by/one once the ConfigMap is read", sp)
+	}
+	if errs := h.pod(t, pod).Errors; len(errs) != 0 {
+		t.Errorf("errors = %v", errs)
+	}
+
+	objs.set(&v1.ConfigMap{Data: map[string]string{"dir": "two"}})
+	h.pop.Sync(true)
+	if sp := h.snapshot().Volumes[name].Pods[pod.UID].SubPaths; len(sp) != 1 || sp[0].Path != "by/one" {
+		t.Errorf("sub-paths %+v: a changed value moved a prepared sub-path", sp)
+	}
+}
+
+// switchableObjects serves one ConfigMap, "not read yet" until set.
+type switchableObjects struct {
+	mu sync.Mutex
+	cm *v1.ConfigMap
+}
+
+func (o *switchableObjects) set(cm *v1.ConfigMap) { o.mu.Lock(); o.cm = cm; o.mu.Unlock() }
+
+func (o *switchableObjects) ConfigMap(_, name string) (*v1.ConfigMap, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.cm == nil {
+		return nil, volume.Waitingf("configmaps %s: not read from the API server yet", name)
+	}
+	return o.cm, nil
+}
+
+func (o *switchableObjects) Secret(_, name string) (*v1.Secret, error) {
+	return nil, apierrors.NewNotFound(v1.Resource("secrets"), name)
 }

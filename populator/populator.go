@@ -19,12 +19,14 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	resourcehelper "k8s.io/component-helpers/resource"
@@ -62,15 +64,33 @@ type Options struct {
 	// Recheck signals that an answer a plugin's Attributes waited for
 	// (plugins.ErrNotReady) came: the pods waiting for it are resolved
 	// again. Nil: never.
-	Recheck  <-chan struct{}
-	Events   events.Recorder
-	Observer Observer
+	Recheck <-chan struct{}
+	// EnvObjects reads the ConfigMaps and Secrets that the environments
+	// of containers with a subPathExpr name (the API volumes' scoped
+	// watches, or the manifest directory). Nil: none can be read.
+	EnvObjects EnvObjects
+	// NodeAllocatable is what a resourceFieldRef to an unset limit reads
+	// (nil: not known).
+	NodeAllocatable func() v1.ResourceList
+	// EnvChanged signals that an object EnvObjects serves changed or was
+	// read: the pods whose subPathExpr waits for one are resolved again.
+	EnvChanged <-chan struct{}
+	Events     events.Recorder
+	Observer   Observer
 	// Pods, when set, is told about every pod whose volumes the DSW is
 	// given (before they are desired, and again after any change to the
 	// pod) and about pods that left (refresh.Refresher).
 	Pods  PodObserver
 	Clock clock.WithTicker
 	Log   *zap.Logger
+}
+
+// EnvObjects reads objects as they are now, never waiting: NotFound when
+// the object does not exist, a volume.IsWaiting error while it is not read
+// yet.
+type EnvObjects interface {
+	ConfigMap(namespace, name string) (*v1.ConfigMap, error)
+	Secret(namespace, name string) (*v1.Secret, error)
 }
 
 // PodObserver follows the pods the populator resolves.
@@ -108,9 +128,13 @@ type podState struct {
 	resolved map[string]cache.PodVolume
 	errs     []*volume.PodVolumeError
 	notices  []notice
-	// pending: a plugin could not answer yet (plugins.ErrNotReady); the
-	// pod is resolved again on the next pass whatever changed.
+	// pending: a plugin could not answer yet (plugins.ErrNotReady), or a
+	// subPathExpr could not be expanded yet; the pod is resolved again on
+	// the next pass whatever changed.
 	pending bool
+	// pinned are the pod's subPathExpr expansions, kept from the first
+	// that succeeded (containerMounts).
+	pinned map[mountKey]string
 }
 
 // New returns a Populator.
@@ -150,6 +174,9 @@ func (p *Populator) Run(ctx context.Context) {
 			p.Sync(false)
 		case <-resync.C():
 			p.Sync(true)
+		case <-p.opts.EnvChanged:
+			// Only the pods waiting for an expansion can be concerned.
+			p.Sync(false)
 		case <-p.opts.Recheck:
 			// An answer about the host came or changed: resolve again
 			// whoever it may concern (no filesystem is touched).
@@ -281,8 +308,9 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 	info := podInfo(pod)
 	r := &resolver{store: p.opts.Source, plugins: p.opts.Plugins, node: node}
 	prev := map[string]cache.PodVolume{}
+	var pinned map[mountKey]string
 	if st != nil {
-		prev = st.resolved
+		prev, pinned = st.resolved, st.pinned
 	}
 	next := &podState{pod: pod, resolved: map[string]cache.PodVolume{}}
 
@@ -296,7 +324,9 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 		if p.opts.Pods != nil && (st == nil || st.pod != pod) {
 			p.opts.Pods.PodUpdated(pod, usedVolumes(pod, usage))
 		}
-		mounts = containerMounts(pod, node.Name)
+		mounts = containerMounts(pod, p.envInputs(pod, node), pinned)
+		next.pinned = mounts.expanded
+		next.pending = mounts.unpinned
 		for i := range pod.Spec.Volumes {
 			vol := &pod.Spec.Volumes[i]
 			use, used := usage[vol.Name]
@@ -345,6 +375,26 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 		delete(p.waiting, key)
 	}
 	p.opts.DSW.SetPodWithContainers(info, vols, next.errs, unresolved, mounts.containers)
+}
+
+// envInputs is what the environments of the pod's containers are built
+// from besides the pod.
+func (p *Populator) envInputs(pod *v1.Pod, node Node) envInputs {
+	in := envInputs{NodeName: node.Name, HostIPs: node.HostIPs, Allocatable: p.opts.NodeAllocatable}
+	objs := p.opts.EnvObjects
+	in.ConfigMap = func(name string) (*v1.ConfigMap, error) {
+		if objs == nil {
+			return nil, apierrors.NewNotFound(v1.Resource("configmaps"), name)
+		}
+		return objs.ConfigMap(pod.Namespace, name)
+	}
+	in.Secret = func(name string) (*v1.Secret, error) {
+		if objs == nil {
+			return nil, apierrors.NewNotFound(v1.Resource("secrets"), name)
+		}
+		return objs.Secret(pod.Namespace, name)
+	}
+	return in
 }
 
 // withSubPaths gives a resolved volume the sub-paths the pod's containers
@@ -467,6 +517,7 @@ func podInfo(pod *v1.Pod) volume.PodInfo {
 		// declared limits only, the largest init container if larger, a
 		// pod-level limit, overhead.
 		EphemeralStorageLimit: ephemeralStorageLimit(pod),
+		HugePageSizes:         hugePageSizes(pod),
 	}
 	if sc := pod.Spec.SecurityContext; sc != nil {
 		info.FSGroup = sc.FSGroup
@@ -508,4 +559,31 @@ func memoryLimit(pod *v1.Pod) *resource.Quantity {
 		return nil
 	}
 	return &q
+}
+
+// hugePageSizes lists the sizes of the pod's hugepages-<size> requests,
+// in the kubelet's order (pod-level, containers, init containers), each
+// once.
+func hugePageSizes(pod *v1.Pod) string {
+	lists := []v1.ResourceList{}
+	if pod.Spec.Resources != nil {
+		lists = append(lists, pod.Spec.Resources.Requests)
+	}
+	for _, cs := range [][]v1.Container{pod.Spec.Containers, pod.Spec.InitContainers} {
+		for i := range cs {
+			lists = append(lists, cs[i].Resources.Requests)
+		}
+	}
+	var out []string
+	for _, l := range lists {
+		names := make([]string, 0, len(l))
+		for name := range l {
+			if size, ok := strings.CutPrefix(string(name), v1.ResourceHugePagesPrefix); ok && !slices.Contains(out, size) && !slices.Contains(names, size) {
+				names = append(names, size)
+			}
+		}
+		sort.Strings(names)
+		out = append(out, names...)
+	}
+	return strings.Join(out, ",")
 }

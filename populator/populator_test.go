@@ -763,3 +763,26 @@ func TestSyncNotReadYet(t *testing.T) {
 		t.Errorf("observed errors for a wait: %v", reasons(errs))
 	}
 }
+
+// The sizes of the pod's hugepages requests reach the plugins, in the
+// kubelet's order, each once.
+func TestHugePageSizes(t *testing.T) {
+	req := func(names ...string) v1.ResourceRequirements {
+		l := v1.ResourceList{v1.ResourceMemory: resource.MustParse("1Gi")}
+		for _, n := range names {
+			l[v1.ResourceName(n)] = resource.MustParse("2Gi")
+		}
+		return v1.ResourceRequirements{Requests: l}
+	}
+	pod := &v1.Pod{Spec: v1.PodSpec{
+		Resources:      &v1.ResourceRequirements{Requests: v1.ResourceList{"hugepages-1Gi": resource.MustParse("2Gi")}},
+		Containers:     []v1.Container{{Resources: req("hugepages-2Mi", "hugepages-1Gi")}, {Resources: req()}},
+		InitContainers: []v1.Container{{Resources: req("hugepages-64Ki")}},
+	}}
+	if got := podInfo(pod).HugePageSizes; got != "1Gi,2Mi,64Ki" {
+		t.Errorf("HugePageSizes = %q", got)
+	}
+	if got := podInfo(&v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{{Resources: req()}}}}).HugePageSizes; got != "" {
+		t.Errorf("no hugepages: %q", got)
+	}
+}

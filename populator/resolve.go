@@ -40,6 +40,9 @@ const (
 type Node struct {
 	Name   string
 	Labels map[string]string
+	// HostIPs are the node's IPs as the kubelet picks them for
+	// status.hostIPs (empty: not known).
+	HostIPs []string
 }
 
 // usage is how a pod's containers use one of its volumes.

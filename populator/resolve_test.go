@@ -351,13 +351,13 @@ func TestResolveErrors(t *testing.T) {
 			wantReason: ReasonInvalid, wantMsg: `hostPath type "Weird"`,
 		},
 		{
-			name: "emptyDir with hugepages medium",
+			name: "emptyDir with a hugepages medium of no size",
 			setup: func(dir string) (*v1.Pod, []any) {
 				vol := emptyDirVol("data")
-				vol.EmptyDir.Medium = v1.StorageMediumHugePages
+				vol.EmptyDir.Medium = "HugePages-huge"
 				return newPod("web", withVolume(vol)), nil
 			},
-			wantReason: ReasonInvalid, wantMsg: `emptyDir medium "HugePages" is not supported`,
+			wantReason: ReasonInvalid, wantMsg: `emptyDir medium "HugePages-huge": page size "huge"`,
 		},
 		{
 			name: "local PV path missing",

@@ -29,6 +29,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/plugins/apivolume"
+	"github.com/volume-agent/volume-agent/populator/containerenv"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -140,12 +141,19 @@ func (r *Refresher) PodUpdated(pod *v1.Pod, used []*v1.Volume) {
 		all.Labels, all.Annotations = all.Labels || refs.Labels, all.Annotations || refs.Annotations
 	}
 
+	// The objects that containers' subPathExpr read are watched for the
+	// pod too (one set of keys per pod); they refresh no volume.
+	envConfigMaps, envSecrets := containerenv.Refs(pod)
+
 	r.mu.Lock()
 	old := r.pods[pod.UID]
 	if len(next.volumes) == 0 {
 		r.mu.Unlock()
 		if old != nil {
 			r.PodRemoved(pod.UID)
+		}
+		if r.opts.Watches != nil && len(envConfigMaps)+len(envSecrets) > 0 {
+			r.opts.Watches.SetPodObjects(pod.UID, pod.Namespace, unique(envConfigMaps), unique(envSecrets), nil)
 		}
 		return
 	}
@@ -166,7 +174,7 @@ func (r *Refresher) PodUpdated(pod *v1.Pod, used []*v1.Volume) {
 	r.mu.Unlock()
 
 	if r.opts.Watches != nil {
-		r.opts.Watches.SetPodObjects(pod.UID, pod.Namespace, unique(all.ConfigMaps), unique(all.Secrets), all.TrustBundles)
+		r.opts.Watches.SetPodObjects(pod.UID, pod.Namespace, unique(append(envConfigMaps, all.ConfigMaps...)), unique(append(envSecrets, all.Secrets...)), all.TrustBundles)
 	}
 	r.mark(marked, "pod metadata changed")
 }

@@ -280,3 +280,38 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// The objects that containers' subPathExpr read are watched for the pod
+// (with its API volumes' or alone), and changing them refreshes no volume.
+func TestSubPathExprObjectsWatched(t *testing.T) {
+	r, rec, _ := newRefresher()
+	envOf := func(p *v1.Pod) *v1.Pod {
+		p.Spec.Containers = []v1.Container{{Name: "app",
+			Env:          []v1.EnvVar{{Name: "D", ValueFrom: &v1.EnvVarSource{ConfigMapKeyRef: &v1.ConfigMapKeySelector{LocalObjectReference: v1.LocalObjectReference{Name: "env-cm"}, Key: "k"}}}},
+			EnvFrom:      []v1.EnvFromSource{{SecretRef: &v1.SecretEnvSource{LocalObjectReference: v1.LocalObjectReference{Name: "env-secret"}}}},
+			VolumeMounts: []v1.VolumeMount{{Name: "v", MountPath: "/v", SubPathExpr: "$(D)"}}}}
+		return p
+	}
+	withVolume, used := newPod("a", nil, cmVolume("config", "shared"))
+	r.PodUpdated(envOf(withVolume), used)
+	if got := rec.objects["a"]; !slices.Equal(got, []string{"cm:ns/env-cm", "cm:ns/shared", "secret:ns/env-secret"}) {
+		t.Errorf("watches of pod a: %v", got)
+	}
+	alone, used := newPod("b", nil)
+	r.PodUpdated(envOf(alone), used)
+	if got := rec.objects["b"]; !slices.Equal(got, []string{"cm:ns/env-cm", "secret:ns/env-secret"}) {
+		t.Errorf("watches of pod b (no API volume): %v", got)
+	}
+	r.ObjectChanged(KindConfigMap, "ns", "env-cm")
+	if got := rec.takeMarked(); len(got) != 0 {
+		t.Errorf("an environment's object refreshed volumes: %v", got)
+	}
+	// Without subPathExpr, nothing of the environment is read.
+	plain, used := newPod("c", nil)
+	plain = envOf(plain)
+	plain.Spec.Containers[0].VolumeMounts[0].SubPathExpr = ""
+	r.PodUpdated(plain, used)
+	if got, ok := rec.objects["c"]; ok {
+		t.Errorf("watches of a pod without subPathExpr: %v", got)
+	}
+}

@@ -45,6 +45,11 @@ type PodInfo struct {
 	// EphemeralStorageLimit is the pod's ephemeral-storage limit as the
 	// kubelet's eviction manager sums it; nil when no container has one.
 	EphemeralStorageLimit *resource.Quantity `json:"ephemeralStorageLimit,omitempty"`
+	// HugePageSizes are the <size>s of the pod's hugepages-<size>
+	// requests (pod-level, containers, init containers), each once,
+	// comma-separated: what a HugePages emptyDir's page size is chosen
+	// from.
+	HugePageSizes string `json:"hugePageSizes,omitempty"`
 }
 
 // Spec describes one volume as a pod uses it. It is built by the populator and

@@ -1,6 +1,6 @@
 // Package emptydir implements emptyDir volumes: a directory on the node's
-// disk (medium "") or a tmpfs (medium Memory), created empty for the pod and
-// deleted with it.
+// disk (medium ""), a tmpfs (medium Memory) or a hugetlbfs (HugePages,
+// HugePages-<size>), created empty for the pod and deleted with it.
 package emptydir
 
 import (
@@ -49,15 +49,25 @@ func (p *Plugin) CanSupport(spec *volume.Spec) bool {
 
 func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
 	switch m := spec.Volume.EmptyDir.Medium; m {
-	case v1.StorageMediumDefault, v1.StorageMediumMemory:
+	case v1.StorageMediumDefault, v1.StorageMediumMemory, v1.StorageMediumHugePages:
 		return volume.Attributes{}, nil
 	default:
-		return volume.Attributes{}, fmt.Errorf("emptyDir medium %q is not supported (use \"\" or Memory)", m)
+		if isHugePages(m) {
+			_, err := mediumPageSize(m)
+			return volume.Attributes{}, err
+		}
+		return volume.Attributes{}, fmt.Errorf("emptyDir medium %q is not supported (use \"\", Memory, HugePages or HugePages-<size>)", m)
 	}
 }
 
 func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	src := req.Spec.Volume.EmptyDir
+	if isHugePages(src.Medium) {
+		if err := p.setUpHugePages(req); err != nil {
+			return err
+		}
+		return plugins.ApplyFSGroup(ctx, req.Dir, req.Pod, false)
+	}
 	if src.Medium != v1.StorageMediumMemory {
 		return p.setUpDisk(ctx, req)
 	}

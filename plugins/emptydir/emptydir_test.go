@@ -80,7 +80,7 @@ func statfsSize(t *testing.T, dir string) int64 {
 
 func TestAttributes(t *testing.T) {
 	p := emptydir.New(plugins.Host{})
-	for medium, ok := range map[v1.StorageMedium]bool{"": true, v1.StorageMediumMemory: true, v1.StorageMediumHugePages: false, "Disk": false} {
+	for medium, ok := range map[v1.StorageMedium]bool{"": true, v1.StorageMediumMemory: true, v1.StorageMediumHugePages: true, "HugePages-2Mi": true, "HugePages-1Gi": true, "HugePages-big": false, "Disk": false} {
 		_, err := p.Attributes(spec("v", v1.EmptyDirVolumeSource{Medium: medium}))
 		if (err == nil) != ok {
 			t.Errorf("medium %q: err = %v, want ok=%v", medium, err, ok)

@@ -20,10 +20,12 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/source/objectwatch"
+	"github.com/volume-agent/volume-agent/volume"
 )
 
 // Kinds as reported to OnChange (the refresh package's).
@@ -41,6 +43,9 @@ type ClusterOptions struct {
 	Client *kubeclient.Client
 	// OnChange is told about changed objects (kind, namespace, name).
 	OnChange func(kind, namespace, name string)
+	// OnRead is told when a ConfigMap's or Secret's first list is in
+	// (what a reader that found it not read yet waits for).
+	OnRead func(kind, namespace, name string)
 	// Limiter bounds the watches listing at once (shared with the
 	// source's). Nil: no bound.
 	Limiter *objectwatch.Limiter
@@ -76,18 +81,25 @@ func NewCluster(o ClusterOptions) *Cluster {
 			}
 		}
 	}
+	read := func(kind string) func(objectwatch.Key) {
+		return func(k objectwatch.Key) {
+			if o.OnRead != nil {
+				o.OnRead(kind, k.Namespace, k.Name)
+			}
+		}
+	}
 	c := &Cluster{
 		opts: o,
 		configMaps: objectwatch.New(objectwatch.Kind[*v1.ConfigMap]{
 			Resource:  v1.Resource("configmaps"),
 			ListWatch: objectwatch.RESTListWatch(o.Client.Core, "configmaps"),
 			Immutable: func(cm *v1.ConfigMap) bool { return cm.Immutable != nil && *cm.Immutable },
-		}, objectwatch.Options{OnChange: notify(KindConfigMap), Limiter: o.Limiter, Log: o.Log.Named("configmaps")}),
+		}, objectwatch.Options{OnChange: notify(KindConfigMap), OnSynced: read(KindConfigMap), Limiter: o.Limiter, Log: o.Log.Named("configmaps")}),
 		secrets: objectwatch.New(objectwatch.Kind[*v1.Secret]{
 			Resource:  v1.Resource("secrets"),
 			ListWatch: objectwatch.RESTListWatch(o.Client.Core, "secrets"),
 			Immutable: func(s *v1.Secret) bool { return s.Immutable != nil && *s.Immutable },
-		}, objectwatch.Options{OnChange: notify(KindSecret), Limiter: o.Limiter, Log: o.Log.Named("secrets")}),
+		}, objectwatch.Options{OnChange: notify(KindSecret), OnSynced: read(KindSecret), Limiter: o.Limiter, Log: o.Log.Named("secrets")}),
 		bundleUsers: map[types.UID][]objectwatch.Key{},
 	}
 	return c
@@ -136,6 +148,27 @@ func (c *Cluster) ConfigMap(ctx context.Context, namespace, name string) (*v1.Co
 // Secret implements apivolume.Objects.
 func (c *Cluster) Secret(ctx context.Context, namespace, name string) (*v1.Secret, error) {
 	return c.secrets.Get(ctx, objectwatch.Key{Namespace: namespace, Name: name})
+}
+
+// CachedConfigMap returns a ConfigMap as its watch has it now, never
+// waiting: a volume.IsWaiting error while it is not read yet, NotFound
+// when it does not exist (what subPathExpr expansion reads,
+// populator.EnvObjects).
+func (c *Cluster) CachedConfigMap(namespace, name string) (*v1.ConfigMap, error) {
+	return cached(c.configMaps, namespace, name)
+}
+
+// CachedSecret is CachedConfigMap for Secrets.
+func (c *Cluster) CachedSecret(namespace, name string) (*v1.Secret, error) {
+	return cached(c.secrets, namespace, name)
+}
+
+func cached[T runtime.Object](m *objectwatch.Manager[T], namespace, name string) (T, error) {
+	o, err := m.CachedGet(objectwatch.Key{Namespace: namespace, Name: name})
+	if errors.Is(err, objectwatch.ErrNotSynced) {
+		return o, volume.Waiting(err)
+	}
+	return o, err
 }
 
 // SetPodObjects implements refresh.Watches: the pod's objects are watched
