@@ -78,7 +78,7 @@ type Config struct {
 	// all walks look at together, UsageWalkTimeout one walk (0: the
 	// defaults of package usage). MeasureHostPathUsage measures hostPath
 	// volumes too. UsageSource answers cheaply for the volumes it backs
-	// (quotas, filesystem images); nil: every disk emptyDir is walked.
+	// besides the sizeLimit enforcement (asked before it; nil: none).
 	UsagePeriod           time.Duration
 	UsageEntriesPerSecond int
 	UsageWalkTimeout      time.Duration

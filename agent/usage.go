@@ -16,8 +16,11 @@ func (p *parts) newUsage(wake func()) *usage.Measurer {
 	if p.cfg.UsagePeriod < 0 {
 		return nil
 	}
+	// The enforcement knows what it enforces (a quota's charge, an
+	// image's statfs) for a system call; only what it does not back is
+	// walked.
 	return usage.New(usage.Options{
-		DSW: p.dsw.Snapshot, ASW: p.asw.Snapshot, Source: p.cfg.UsageSource,
+		DSW: p.dsw.Snapshot, ASW: p.asw.Snapshot, Source: usage.Sources{p.cfg.UsageSource, p.limits},
 		Period: p.cfg.UsagePeriod, EntriesPerSecond: p.cfg.UsageEntriesPerSecond, WalkTimeout: p.cfg.UsageWalkTimeout,
 		HostPath: p.cfg.MeasureHostPathUsage, Events: p.events, OnChange: wake, Log: p.log.Named("usage"),
 	})
