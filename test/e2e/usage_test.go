@@ -17,10 +17,14 @@ import (
 // The usage of a pod's emptyDirs is measured (a walk for the disk one,
 // statfs for the Memory one) and appears in /metrics and on the page; a
 // pod that writes past its sizeLimit and its ephemeral-storage limit gets
-// the events and the warnings, and stays ready.
+// the events and the warnings, and stays ready. The sizeLimit is not
+// enforced here (--empty-dir-size-limit=off), so that the pod can write past
+// it: TestEmptyDirUsageOfAnImage has it enforced.
 func TestEmptyDirUsage(t *testing.T) {
 	t.Parallel()
-	a := newAgent(t, func(args *[]string) { *args = append(*args, "--volume-usage-period", "200ms") })
+	a := newAgent(t, func(args *[]string) {
+		*args = append(*args, "--volume-usage-period", "200ms", "--empty-dir-size-limit", "off")
+	})
 	hog := newPod("hog", e2eutil.EmptyDirVolume("data", "", "1Mi"), e2eutil.EmptyDirVolume("more", "", ""),
 		e2eutil.EmptyDirVolume("mem", corev1.StorageMediumMemory, "8Mi"))
 	hog.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceEphemeralStorage: resource.MustParse("4Mi")}
@@ -136,5 +140,64 @@ func TestEmptyDirUsage(t *testing.T) {
 			return nil
 		}
 		return fmt.Errorf("hog not on the page")
+	})
+}
+
+// With the sizeLimit enforced by a filesystem image, the image's usage is
+// read from it (a statfs, not a walk), the volume without a limit is still
+// walked, and a write past the limit fails instead of being reported.
+func TestEmptyDirUsageOfAnImage(t *testing.T) {
+	t.Parallel()
+	a := newAgent(t, func(args *[]string) { *args = append(*args, "--volume-usage-period", "200ms") })
+	pod := newPod("imaged", e2eutil.EmptyDirVolume("data", "", "4Mi"), e2eutil.EmptyDirVolume("more", "", ""))
+	a.Write("imaged.yaml", pod)
+	a.Start()
+	uid := a.waitReady("imaged")["imaged"]
+	dir := func(vol string) string { return a.volumeDir(uid, e2eutil.EmptyDirPlugin, vol) }
+	if err := os.WriteFile(filepath.Join(dir("data"), "blob"), make([]byte, 3<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir("data"), "past-the-limit"), make([]byte, 2<<20), 0o644); err == nil {
+		t.Fatal("writing 5Mi into an emptyDir with sizeLimit 4Mi succeeded")
+	}
+	if err := os.WriteFile(filepath.Join(dir("more"), "blob"), make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e2eutil.PollErr(t, settleTimeout, "the usage of both volumes, each by its method", func() error {
+		raw, err := a.GetRaw("/debug/status")
+		if err != nil {
+			return err
+		}
+		var page struct {
+			Pods []struct {
+				Name    string
+				Volumes []struct {
+					Name  string
+					Usage *struct {
+						UsedBytes int64
+						Method    string
+					}
+				}
+			}
+		}
+		if err := json.Unmarshal([]byte(raw), &page); err != nil {
+			return err
+		}
+		want := map[string]string{"data": "source", "more": "walk"}
+		for _, p := range page.Pods {
+			for _, v := range p.Volumes {
+				if p.Name != "imaged" || want[v.Name] == "" {
+					continue
+				}
+				if v.Usage == nil || v.Usage.Method != want[v.Name] || v.Usage.UsedBytes < 1<<20 {
+					return fmt.Errorf("%s: usage %+v, want at least 1Mi measured by %s", v.Name, v.Usage, want[v.Name])
+				}
+				delete(want, v.Name)
+			}
+		}
+		if len(want) > 0 {
+			return fmt.Errorf("not on the page: %v", want)
+		}
+		return nil
 	})
 }
