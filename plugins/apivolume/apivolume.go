@@ -278,6 +278,11 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	}
 	files, err := payload.Build(vs, in)
 	if err != nil {
+		if onlyPending(err) {
+			// A certificate the signer has not issued yet is a wait, as
+			// for the kubelet, not a failure.
+			return volume.Waiting(err)
+		}
 		return err
 	}
 	// The budget is checked before the first byte is written: the pages
@@ -568,6 +573,20 @@ func (g *getter) PodCertificate(source int, p *v1.PodCertificateProjection) ([]b
 	}
 	g.used = append(g.used, in)
 	return c.Key, c.Chain, err
+}
+
+// onlyPending reports whether every error joined in err is a pod
+// certificate not issued yet.
+func onlyPending(err error) bool {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if !onlyPending(e) {
+				return false
+			}
+		}
+		return len(j.Unwrap()) > 0
+	}
+	return errors.Is(err, podcerts.ErrPending)
 }
 
 // maxCredentialBytes bounds what is read back of a credential file.

@@ -10,9 +10,11 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -158,8 +160,30 @@ func (s *testSigner) credentials(keyPEM, chainPEM []byte) (*x509.Certificate, er
 	return leaf, nil
 }
 
+// podCertStatus reads the agent's pod certificate states (debug endpoint).
+func podCertStatus(debugURL string) ([]struct {
+	PodName string `json:"podName"`
+	State   string `json:"state"`
+}, error) {
+	resp, err := http.Get(debugURL + "/debug/api-volumes")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var doc struct {
+		PodCertificates []struct {
+			PodName string `json:"podName"`
+			State   string `json:"state"`
+		} `json:"podCertificates"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		return nil, err
+	}
+	return doc.PodCertificates, nil
+}
+
 // podCertificate projections: issued by a signer (files written, key and
-// certificate matching), refreshed at beginRefreshAt with a new key, a
+// certificate matching), kept across a restart of the agent, refreshed at beginRefreshAt with a new key, a
 // pending request keeps the pod not ready with a reason naming the
 // request, and a denied one gives the signer's reason.
 func TestPodCertificates(t *testing.T) {
@@ -227,9 +251,47 @@ func TestPodCertificates(t *testing.T) {
 		}
 	}
 
-	// A signer that never answers: the pod is not ready, and says why.
+	// A restart: the volume's credentials are adopted (its requests are
+	// in the API), so no new request is made and nothing is rewritten.
+	before := map[string][]byte{}
+	for _, f := range []string{"creds.pem", "tls.key", "tls.crt"} {
+		if before[f], err = os.ReadFile(filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.agent.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.agent.Start()
+	e2eutil.PollErr(t, 60*time.Second, "credentials adopted after the restart", func() error {
+		st, err := podCertStatus(e.agent.DebugURL())
+		if err != nil {
+			return err
+		}
+		issued := 0
+		for _, s := range st {
+			if s.PodName == "app" && s.State == "issued" {
+				issued++
+			}
+		}
+		if issued != 2 {
+			return fmt.Errorf("projections of app: %+v", st)
+		}
+		return nil
+	})
+	for f, want := range before {
+		if got, err := os.ReadFile(filepath.Join(dir, f)); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s changed across the restart (%v)", f, err)
+		}
+	}
+	if after, err := suite.Admin.CertificatesV1beta1().PodCertificateRequests(e.ns).List(t.Context(), metav1.ListOptions{}); err != nil || len(after.Items) != len(pcrs.Items) {
+		t.Errorf("requests after the restart: %d (%v), want %d", len(after.Items), err, len(pcrs.Items))
+	}
+
+	// A signer that never answers: the pod is not ready, and says why (a
+	// wait, not a failure).
 	silent := e.createPod(e.pod("waiting", certVolume("example.com/"+e.ns+"-silent")))
-	cond := e.waitCondition("waiting", corev1.ConditionFalse, "MountFailed")
+	cond := e.waitCondition("waiting", corev1.ConditionFalse, "WaitingForMount")
 	for _, want := range []string{"tls", "not issued yet", "example.com/" + e.ns + "-silent"} {
 		if !strings.Contains(cond.Message, want) {
 			t.Errorf("pending: condition message %q lacks %q", cond.Message, want)
