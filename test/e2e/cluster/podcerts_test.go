@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net/http"
 	"os"
@@ -288,15 +289,30 @@ func TestPodCertificates(t *testing.T) {
 		t.Errorf("requests after the restart: %d (%v), want %d", len(after.Items), err, len(pcrs.Items))
 	}
 
-	// A signer that never answers: the pod is not ready, and says why (a
-	// wait, not a failure).
+	// A signer that never answers: the pod is not ready (a wait, not a
+	// failure), and the page and `volume-agent status` say why.
 	silent := e.createPod(e.pod("waiting", certVolume("example.com/"+e.ns+"-silent")))
-	cond := e.waitCondition("waiting", corev1.ConditionFalse, "WaitingForMount")
-	for _, want := range []string{"tls", "not issued yet", "example.com/" + e.ns + "-silent"} {
-		if !strings.Contains(cond.Message, want) {
-			t.Errorf("pending: condition message %q lacks %q", cond.Message, want)
-		}
+	cond := e.waitCondition("waiting", corev1.ConditionFalse, "WaitingForVolumes")
+	if !strings.Contains(cond.Message, "tls") {
+		t.Errorf("pending: condition message %q does not name the volume", cond.Message)
 	}
+	e2eutil.PollErr(t, 30*time.Second, "the pending request on the page", func() error {
+		resp, err := http.Get(e.agent.DebugURL() + "/debug/status/pods/" + e.ns + "/waiting")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		for _, want := range []string{`"tls"`, "PodCertificateRequest " + e.ns + "/req-", "example.com/" + e.ns + "-silent", "not issued yet"} {
+			if !strings.Contains(string(body), want) {
+				return fmt.Errorf("%s lacks %q", body, want)
+			}
+		}
+		return nil
+	})
 	// Denied: the signer's reason reaches the pod.
 	denied := e.createPod(e.pod("denied", certVolume(signer.name)))
 	e.waitEvent("denied", "FailedMount", nil, "denied", "TestDenied", "pods named denied get no certificate")
