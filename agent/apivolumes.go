@@ -12,13 +12,18 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/volume-agent/volume-agent/agent/debug"
+	"github.com/volume-agent/volume-agent/internal/kubeclient"
 	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/apivolume"
 	"github.com/volume-agent/volume-agent/plugins/apivolume/budget"
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
+	"github.com/volume-agent/volume-agent/podcerts"
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/refresh"
 	"github.com/volume-agent/volume-agent/source/apiobjects"
@@ -36,6 +41,9 @@ type apiVolumes struct {
 	// objects and tokens exist in cluster mode only.
 	objects *apiobjects.Cluster
 	tokens  *tokens.Manager
+	// certs and certWatch exist with the node's identity only.
+	certs     *podcerts.Manager
+	certWatch *podcerts.Watch
 	// credentials says whose credentials read secrets and request tokens.
 	credentials string
 	budget      *budget.Budget
@@ -61,6 +69,7 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired, 
 		Budget:               a.budget,
 		NoTokensReason:       noTokensReason + " (set automountServiceAccountToken: false, or remove the projection)",
 		NoTrustBundlesReason: "clusterTrustBundle projections need an API server, and this agent runs in standalone mode",
+		NoPodCertsReason:     "podCertificate projections need an API server, and this agent runs in standalone mode",
 	}
 	ropts := refresh.Options{Desired: dsw, Observer: obs, Log: log.Named("refresh")}
 	// The refresher is told about changes; it is built last, from the
@@ -98,6 +107,25 @@ func newAPIVolumes(cfg Config, host plugins.Host, m *mode, dsw refresh.Desired, 
 			return nil
 		}
 		ropts.Watches, ropts.Tokens = a.objects, a.tokens
+		if c.nodeClient != nil {
+			// Only with the node's identity: the Node authorizer and
+			// NodeRestriction then limit the requests to the node's pods.
+			nc := c.nodeClient
+			a.certWatch = podcerts.NewWatch(podcerts.WatchOptions{Client: nc, NodeName: cfg.NodeName,
+				ListWatch: func(sel fields.Selector) cache.ListerWatcher {
+					return kubeclient.ListWatch(nc.Certificates, "podcertificaterequests", "", sel)
+				},
+				OnChange: func(pod types.UID) { changed(refresh.KindPodCertificateRequest, "", string(pod)) }})
+			a.certs = podcerts.New(podcerts.Options{Creator: nc, Lookup: a.certWatch, Node: func() (string, types.UID, bool) {
+				if n, ok := c.source.Node(); ok {
+					return n.Name, n.UID, true
+				}
+				return "", "", false
+			}})
+			src.PodCerts, ropts.PodCerts = a.certs, a.certs
+		} else {
+			src.NoPodCertsReason = "podCertificate projections are requested with the node's identity (--node-kubeconfig or --bootstrap-kubeconfig), which the Node authorizer and NodeRestriction limit to the node's pods, and this agent runs with its ServiceAccount only"
+		}
 	}
 	a.allocatable = src.NodeAllocatable
 	a.refresh = refresh.New(ropts)
@@ -156,6 +184,9 @@ func (a *apiVolumes) stop() {
 	if a.objects != nil {
 		a.objects.Stop()
 	}
+	if a.certWatch != nil {
+		a.certWatch.Stop()
+	}
 }
 
 func (a *apiVolumes) document() debug.APIVolumesDocument {
@@ -166,6 +197,9 @@ func (a *apiVolumes) document() debug.APIVolumesDocument {
 	}
 	if a.tokens != nil {
 		d.Tokens = a.tokens.Status()
+	}
+	if a.certs != nil {
+		d.PodCertificates = a.certs.Status()
 	}
 	return d
 }

@@ -183,6 +183,21 @@ func checkRendered(t *testing.T, dir string, objs []*unstructured.Unstructured) 
 			roles[o.GetName()] = true
 		}
 	}
+	// PodCertificateRequests are made with the node's identity only
+	// (docs/api-volumes.md#pod-certificates): RBAC could not limit a grant
+	// to the node's pods, so the ServiceAccount gets none, in any overlay.
+	for _, o := range objs {
+		if o.GetKind() != "ClusterRole" && o.GetKind() != "Role" {
+			continue
+		}
+		rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+		for _, r := range rules {
+			res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
+			if slices.ContainsFunc(res, func(s string) bool { return s == "*" || strings.HasPrefix(s, "podcertificaterequests") }) {
+				t.Errorf("%s %s grants %v: PodCertificateRequests are the node identity's", o.GetKind(), o.GetName(), res)
+			}
+		}
+	}
 	for _, o := range objs {
 		if o.GetKind() != "ClusterRoleBinding" {
 			continue

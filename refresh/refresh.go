@@ -65,6 +65,8 @@ type Options struct {
 	Observer Observer
 	Clock    clock.WithTicker
 	Log      *zap.Logger
+	// PodCerts drops the pod certificates' keys of pods that left.
+	PodCerts TokenCache
 }
 
 // Kinds of objects, as ObjectChanged is told.
@@ -72,6 +74,10 @@ const (
 	KindConfigMap          = "ConfigMap"
 	KindSecret             = "Secret"
 	KindClusterTrustBundle = "ClusterTrustBundle"
+	// KindPodCertificateRequest: the name is the UID of the pod the
+	// request is for, and every volume of the pod with a podCertificate
+	// projection is marked.
+	KindPodCertificateRequest = "PodCertificateRequest"
 )
 
 type podVolume struct {
@@ -190,8 +196,11 @@ func unique(s []string) []string {
 	return out
 }
 
-func (r *Refresher) objectsOf(ns string, refs apivolume.Refs) []object {
+func (r *Refresher) objectsOf(uid types.UID, ns string, refs apivolume.Refs) []object {
 	var out []object
+	if refs.PodCertificates {
+		out = append(out, object{kind: KindPodCertificateRequest, name: string(uid)})
+	}
 	for _, n := range refs.ConfigMaps {
 		out = append(out, object{KindConfigMap, ns, n})
 	}
@@ -208,7 +217,7 @@ func (r *Refresher) objectsOf(ns string, refs apivolume.Refs) []object {
 
 func (r *Refresher) index(uid types.UID, st *podState) {
 	for name, refs := range st.volumes {
-		for _, o := range r.objectsOf(st.meta.Namespace, refs) {
+		for _, o := range r.objectsOf(uid, st.meta.Namespace, refs) {
 			set, ok := r.byObject[o]
 			if !ok {
 				set = map[podVolume]struct{}{}
@@ -221,7 +230,7 @@ func (r *Refresher) index(uid types.UID, st *podState) {
 
 func (r *Refresher) unindex(uid types.UID, st *podState) {
 	for name, refs := range st.volumes {
-		for _, o := range r.objectsOf(st.meta.Namespace, refs) {
+		for _, o := range r.objectsOf(uid, st.meta.Namespace, refs) {
 			if set, ok := r.byObject[o]; ok {
 				delete(set, podVolume{uid, name})
 				if len(set) == 0 {
@@ -260,6 +269,9 @@ func (r *Refresher) PodRemoved(uid types.UID) {
 	if r.opts.Tokens != nil {
 		r.opts.Tokens.ForgetPod(uid)
 	}
+	if r.opts.PodCerts != nil {
+		r.opts.PodCerts.ForgetPod(uid)
+	}
 }
 
 // Pod implements apivolume.PodMetadata.
@@ -274,11 +286,15 @@ func (r *Refresher) Pod(uid types.UID) (*apivolume.Pod, bool) {
 }
 
 // ObjectChanged marks every pod volume built from the object. For
-// ClusterTrustBundles the name is ignored.
+// ClusterTrustBundles the name is ignored; for PodCertificateRequests it
+// is the UID of the pod they are for.
 func (r *Refresher) ObjectChanged(kind, namespace, name string) {
 	o := object{kind, namespace, name}
-	if kind == KindClusterTrustBundle {
+	switch kind {
+	case KindClusterTrustBundle:
 		o = object{kind: kind}
+	case KindPodCertificateRequest:
+		o = object{kind: kind, name: name}
 	}
 	r.mu.Lock()
 	set := r.byObject[o]

@@ -315,3 +315,43 @@ func TestSubPathExprObjectsWatched(t *testing.T) {
 		t.Errorf("watches of a pod without subPathExpr: %v", got)
 	}
 }
+
+// A PodCertificateRequest's change marks the volumes of its pod that hold
+// podCertificate projections, nothing else; a pod that leaves has its keys
+// dropped.
+func TestPodCertificateRequestChangeMarksItsPod(t *testing.T) {
+	r, rec, _ := newRefresher()
+	var certs []types.UID
+	r.opts.PodCerts = forgetFunc(func(uid types.UID) { certs = append(certs, uid) })
+	certVolume := func(name string) v1.Volume {
+		return v1.Volume{Name: name, VolumeSource: v1.VolumeSource{Projected: &v1.ProjectedVolumeSource{Sources: []v1.VolumeProjection{
+			{PodCertificate: &v1.PodCertificateProjection{SignerName: "example.com/s", KeyType: "ED25519", CredentialBundlePath: "b"}}}}}}
+	}
+	r.PodUpdated(newPod("a", nil, certVolume("tls"), cmVolume("config", "shared")))
+	r.PodUpdated(newPod("b", nil, certVolume("tls")))
+	for _, tc := range []struct {
+		name string
+		want []string
+	}{
+		{"a", []string{"kubernetes.io/projected/a-tls"}},
+		{"b", []string{"kubernetes.io/projected/b-tls"}},
+		{"c", nil},
+	} {
+		r.ObjectChanged(KindPodCertificateRequest, "", tc.name)
+		if got := rec.takeMarked(); !slices.Equal(got, tc.want) {
+			t.Errorf("request of pod %s changed: marked %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	r.PodRemoved("a")
+	if !slices.Equal(certs, []types.UID{"a"}) {
+		t.Errorf("pod certificates forgotten for %v, want [a]", certs)
+	}
+	r.ObjectChanged(KindPodCertificateRequest, "", "a")
+	if got := rec.takeMarked(); len(got) != 0 {
+		t.Errorf("marked %v after the pod left", got)
+	}
+}
+
+type forgetFunc func(types.UID)
+
+func (f forgetFunc) ForgetPod(uid types.UID) { f(uid) }

@@ -24,6 +24,7 @@ import (
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/plugins/apivolume"
 	csiplugin "github.com/volume-agent/volume-agent/plugins/csi"
+	"github.com/volume-agent/volume-agent/podcerts"
 	"github.com/volume-agent/volume-agent/reconciler/housekeeping"
 	"github.com/volume-agent/volume-agent/refresh"
 	"github.com/volume-agent/volume-agent/source"
@@ -248,7 +249,10 @@ type APIVolumesDocument struct {
 	Volumes     []apivolume.VolumeStatus `json:"volumes"`
 	Watches     []objectwatch.KeyStatus  `json:"watches"`
 	Tokens      []tokens.Status          `json:"tokens"`
-	Refresh     refresh.Stats            `json:"refresh"`
+	// PodCertificates: each projection's request, expiry and refresh;
+	// never a key.
+	PodCertificates []podcerts.Status `json:"podCertificates,omitempty"`
+	Refresh         refresh.Stats     `json:"refresh"`
 }
 
 // Options are what the endpoint reads, on each request.

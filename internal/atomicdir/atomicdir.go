@@ -788,3 +788,54 @@ func readDirNames(fd int) ([]string, error) {
 	}
 	return f.Readdirnames(-1)
 }
+
+// ReadFile reads the file at rel (a payload path) of the content dir holds
+// now, at most limit bytes, on file descriptors: ..data must point at a
+// data directory, and no link is followed on the way (a link or anything
+// but a regular file is an error). For content the agent wrote and must
+// read back (a pod certificate's key after a restart).
+func ReadFile(dir, rel string, limit int64) ([]byte, error) {
+	if err := ValidatePath(rel); err != nil {
+		return nil, err
+	}
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(dfd)
+	target, err := readlinkat(dfd, dataLink)
+	if err != nil {
+		return nil, &os.PathError{Op: "readlink", Path: dir + "/" + dataLink, Err: err}
+	}
+	if !isTimestampDir(target) {
+		return nil, fmt.Errorf("%s/%s does not point at a data directory", dir, dataLink)
+	}
+	fd, err := unix.Openat(dfd, target, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir + "/" + target, Err: err}
+	}
+	elems := strings.Split(path.Clean(rel), "/")
+	for _, e := range elems[:len(elems)-1] {
+		nfd, err := unix.Openat(fd, e, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		unix.Close(fd)
+		if err != nil {
+			return nil, &os.PathError{Op: "open", Path: dir + "/" + rel, Err: err}
+		}
+		fd = nfd
+	}
+	ffd, err := unix.Openat(fd, elems[len(elems)-1], unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	unix.Close(fd)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir + "/" + rel, Err: err}
+	}
+	f := os.NewFile(uintptr(ffd), dir+"/"+rel)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s/%s is not a regular file", dir, rel)
+	}
+	return io.ReadAll(io.LimitReader(f, limit))
+}

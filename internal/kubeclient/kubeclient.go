@@ -1,6 +1,7 @@
 // Package kubeclient talks to the Kubernetes API server with REST clients for
 // exactly the API groups the agent uses (core/v1, storage.k8s.io/v1,
-// certificates.k8s.io/v1beta1 for ClusterTrustBundles, and the
+// certificates.k8s.io/v1beta1 for ClusterTrustBundles and
+// PodCertificateRequests, and the
 // authentication.k8s.io/v1 TokenRequest) and a scheme holding only their
 // types.
 //
@@ -227,6 +228,33 @@ func (c *Client) RequestToken(ctx context.Context, namespace, serviceAccount str
 // certificates.k8s.io/v1beta1 ClusterTrustBundles (beta and off by default
 // in Kubernetes 1.36).
 func (c *Client) ServesClusterTrustBundles(ctx context.Context) (bool, error) {
+	return c.servesCertificates(ctx, "clustertrustbundles")
+}
+
+// ServesPodCertificateRequests reports whether the API server serves
+// certificates.k8s.io/v1beta1 PodCertificateRequests (beta and off by
+// default in Kubernetes 1.36: feature gate PodCertificateRequest).
+func (c *Client) ServesPodCertificateRequests(ctx context.Context) (bool, error) {
+	return c.servesCertificates(ctx, "podcertificaterequests")
+}
+
+// CreatePodCertificateRequest creates a PodCertificateRequest.
+func (c *Client) CreatePodCertificateRequest(ctx context.Context, pcr *certificatesv1beta1.PodCertificateRequest) (*certificatesv1beta1.PodCertificateRequest, error) {
+	out := &certificatesv1beta1.PodCertificateRequest{}
+	err := c.Certificates.Post().Namespace(pcr.Namespace).Resource("podcertificaterequests").Body(pcr).Do(ctx).Into(out)
+	return out, err
+}
+
+// ServiceAccountUID reads a service account's UID.
+func (c *Client) ServiceAccountUID(ctx context.Context, namespace, name string) (types.UID, error) {
+	sa := &v1.ServiceAccount{}
+	if err := c.Core.Get().Namespace(namespace).Resource("serviceaccounts").Name(name).Do(ctx).Into(sa); err != nil {
+		return "", err
+	}
+	return sa.UID, nil
+}
+
+func (c *Client) servesCertificates(ctx context.Context, resource string) (bool, error) {
 	raw, err := c.Certificates.Get().AbsPath("/apis/certificates.k8s.io/v1beta1").SetHeader("Accept", "application/json").DoRaw(ctx)
 	if apierrors.IsNotFound(err) {
 		return false, nil
@@ -239,7 +267,7 @@ func (c *Client) ServesClusterTrustBundles(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	for _, r := range list.APIResources {
-		if r.Name == "clustertrustbundles" {
+		if r.Name == resource {
 			return true, nil
 		}
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/apivolume/budget"
 	"github.com/volume-agent/volume-agent/plugins/apivolume/payload"
+	"github.com/volume-agent/volume-agent/podcerts"
 	"github.com/volume-agent/volume-agent/tokens"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -83,6 +84,11 @@ type TrustBundles interface {
 	TrustBundle(ctx context.Context, p *v1.ClusterTrustBundleProjection) ([]byte, error)
 }
 
+// PodCertificates serves podCertificate projections (podcerts.Manager).
+type PodCertificates interface {
+	Get(ctx context.Context, req podcerts.Request) (podcerts.Credentials, error)
+}
+
 // PodMetadata returns what downwardAPI items and token files need to know
 // about a pod beyond volume.PodInfo.
 type PodMetadata interface {
@@ -98,13 +104,19 @@ type Sources struct {
 	// TrustBundles is nil when the API server serves no ClusterTrustBundles
 	// (or without one): such projections are a per-pod error.
 	TrustBundles TrustBundles
-	Pods         PodMetadata
+	// PodCerts is nil where pod certificates cannot be requested (no API
+	// server, or not with the node's identity): such projections are a
+	// per-pod error.
+	PodCerts PodCertificates
+	Pods     PodMetadata
 	// NodeAllocatable fills unset limits of resourceFieldRef items.
 	NodeAllocatable func() v1.ResourceList
 	// NoTokensReason explains why Tokens is nil, for the per-pod error.
 	NoTokensReason string
 	// NoTrustBundlesReason explains why TrustBundles is nil.
 	NoTrustBundlesReason string
+	// NoPodCertsReason explains why PodCerts is nil.
+	NoPodCertsReason string
 	// Budget bounds the bytes written; nil: no bound (tests).
 	Budget *budget.Budget
 }
@@ -234,7 +246,17 @@ func (p *Plugin) validate(vs *v1.VolumeSource) error {
 				}
 				explicit("clusterTrustBundle", s.ClusterTrustBundle.Path)
 			case s.PodCertificate != nil:
-				errs = append(errs, errors.New("podCertificate projections are not supported"))
+				if p.src.PodCerts == nil {
+					errs = append(errs, fmt.Errorf("podCertificate projection (signer %q) cannot be served: %s", s.PodCertificate.SignerName, p.src.NoPodCertsReason))
+				}
+				if err := payload.ValidatePodCertificate(s.PodCertificate); err != nil {
+					errs = append(errs, err)
+				}
+				for _, pth := range []string{s.PodCertificate.CredentialBundlePath, s.PodCertificate.KeyPath, s.PodCertificate.CertificateChainPath} {
+					if pth != "" {
+						explicit("podCertificate", pth)
+					}
+				}
 			}
 		}
 	}
@@ -246,7 +268,7 @@ func (p *Plugin) validate(vs *v1.VolumeSource) error {
 // leaves an existing volume as it was.
 func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	vs := &req.Spec.Volume.VolumeSource
-	g := &getter{ctx: ctx, ns: req.Pod.Namespace, pod: req.Pod, src: &p.src, used: []Input{}}
+	g := &getter{ctx: ctx, ns: req.Pod.Namespace, pod: req.Pod, src: &p.src, used: []Input{}, volName: req.Spec.Name, dir: req.Dir}
 	in := payload.Inputs{Pod: p.podMeta(req.Pod), Get: g}
 	if p.src.NodeAllocatable != nil && payload.RefsOf(vs).Resources {
 		in.NodeAllocatable = p.src.NodeAllocatable()
@@ -256,6 +278,11 @@ func (p *Plugin) SetUp(ctx context.Context, req *plugins.SetUpRequest) error {
 	}
 	files, err := payload.Build(vs, in)
 	if err != nil {
+		if onlyPending(err) {
+			// A certificate the signer has not issued yet is a wait, as
+			// for the kubelet, not a failure.
+			return volume.Waiting(err)
+		}
 		return err
 	}
 	// The budget is checked before the first byte is written: the pages
@@ -453,6 +480,9 @@ type getter struct {
 	src       *Sources
 	refreshAt time.Time
 	used      []Input
+	// volName and dir are the pod's volume name and directory (pod
+	// certificates).
+	volName, dir string
 }
 
 func (g *getter) record(kind, name string, obj any, err error) {
@@ -521,6 +551,69 @@ func (g *getter) TrustBundle(p *v1.ClusterTrustBundleProjection) ([]byte, error)
 	}
 	g.used = append(g.used, Input{Kind: "ClusterTrustBundle", Name: name, Missing: err != nil})
 	return pem, err
+}
+
+func (g *getter) PodCertificate(source int, p *v1.PodCertificateProjection) ([]byte, []byte, error) {
+	if g.src.PodCerts == nil {
+		return nil, nil, errors.New(g.src.NoPodCertsReason)
+	}
+	req := podcerts.Request{
+		Key:            podcerts.Key{Namespace: g.ns, PodName: g.pod.Name, PodUID: g.pod.UID, Volume: g.volName, Source: source},
+		ServiceAccount: g.pod.ServiceAccount,
+		Projection:     *p,
+		Existing:       func() ([]byte, []byte) { return existingCredentials(g.dir, p) },
+	}
+	c, err := g.src.PodCerts.Get(g.ctx, req)
+	in := Input{Kind: "PodCertificate", Name: p.SignerName, Missing: err != nil}
+	if err == nil {
+		in.RefreshAt = c.RefreshAt
+		if !c.RefreshAt.IsZero() && (g.refreshAt.IsZero() || c.RefreshAt.Before(g.refreshAt)) {
+			g.refreshAt = c.RefreshAt
+		}
+	}
+	g.used = append(g.used, in)
+	return c.Key, c.Chain, err
+}
+
+// onlyPending reports whether every error joined in err is a pod
+// certificate not issued yet.
+func onlyPending(err error) bool {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if !onlyPending(e) {
+				return false
+			}
+		}
+		return len(j.Unwrap()) > 0
+	}
+	return errors.Is(err, podcerts.ErrPending)
+}
+
+// maxCredentialBytes bounds what is read back of a credential file.
+const maxCredentialBytes = 1 << 20
+
+// existingCredentials reads back the key and chain a podCertificate
+// projection wrote into the volume (after a restart), nil if it cannot.
+// podcerts trusts neither: the chain must be an issued request's and
+// match the key.
+func existingCredentials(dir string, p *v1.PodCertificateProjection) ([]byte, []byte) {
+	read := func(rel string) []byte {
+		if rel == "" {
+			return nil
+		}
+		b, err := atomicdir.ReadFile(dir, rel, maxCredentialBytes)
+		if err != nil {
+			return nil
+		}
+		return b
+	}
+	if p.KeyPath != "" && p.CertificateChainPath != "" {
+		return read(p.KeyPath), read(p.CertificateChainPath)
+	}
+	if b := read(p.CredentialBundlePath); b != nil {
+		return podcerts.SplitBundle(b)
+	}
+	return nil, nil
 }
 
 // Input is one thing a volume was built from, for the debug endpoint:

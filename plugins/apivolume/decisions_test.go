@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"go.uber.org/zap"
@@ -15,6 +16,7 @@ import (
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/apivolume"
 	"github.com/volume-agent/volume-agent/plugins/pluginstest"
+	"github.com/volume-agent/volume-agent/podcerts"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -68,4 +70,53 @@ func TestMountDecisions(t *testing.T) {
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a failed mount left %s: %v", filepath.Base(dir), err)
 	}
+}
+
+// podCertificate projections a node cannot serve, or the API would have
+// refused, are per-pod errors before anything is mounted.
+func TestPodCertificateAttributes(t *testing.T) {
+	proj := func(p v1.PodCertificateProjection) v1.VolumeSource {
+		return v1.VolumeSource{Projected: &v1.ProjectedVolumeSource{Sources: []v1.VolumeProjection{{PodCertificate: &p}}}}
+	}
+	good := v1.PodCertificateProjection{SignerName: "example.com/s", KeyType: "ED25519", CredentialBundlePath: "creds.pem"}
+	for _, tc := range []struct {
+		name    string
+		served  bool
+		vs      v1.VolumeSource
+		wantErr string
+	}{
+		{"served", true, proj(good), ""},
+		{"not served", false, proj(good), `podCertificate projection (signer "example.com/s") cannot be served: no node identity`},
+		{"unknown key type", true, proj(v1.PodCertificateProjection{SignerName: "a/b", KeyType: "RSA1024", KeyPath: "k"}), `keyType "RSA1024"`},
+		{"no file", true, proj(v1.PodCertificateProjection{SignerName: "a/b", KeyType: "ED25519"}), "specify at least one of"},
+		{"two sources, one path", true, v1.VolumeSource{Projected: &v1.ProjectedVolumeSource{Sources: []v1.VolumeProjection{{PodCertificate: &good}, {PodCertificate: &good}}}}, "conflicting duplicate paths"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := apivolume.Sources{NoPodCertsReason: "no node identity"}
+			if tc.served {
+				src.PodCerts = noCerts{}
+			}
+			ps, _ := apivolume.New(plugins.Host{Log: zap.NewNop()}, src)
+			pl, err := plugins.NewRegistry(ps...).ForSpec(spec("tls", tc.vs))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = pl.Attributes(spec("tls", tc.vs))
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("Attributes: %v; want an error containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+type noCerts struct{}
+
+func (noCerts) Get(context.Context, podcerts.Request) (podcerts.Credentials, error) {
+	return podcerts.Credentials{}, errors.New("unused")
 }

@@ -36,6 +36,9 @@ type Getter interface {
 	// TrustBundle returns the PEM bundle the projection selects; a
 	// selection that matches nothing is NotFound.
 	TrustBundle(p *v1.ClusterTrustBundleProjection) ([]byte, error)
+	// PodCertificate returns the private key (PEM) and certificate chain
+	// of the podCertificate projection that is source number source.
+	PodCertificate(source int, p *v1.PodCertificateProjection) (key, chain []byte, err error)
 }
 
 // Pod is what payloads need to know about the pod: downwardAPI items read
@@ -301,7 +304,7 @@ func projected(src *v1.ProjectedVolumeSource, in Inputs) (atomicdir.Payload, err
 		case s.ClusterTrustBundle != nil:
 			err = trustBundle(out, s.ClusterTrustBundle, def, in)
 		case s.PodCertificate != nil:
-			err = errors.New("podCertificate projections are not supported")
+			err = podCertificate(out, i, s.PodCertificate, def, in)
 		default:
 			err = fmt.Errorf("projected source %d has no known type", i)
 		}
@@ -339,6 +342,69 @@ func token(out atomicdir.Payload, p *v1.ServiceAccountTokenProjection, def os.Fi
 	}
 	out[p.Path] = credentialFile(tok, def, in.Pod)
 	return nil
+}
+
+// podCertificate writes the files the projection names, as the kubelet
+// does: the credential bundle (the key, then the chain), the key, the
+// chain; each with the mode of token files.
+func podCertificate(out atomicdir.Payload, source int, p *v1.PodCertificateProjection, def os.FileMode, in Inputs) error {
+	if err := ValidatePodCertificate(p); err != nil {
+		return err
+	}
+	key, chain, err := in.Get.PodCertificate(source, p)
+	if err != nil {
+		return fmt.Errorf("podCertificate (signer %q): %w", p.SignerName, err)
+	}
+	for path, data := range PodCertificateFiles(p, key, chain) {
+		out[path] = credentialFile(data, def, in.Pod)
+	}
+	return nil
+}
+
+// PodCertificateFiles maps each path a podCertificate projection names to
+// its content.
+func PodCertificateFiles(p *v1.PodCertificateProjection, key, chain []byte) map[string][]byte {
+	out := map[string][]byte{}
+	if p.CredentialBundlePath != "" {
+		out[p.CredentialBundlePath] = append(append([]byte{}, key...), chain...)
+	}
+	if p.KeyPath != "" {
+		out[p.KeyPath] = key
+	}
+	if p.CertificateChainPath != "" {
+		out[p.CertificateChainPath] = chain
+	}
+	return out
+}
+
+// podCertificateKeyTypes are the key types the API allows.
+var podCertificateKeyTypes = []string{"RSA3072", "RSA4096", "ECDSAP256", "ECDSAP384", "ECDSAP521", "ED25519"}
+
+// ValidatePodCertificate checks what the API server checks of a
+// podCertificate projection besides the signer's name.
+func ValidatePodCertificate(p *v1.PodCertificateProjection) error {
+	var errs []error
+	if p.SignerName == "" {
+		errs = append(errs, errors.New("podCertificate: signerName is required"))
+	}
+	if !slices.Contains(podCertificateKeyTypes, p.KeyType) {
+		errs = append(errs, fmt.Errorf("podCertificate: keyType %q is not one of %v", p.KeyType, podCertificateKeyTypes))
+	}
+	if e := p.MaxExpirationSeconds; e != nil && *e < 3600 {
+		errs = append(errs, fmt.Errorf("podCertificate: maxExpirationSeconds %d is below the minimum of 3600", *e))
+	}
+	if p.CredentialBundlePath == "" && p.KeyPath == "" && p.CertificateChainPath == "" {
+		errs = append(errs, errors.New("podCertificate: specify at least one of credentialBundlePath, keyPath and certificateChainPath"))
+	}
+	for _, pth := range []string{p.CredentialBundlePath, p.KeyPath, p.CertificateChainPath} {
+		if pth == "" {
+			continue
+		}
+		if err := atomicdir.ValidatePath(pth); err != nil {
+			errs = append(errs, fmt.Errorf("podCertificate: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // MinTokenExpirationSeconds is the API's minimum for expirationSeconds.

@@ -2,6 +2,7 @@ package payload
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -24,6 +25,7 @@ type fakeGetter struct {
 	tokenErr   error
 	bundle     []byte
 	tokens     []*v1.ServiceAccountTokenProjection
+	certErr    error
 }
 
 func (f *fakeGetter) ConfigMap(name string) (*v1.ConfigMap, error) {
@@ -50,6 +52,13 @@ func (f *fakeGetter) TrustBundle(p *v1.ClusterTrustBundleProjection) ([]byte, er
 		return nil, apierrors.NewNotFound(v1.Resource("clustertrustbundles"), "x")
 	}
 	return f.bundle, nil
+}
+
+func (f *fakeGetter) PodCertificate(source int, p *v1.PodCertificateProjection) ([]byte, []byte, error) {
+	if f.certErr != nil {
+		return nil, nil, f.certErr
+	}
+	return []byte("KEY\n"), []byte("CHAIN\n"), nil
 }
 
 func getter() *fakeGetter {
@@ -400,5 +409,55 @@ func TestNestedMounts(t *testing.T) {
 		if !slices.Equal(g, v) {
 			t.Errorf("%s: %v, want %v", k, got[k], v)
 		}
+	}
+}
+
+// Which files a podCertificate projection writes, with what, and its
+// errors.
+func TestPodCertificate(t *testing.T) {
+	proj := func(bundle, key, chain string) v1.VolumeProjection {
+		return v1.VolumeProjection{PodCertificate: &v1.PodCertificateProjection{SignerName: "example.com/s", KeyType: "ED25519",
+			CredentialBundlePath: bundle, KeyPath: key, CertificateChainPath: chain}}
+	}
+	user := &Pod{FSUser: ptr.To[int64](1000)}
+	for _, tc := range []struct {
+		name    string
+		src     v1.VolumeProjection
+		pod     *Pod
+		getErr  error
+		want    map[string]string
+		wantErr string
+	}{
+		{name: "bundle: key then chain", src: proj("creds.pem", "", ""), want: map[string]string{"creds.pem": "KEY\nCHAIN\n|-rw-r--r--"}},
+		{name: "key and chain", src: proj("", "tls.key", "tls.crt"), want: map[string]string{"tls.key": "KEY\n|-rw-r--r--", "tls.crt": "CHAIN\n|-rw-r--r--"}},
+		{name: "all three", src: proj("b", "k", "c"), want: map[string]string{"b": "KEY\nCHAIN\n|-rw-r--r--", "k": "KEY\n|-rw-r--r--", "c": "CHAIN\n|-rw-r--r--"}},
+		{name: "one user: 0600 and owned", src: proj("b", "", ""), pod: user, want: map[string]string{"b": "KEY\nCHAIN\n|-rw-------|uid"}},
+		{name: "no path", src: proj("", "", ""), wantErr: "specify at least one of"},
+		{name: "bad path", src: proj("../x", "", ""), wantErr: "podCertificate:"},
+		{name: "bad key type", src: v1.VolumeProjection{PodCertificate: &v1.PodCertificateProjection{SignerName: "a/b", KeyType: "DSA", KeyPath: "k"}}, wantErr: `keyType "DSA"`},
+		{name: "short expiration", src: v1.VolumeProjection{PodCertificate: &v1.PodCertificateProjection{SignerName: "a/b", KeyType: "RSA3072", KeyPath: "k", MaxExpirationSeconds: ptr.To[int32](60)}}, wantErr: "maxExpirationSeconds 60"},
+		{name: "pending names the signer", src: proj("b", "", ""), getErr: errors.New("PodCertificateRequest ns/req-1 is not issued yet"), wantErr: `podCertificate (signer "example.com/s"): PodCertificateRequest ns/req-1 is not issued yet`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := getter()
+			g.certErr = tc.getErr
+			vs := &v1.VolumeSource{Projected: &v1.ProjectedVolumeSource{Sources: []v1.VolumeProjection{tc.src}}}
+			got, err := Build(vs, Inputs{Pod: tc.pod, Get: g})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := simple(got); !maps.Equal(s, tc.want) {
+				t.Errorf("files %v, want %v", s, tc.want)
+			}
+		})
+	}
+	if r := RefsOf(&v1.VolumeSource{Projected: &v1.ProjectedVolumeSource{Sources: []v1.VolumeProjection{proj("b", "", "")}}}); !r.PodCertificates {
+		t.Error("RefsOf: PodCertificates not set")
 	}
 }

@@ -15,6 +15,9 @@ type Refs struct {
 	TrustBundles []*v1.ClusterTrustBundleProjection
 	// Tokens is set when the volume holds service-account tokens.
 	Tokens bool
+	// PodCertificates is set when the volume holds podCertificate
+	// projections: their requests' changes must reach it.
+	PodCertificates bool
 	// Labels, Annotations and Resources are set when a downwardAPI item
 	// reads the pod's labels, annotations or container resources.
 	Labels, Annotations, Resources bool
@@ -50,6 +53,8 @@ func RefsOf(vs *v1.VolumeSource) Refs {
 				r.Tokens = true
 			case s.ClusterTrustBundle != nil:
 				r.TrustBundles = append(r.TrustBundles, s.ClusterTrustBundle)
+			case s.PodCertificate != nil:
+				r.PodCertificates = true
 			}
 		}
 	}

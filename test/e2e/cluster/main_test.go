@@ -49,11 +49,11 @@ func TestMain(m *testing.M) {
 		CSIDriver: true,
 		ControlPlane: e2eutil.ControlPlaneOptions{
 			Nodes: credentialNodes,
-			// ClusterTrustBundles and their projection are beta and off by
-			// default in 1.36.
+			// ClusterTrustBundles and their projection, and
+			// PodCertificateRequests, are beta and off by default in 1.36.
 			APIServerArgs: []string{
-				"--feature-gates=ClusterTrustBundle=true,ClusterTrustBundleProjection=true",
-				"--runtime-config=certificates.k8s.io/v1beta1/clustertrustbundles=true",
+				"--feature-gates=ClusterTrustBundle=true,ClusterTrustBundleProjection=true,PodCertificateRequest=true",
+				"--runtime-config=certificates.k8s.io/v1beta1/clustertrustbundles=true,certificates.k8s.io/v1beta1/podcertificaterequests=true",
 			},
 			// The deploy/ admission policies are in force and every agent
 			// runs with a token bound to its pod (Suite.StartAgent): no
@@ -67,7 +67,7 @@ func TestMain(m *testing.M) {
 
 // credentialNodes are the nodes whose agents run with the node's own
 // credentials (system:node:<name>, --node-kubeconfig).
-var credentialNodes = []string{nodeCredsTest + "-node", trustBundleTest + "-node"}
+var credentialNodes = []string{nodeCredsTest + "-node", trustBundleTest + "-node", podCertTest + "-node"}
 
 var recordOnce sync.Once
 
