@@ -188,6 +188,7 @@ func podCertStatus(debugURL string) ([]struct {
 // pending request keeps the pod not ready with a reason naming the
 // request, and a denied one gives the signer's reason.
 func TestPodCertificates(t *testing.T) {
+	t.Parallel() // most of it is waiting for the earliest refresh the API allows (notBefore + 10 min, notBefore at most 5 min ago)
 	e := newEnv(t, podCertTest)
 	signer := newTestSigner(t, "example.com/"+e.ns)
 	ctx, cancel := context.WithCancel(t.Context())
