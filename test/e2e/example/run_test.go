@@ -183,6 +183,8 @@ func TestCtrlCLeavesNothingBehind(t *testing.T) {
 		"[default/web/web] content (local PV, read-only): <h1>served from a local PersistentVolume</h1>",
 		"[default/web/web] cannot write to the content: read-only, as asked",
 		"[default/web/web] wrote /scratch/greeting: hello from web (emptyDir on disk)",
+		"[default/web/web] bounded is ext4 (emptyDir on disk with sizeLimit 16Mi: a filesystem image of its own)",
+		"[default/web/web] bounded refuses the 17th MiB: no space left on device",
 		"[default/web/web] the worker left in the shared volume: a note from the worker",
 		"[default/worker/worker] wrote /tmp/scratch on tmpfs (emptyDir medium Memory)",
 		// An image volume: the agent hands the reference to the runtime,
