@@ -3,7 +3,9 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -21,7 +23,11 @@ type Config struct {
 	// NodeLabels are this node's labels in standalone mode (used to check
 	// PV node affinity); kubernetes.io/hostname is added from NodeName.
 	NodeLabels map[string]string
-	RootDir    string
+	// NodeIPs are this node's IPs in standalone mode (--node-ip, as the
+	// kubelet's: one, or one of each family), what status.hostIP(s) read
+	// in subPathExpr; complete writes them in canonical form.
+	NodeIPs []string
+	RootDir string
 	// SharedRootDir makes the root directory a shared mount at start
 	// (mountutil.MakeShared), as the kubelet makes its own.
 	SharedRootDir bool
@@ -162,6 +168,11 @@ func (c Config) complete() (Config, error) {
 	if c.NodeCertDir == "" {
 		c.NodeCertDir = filepath.Join(c.RootDir, "pki")
 	}
+	ips, err := nodeIPs(c.NodeIPs, c.standalone())
+	if err != nil {
+		return c, err
+	}
+	c.NodeIPs = ips
 	if c.LocalVolumesConfig != "" && c.standalone() {
 		return c, errors.New("--local-volumes-config needs cluster mode: the local volume provisioner creates PersistentVolumes")
 	}
@@ -211,3 +222,31 @@ const (
 	DefaultAPIVolumePodBytes  = 32 << 20
 	DefaultAPIVolumeNodeBytes = 128 << 20
 )
+
+// nodeIPs checks --node-ip as the kubelet does (one IP, or two of different
+// families; not 0.0.0.0 or ::, which the kubelet reads as "detect it" and
+// the agent cannot) and writes each in canonical form.
+func nodeIPs(raw []string, standalone bool) ([]string, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	if !standalone {
+		return nil, errors.New("--node-ip needs standalone mode: in cluster mode the Node's addresses are the node's IPs")
+	}
+	if len(raw) > 2 {
+		return nil, fmt.Errorf("--node-ip %q: at most two IPs (one of each family)", strings.Join(raw, ","))
+	}
+	var out []string
+	var fams []bool
+	for _, s := range raw {
+		ip := net.ParseIP(strings.TrimSpace(s))
+		if ip == nil || ip.IsUnspecified() {
+			return nil, fmt.Errorf("--node-ip: %q is not a node IP", s)
+		}
+		out, fams = append(out, ip.String()), append(fams, ip.To4() != nil)
+	}
+	if len(out) == 2 && fams[0] == fams[1] {
+		return nil, fmt.Errorf("--node-ip %q: two IPs must be one IPv4 and one IPv6", strings.Join(raw, ","))
+	}
+	return out, nil
+}

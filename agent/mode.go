@@ -48,7 +48,9 @@ func newStandalone(cfg Config) (*mode, error) {
 	if err != nil {
 		return nil, err
 	}
-	node := populator.Node{Name: cfg.NodeName, Labels: configuredNodeLabels(cfg)}
+	// Without a Node, status.hostIP comes from --node-ip, else from the
+	// pod's status in its manifest.
+	node := populator.Node{Name: cfg.NodeName, Labels: configuredNodeLabels(cfg), HostIPs: cfg.NodeIPs}
 	// Without a Node object, the node's memory is all pods may have.
 	mem, _ := memTotal() // 0 if unreadable
 	return &mode{

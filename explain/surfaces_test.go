@@ -297,7 +297,7 @@ func checkCondition(t *testing.T, ex *explain.Pod, c podstatus.Condition) {
 
 // The runtime API says ready as the explanation does, with each volume's
 // reason and message, whether it needs a change, and whether it is
-// read-only.
+// read-only, and the pod's warnings.
 func checkRuntimeAPI(t *testing.T, ex *explain.Pod, got *runtimeapi.Pod) {
 	t.Helper()
 	if got.Ready != ex.Ready {
@@ -314,6 +314,14 @@ func checkRuntimeAPI(t *testing.T, ex *explain.Pod, got *runtimeapi.Pod) {
 		}
 		if v.Ready != e.Ready() || v.Reason != e.Reason || v.Message != e.Message || v.NeedsChange != (e.Status == explain.NeedsChange) || v.ReadOnly != e.ReadOnly {
 			t.Errorf("runtime API: volume %+v, explained %+v", v, *e)
+		}
+	}
+	if len(got.Warnings) != len(ex.Warnings) {
+		t.Errorf("runtime API: warnings %+v, explained %+v", got.Warnings, ex.Warnings)
+	}
+	for i, w := range got.Warnings {
+		if i < len(ex.Warnings) && (w.Volume != ex.Warnings[i].Volume || w.Reason != ex.Warnings[i].Reason || w.Message != ex.Warnings[i].Message) {
+			t.Errorf("runtime API: warning %+v, explained %+v", w, ex.Warnings[i])
 		}
 	}
 	for _, m := range got.Containers[0].Mounts {

@@ -56,9 +56,23 @@ type Pod struct {
 	Ready bool `json:"ready"`
 	// Message says which volumes are not ready and why, in one line
 	// (empty when Ready).
-	Message    string      `json:"message,omitempty"`
+	Message string `json:"message,omitempty"`
+	// Warnings are what is wrong with the pod without making it unready:
+	// local storage over its limits (the condition's LocalStorageOverLimit).
+	Warnings   []Warning   `json:"warnings,omitempty"`
 	Volumes    []Volume    `json:"volumes"`
 	Containers []Container `json:"containers"`
+}
+
+// Warning is one of a pod's warnings.
+type Warning struct {
+	// Volume is the pod's name for the volume; empty for the pod as a
+	// whole.
+	Volume string `json:"volume,omitempty"`
+	// Reason is EmptyDirOverLimit or EphemeralStorageOverLimit (the
+	// events' reasons); clients ignore ones they do not know.
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
 }
 
 // Volume modes.

@@ -73,6 +73,10 @@ func run() error {
 	fs := flag.NewFlagSet("volume-agent", flag.ContinueOnError)
 	fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (default $NODE_NAME)")
 	fs.StringVar(&nodeLabels, "node-labels", "", "standalone mode: this node's labels, k=v,k2=v2 (checked against PV node affinity)")
+	fs.Func("node-ip", "standalone mode: this node's IP, or two comma-separated (one of each family), as the kubelet's flag: what status.hostIP and status.hostIPs read in subPathExpr (default: the pod's status in its manifest)", func(s string) error {
+		cfg.NodeIPs = strings.Split(s, ",")
+		return nil
+	})
 	fs.StringVar(&cfg.RootDir, "root-dir", "/var/lib/volume-agent", "directory holding pods' volume directories and the agent's state")
 	fs.BoolVar(&cfg.SharedRootDir, "shared-root-dir", true, "make the root directory a mount with shared propagation at start (bound onto itself unless it lies in a shared mount already), as the kubelet does, so that mounts a CSI driver container makes below it reach the host and the pods")
 	fs.StringVar(&cfg.HostRoot, "host-root", "/", "where the node's root filesystem is visible (e.g. /host in a container); hostPath and local paths are resolved within it, symbolic links as on the node")

@@ -85,6 +85,9 @@ func View(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualSnap
 	if !out.Ready {
 		out.Message = NotReadyMessage(&ex)
 	}
+	for _, w := range ex.Warnings {
+		out.Warnings = append(out.Warnings, runtimeapi.Warning{Volume: w.Volume, Reason: w.Reason, Message: w.Message})
+	}
 	return out
 }
 

@@ -99,6 +99,25 @@ func TestEmptyDirUsage(t *testing.T) {
 		return nil
 	})
 
+	// The runtime API passes the warnings on, the pod still ready.
+	e2eutil.PollErr(t, settleTimeout, "the warnings in the runtime API", func() error {
+		p, err := a.RuntimeClient().Pod(t.Context(), uids["hog"])
+		if err != nil {
+			return err
+		}
+		got := map[string]string{}
+		for _, w := range p.Warnings {
+			got[w.Reason] = w.Volume
+		}
+		if !p.Ready || len(got) != 2 || got["EmptyDirOverLimit"] != "data" || got["EphemeralStorageOverLimit"] != "" {
+			return fmt.Errorf("hog: ready %v, warnings %+v; want ready with both", p.Ready, p.Warnings)
+		}
+		if calm, err := a.RuntimeClient().Pod(t.Context(), uids["calm"]); err != nil || len(calm.Warnings) > 0 {
+			return fmt.Errorf("calm's warnings: %+v (%v)", calm, err)
+		}
+		return nil
+	})
+
 	// The page: hog is ready, its reason says it is over its limit, and
 	// each volume shows what it uses.
 	e2eutil.PollErr(t, settleTimeout, "the page to show the usage", func() error {
