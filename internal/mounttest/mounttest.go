@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -483,4 +484,54 @@ func FSSize(t testing.TB, path string) int64 {
 		t.Fatalf("statfs %s: %v", path, err)
 	}
 	return int64(st.Blocks) * st.Bsize
+}
+
+// ReserveHugePages makes n more huge pages of the default size available
+// to the test, and gives the old reservation back when it ends. The
+// reservation is machine-wide, and test binaries of several packages run
+// at once: an exclusive lock on a file every caller shares keeps one
+// test's restore from taking the pages of another still using them. Skips
+// only when the kernel has no hugetlbfs.
+func ReserveHugePages(t testing.TB, n int) {
+	t.Helper()
+	fss, err := os.ReadFile("/proc/filesystems")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(fss), "\thugetlbfs\n") {
+		t.Skip("the kernel has no hugetlbfs (not in /proc/filesystems)")
+	}
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "volume-agent-tests-hugepages.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		lock.Close()
+		t.Fatalf("locking the hugepage reservation: %v", err)
+	}
+	t.Cleanup(func() { lock.Close() }) // runs last: after the restore
+	const knob = "/proc/sys/vm/nr_hugepages"
+	read := func() int {
+		data, err := os.ReadFile(knob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := strconv.Atoi(strings.TrimSpace(string(data)))
+		if err != nil {
+			t.Fatalf("%s: %v", knob, err)
+		}
+		return v
+	}
+	old := read()
+	t.Cleanup(func() {
+		if err := os.WriteFile(knob, []byte(strconv.Itoa(old)), 0o644); err != nil {
+			t.Errorf("restoring %s to %d: %v", knob, old, err)
+		}
+	})
+	if err := os.WriteFile(knob, []byte(strconv.Itoa(old+n)), 0o644); err != nil {
+		t.Fatalf("reserving %d hugepages: %v", n, err)
+	}
+	if got := read(); got < old+n {
+		t.Fatalf("the kernel reserved %d hugepages, want %d (memory too fragmented?)", got, old+n)
+	}
 }

@@ -3,7 +3,6 @@ package emptydir_test
 import (
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -12,36 +11,15 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/plugins/emptydir"
 )
 
-// reserveHugePages makes n more 2 MiB pages available for the test and
-// gives the old reservation back when it ends.
 func reserveHugePages(t *testing.T, n int) {
 	t.Helper()
-	const knob = "/proc/sys/vm/nr_hugepages"
-	data, err := os.ReadFile(knob)
-	if err != nil {
-		t.Skipf("no hugepages on this kernel: %v", err)
-	}
-	old, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := os.WriteFile(knob, []byte(strconv.Itoa(old)), 0o644); err != nil {
-			t.Errorf("restoring %s to %d: %v", knob, old, err)
-		}
-	})
-	if err := os.WriteFile(knob, []byte(strconv.Itoa(old+n)), 0o644); err != nil {
-		t.Fatalf("reserving hugepages: %v", err)
-	}
-	data, _ = os.ReadFile(knob)
-	if got, _ := strconv.Atoi(strings.TrimSpace(string(data))); got < old+n {
-		t.Skipf("the kernel reserved %d hugepages, not %d (memory too fragmented)", got, old+n)
-	}
+	mounttest.ReserveHugePages(t, n)
 }
 
 func mountAt(t *testing.T, dir string) *mountinfo.Info {

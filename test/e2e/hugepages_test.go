@@ -3,55 +3,20 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/test/e2e/e2eutil"
 )
 
-// reserveHugePages reserves n more 2 MiB pages for the test and gives the
-// old reservation back when it ends (after the agent stopped: cleanups run
-// last-in first-out, so call it before newAgent). It skips, saying why,
-// only when the kernel has no hugetlbfs.
 func reserveHugePages(t *testing.T, n int) {
 	t.Helper()
 	requireE2E(t)
-	fss, err := os.ReadFile("/proc/filesystems")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(fss), "\thugetlbfs\n") {
-		t.Skip("the kernel has no hugetlbfs (not in /proc/filesystems)")
-	}
-	const knob = "/proc/sys/vm/nr_hugepages"
-	read := func() int {
-		data, err := os.ReadFile(knob)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, err := strconv.Atoi(strings.TrimSpace(string(data)))
-		if err != nil {
-			t.Fatalf("%s: %v", knob, err)
-		}
-		return v
-	}
-	old := read()
-	t.Cleanup(func() {
-		if err := os.WriteFile(knob, []byte(strconv.Itoa(old)), 0o644); err != nil {
-			t.Errorf("restoring %s to %d: %v", knob, old, err)
-		}
-	})
-	if err := os.WriteFile(knob, []byte(strconv.Itoa(old+n)), 0o644); err != nil {
-		t.Fatalf("reserving %d hugepages: %v", n, err)
-	}
-	if got := read(); got < old+n {
-		t.Fatalf("the kernel reserved %d hugepages, want %d", got, old+n)
-	}
+	mounttest.ReserveHugePages(t, n)
 }
 
 // A HugePages emptyDir of a pod requesting hugepages-2Mi is a hugetlbfs
