@@ -142,8 +142,12 @@ func run() error {
 type emptyDirResult struct {
 	setup, teardown       time.Duration
 	setupCPU, teardownCPU float64
-	idleCPU, rssMiB       float64
-	floors                [2][2]time.Duration
+	// setupUser and teardownUser are the agent's user-space CPU per
+	// volume in each phase, in µs: its own work, which the kernel's
+	// (the floor) does not include.
+	setupUser, teardownUser float64
+	idleCPU, rssMiB         float64
+	floors                  [2][2]time.Duration
 }
 
 // emptyDirRound runs the emptydir scenario once with the agent binary
@@ -264,8 +268,10 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 	}
 	fmt.Printf("  mounted:   %.3f s from the first write by the agent's log (its last mount_volume; %s)\n", mountTimes.last().Sub(start).Seconds(), mountTimes.spread(start))
 	res.setup = mountTimes.last().Sub(start)
-	if c, err := cpuSeconds(cmd.Process.Pid); err == nil {
-		res.setupCPU = c - cpuBefore
+	if user, system, err := cpuSplit(cmd.Process.Pid); err == nil {
+		res.setupCPU = user + system - cpuBefore
+		res.setupUser = (user - user0) * 1e6 / float64(want)
+		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to set up\n", res.setupUser, (system-system0)*1e6/float64(want))
 	}
 
 	waitProfile()
@@ -317,8 +323,10 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 	}
 	fmt.Printf("  unmounted: %.3f s from the first removal by the agent's log (its last unmount_volume; %s)\n", unmountTimes.last().Sub(deleteStart).Seconds(), unmountTimes.spread(deleteStart))
 	res.teardown = unmountTimes.last().Sub(deleteStart)
-	if c, err := cpuSeconds(cmd.Process.Pid); err == nil {
-		res.teardownCPU = c - cpuBefore
+	if user, system, err := cpuSplit(cmd.Process.Pid); err == nil {
+		res.teardownCPU = user + system - cpuBefore
+		res.teardownUser = (user - user0) * 1e6 / float64(want)
+		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to tear down\n", res.teardownUser, (system-system0)*1e6/float64(want))
 	}
 	if err := waitFor(o.timeout, func() bool {
 		entries, _ := os.ReadDir(filepath.Join(root, "pods"))

@@ -47,12 +47,14 @@ func emptyDirRounds(o options, work, root string) error {
 // and range, and the agent's time over the floor measured just before and
 // just after it in the same round.
 func summarizeEmptyDir(rounds []emptyDirResult, floor bool) []string {
-	var setup, teardown, setupCPU, teardownCPU, idle, rss, setupRatio, teardownRatio []float64
+	var setup, teardown, setupCPU, teardownCPU, setupUser, teardownUser, idle, rss, setupRatio, teardownRatio []float64
 	for _, r := range rounds {
 		setup = append(setup, r.setup.Seconds())
 		teardown = append(teardown, r.teardown.Seconds())
 		setupCPU = append(setupCPU, r.setupCPU)
 		teardownCPU = append(teardownCPU, r.teardownCPU)
+		setupUser = append(setupUser, r.setupUser)
+		teardownUser = append(teardownUser, r.teardownUser)
 		idle = append(idle, r.idleCPU)
 		rss = append(rss, r.rssMiB)
 		for _, f := range r.floors {
@@ -65,6 +67,7 @@ func summarizeEmptyDir(rounds []emptyDirResult, floor bool) []string {
 	lines := []string{
 		fmt.Sprintf("setup:    %s s, CPU %s s", medianRange(setup, "%.3f"), medianRange(setupCPU, "%.2f")),
 		fmt.Sprintf("teardown: %s s, CPU %s s", medianRange(teardown, "%.3f"), medianRange(teardownCPU, "%.2f")),
+		fmt.Sprintf("user CPU per volume: setup %s µs, teardown %s µs", medianRange(setupUser, "%.1f"), medianRange(teardownUser, "%.1f")),
 		fmt.Sprintf("idle CPU: %s s, RSS %s MiB", medianRange(idle, "%.3f"), medianRange(rss, "%.1f")),
 	}
 	if floor && len(setupRatio) > 0 {
