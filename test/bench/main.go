@@ -147,6 +147,8 @@ type emptyDirResult struct {
 	// (the floor) does not include.
 	setupUser, teardownUser float64
 	idleCPU, rssMiB         float64
+	// peakRSSMiB is the agent's peak RSS over the setup (VmHWM).
+	peakRSSMiB float64
 	floors                  [2][2]time.Duration
 }
 
@@ -298,7 +300,12 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 		return err
 	}
 	fmt.Printf("  idle CPU:  %.3f s over %s with everything mounted\n", cpu1-cpu0, o.idle)
-	fmt.Printf("  RSS:       %.1f MiB\n", float64(rss)/1024)
+	peak, err := peakRSSKiB(cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("  RSS:       %.1f MiB (peak %.1f MiB)\n", float64(rss)/1024, float64(peak)/1024)
+	res.peakRSSMiB = float64(peak) / 1024
 	res.idleCPU, res.rssMiB = cpu1-cpu0, float64(rss)/1024
 
 	waitProfile = profile("unmount", o.profileFor)
@@ -487,17 +494,24 @@ func cpuString(user, system float64) string {
 	return fmt.Sprintf("CPU %.2f s user + %.2f s kernel", user, system)
 }
 
-func rssKiB(pid int) (int, error) {
+func rssKiB(pid int) (int, error) { return statusKiB(pid, "VmRSS:") }
+
+// peakRSSKiB is the most a process has had resident since it started
+// (VmHWM): a storm's garbage shows here, after the trim it does not.
+func peakRSSKiB(pid int) (int, error) { return statusKiB(pid, "VmHWM:") }
+
+// statusKiB reads one kB field of a process's /proc status.
+func statusKiB(pid int, field string) (int, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
+		if strings.HasPrefix(line, field) {
 			return strconv.Atoi(strings.Fields(line)[1])
 		}
 	}
-	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+	return 0, fmt.Errorf("no %s for pid %d", field, pid)
 }
 
 // saveProfile writes a CPU profile or an execution trace (kind: profile or
