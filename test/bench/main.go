@@ -149,7 +149,7 @@ type emptyDirResult struct {
 	idleCPU, rssMiB         float64
 	// peakRSSMiB is the agent's peak RSS over the setup (VmHWM).
 	peakRSSMiB float64
-	floors                  [2][2]time.Duration
+	floors     [2][2]time.Duration
 }
 
 // emptyDirRound runs the emptydir scenario once with the agent binary
