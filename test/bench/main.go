@@ -95,7 +95,7 @@ func run() error {
 	flag.DurationVar(&o.idle, "idle", 20*time.Second, "how long to measure idle CPU with everything mounted")
 	flag.StringVar(&o.rootFS, "root-fs", "loop", "where the agent's root dir lives: loop (own ext4 on a loop device) or host")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up after this long in any phase")
-	flag.StringVar(&o.profile, "profile", "", "emptydir: write CPU profiles of the agent (mount.pprof, unmount.pprof, idle.pprof) to this directory")
+	flag.StringVar(&o.profile, "profile", "", "emptydir: write CPU profiles of the agent (mount.pprof, unmount.pprof, idle.pprof) and what it allocated (mount.allocs.pprof, unmount.allocs.pprof) to this directory")
 	flag.StringVar(&o.trace, "trace", "", "emptydir: write execution traces of the agent (mount.trace, unmount.trace; go tool trace) to this directory")
 	flag.DurationVar(&o.profileFor, "profile-for", 10*time.Second, "emptydir: length of each CPU profile")
 	flag.Float64Var(&o.rate, "rate", 0, "emptydir: pods arriving per second (manifests renamed into place one by one at this pace); 0: all at once")
@@ -215,6 +215,10 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 		var paths, kinds []string
 		if o.profile != "" {
 			paths, kinds = append(paths, filepath.Join(o.profile, name+".pprof")), append(kinds, "profile")
+			if name != "idle" {
+				// What the phase allocated (a delta of the allocs profile).
+				paths, kinds = append(paths, filepath.Join(o.profile, name+".allocs.pprof")), append(kinds, "allocs")
+			}
 		}
 		if o.trace != "" && name != "idle" {
 			paths, kinds = append(paths, filepath.Join(o.trace, name+".trace")), append(kinds, "trace")
@@ -514,8 +518,8 @@ func statusKiB(pid int, field string) (int, error) {
 	return 0, fmt.Errorf("no %s for pid %d", field, pid)
 }
 
-// saveProfile writes a CPU profile or an execution trace (kind: profile or
-// trace) of the agent over d to path.
+// saveProfile writes a CPU profile, an allocation profile or an execution
+// trace (kind: profile, allocs or trace) of the agent over d to path.
 func saveProfile(debugAddr, kind string, d time.Duration, path string) error {
 	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%g", debugAddr, kind, d.Seconds()))
 	if err != nil {
