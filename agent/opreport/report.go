@@ -88,26 +88,24 @@ var _ operations.Observer = (*Reporter)(nil)
 
 // OperationFinished implements operations.Observer.
 func (r *Reporter) OperationFinished(key operations.Key, op *operations.Operation, took time.Duration, err error, retryIn time.Duration) {
-	// Room for every field below: one allocation per operation of a storm,
-	// not one and a regrowth.
-	fields := make([]zap.Field, 0, 9)
-	fields = append(fields, zap.String("operation", string(op.Name)), zap.String("volume", string(key.Volume)), zap.String("plugin", op.Plugin),
-		zap.Duration("took", took))
-	if key.Pod != "" {
-		fields = append(fields, zap.Stringer("pod", op.Pod.PodRef), zap.String("podUID", string(op.Pod.UID)))
-	}
 	switch {
 	case err == nil:
 		r.forget(key)
-		r.log.Info("operation succeeded", fields...)
+		// Checked first: the fields are built only for a line written.
+		if ce := r.log.Check(zap.InfoLevel, "operation succeeded"); ce != nil {
+			ce.Write(opFields(key, op, took, 0)...)
+		}
 		return
 	case errors.Is(err, operations.ErrStale):
-		r.log.Debug("operation skipped: plan was stale", fields...)
+		if ce := r.log.Check(zap.DebugLevel, "operation skipped: plan was stale"); ce != nil {
+			ce.Write(opFields(key, op, took, 0)...)
+		}
 		return
 	case volume.IsWaiting(err):
-		r.waiting(key, op, fields, err, retryIn)
+		r.waiting(key, op, opFields(key, op, took, 3), err, retryIn)
 		return
 	}
+	fields := opFields(key, op, took, 3)
 	r.endWait(key)
 	fields = append(fields, zap.Error(err), zap.Duration("retryIn", retryIn), zap.Bool("uncertain", volume.IsUncertain(err)))
 	if r.repeated(key, err) {
@@ -121,6 +119,19 @@ func (r *Reporter) OperationFinished(key operations.Key, op *operations.Operatio
 		return
 	}
 	r.warn(key, op, kind.FailureReason, fmt.Sprintf("%s of volume %q failed: %v", op.Name, volumeLabel(key.Volume, op.Spec), err))
+}
+
+// opFields are the fields of every line about an operation, with room for
+// more fields after them.
+func opFields(key operations.Key, op *operations.Operation, took time.Duration, more int) []zap.Field {
+	fields := make([]zap.Field, 0, 6+more)
+	fields = append(fields, zap.String("operation", string(op.Name)), zap.String("volume", string(key.Volume)), zap.String("plugin", op.Plugin),
+		zap.Duration("took", took))
+	if key.Pod != "" {
+		// A pointer: the value would be copied to the heap to box it.
+		fields = append(fields, zap.Stringer("pod", &op.Pod.PodRef), zap.String("podUID", string(op.Pod.UID)))
+	}
+	return fields
 }
 
 // waiting reports an operation that waits: at info level (debug when
