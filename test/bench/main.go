@@ -247,6 +247,7 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 			return err
 		}
 	}
+	gc0 := gcCycles(metricsAddr)
 	user0, system0, _ := cpuSplit(cmd.Process.Pid)
 	cpuBefore := user0 + system0
 	start := time.Now()
@@ -277,7 +278,7 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 	if user, system, err := cpuSplit(cmd.Process.Pid); err == nil {
 		res.setupCPU = user + system - cpuBefore
 		res.setupUser = (user - user0) * 1e6 / float64(want)
-		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to set up\n", res.setupUser, (system-system0)*1e6/float64(want))
+		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to set up (%d GC cycles)\n", res.setupUser, (system-system0)*1e6/float64(want), gcCycles(metricsAddr)-gc0)
 	}
 
 	waitProfile()
@@ -314,6 +315,7 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 
 	waitProfile = profile("unmount", o.profileFor)
 	defer waitProfile()
+	gc0 = gcCycles(metricsAddr)
 	user0, system0, _ = cpuSplit(cmd.Process.Pid)
 	cpuBefore = user0 + system0
 	deleteStart := time.Now()
@@ -337,7 +339,7 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 	if user, system, err := cpuSplit(cmd.Process.Pid); err == nil {
 		res.teardownCPU = user + system - cpuBefore
 		res.teardownUser = (user - user0) * 1e6 / float64(want)
-		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to tear down\n", res.teardownUser, (system-system0)*1e6/float64(want))
+		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to tear down (%d GC cycles)\n", res.teardownUser, (system-system0)*1e6/float64(want), gcCycles(metricsAddr)-gc0)
 	}
 	if err := waitFor(o.timeout, func() bool {
 		entries, _ := os.ReadDir(filepath.Join(root, "pods"))
@@ -534,6 +536,28 @@ func saveProfile(debugAddr, kind string, d time.Duration, path string) error {
 		return err
 	}
 	return os.WriteFile(path, data, 0o644)
+}
+
+// gcCycles is how many GC cycles the agent has run (its
+// go_gc_duration_seconds_count), -1 if unknown.
+func gcCycles(metricsAddr string) int {
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "go_gc_duration_seconds_count "); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return -1
+			}
+			return n
+		}
+	}
+	return -1
 }
 
 func freeAddr() string {
