@@ -247,7 +247,7 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 			return err
 		}
 	}
-	gc0 := gcCycles(metricsAddr)
+	gc0, passes0 := gcCycles(metricsAddr), passes(metricsAddr)
 	user0, system0, _ := cpuSplit(cmd.Process.Pid)
 	cpuBefore := user0 + system0
 	start := time.Now()
@@ -278,7 +278,7 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 	if user, system, err := cpuSplit(cmd.Process.Pid); err == nil {
 		res.setupCPU = user + system - cpuBefore
 		res.setupUser = (user - user0) * 1e6 / float64(want)
-		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to set up (%d GC cycles)\n", res.setupUser, (system-system0)*1e6/float64(want), gcCycles(metricsAddr)-gc0)
+		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to set up (%d GC cycles, %d passes)\n", res.setupUser, (system-system0)*1e6/float64(want), gcCycles(metricsAddr)-gc0, passes(metricsAddr)-passes0)
 	}
 
 	waitProfile()
@@ -315,7 +315,7 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 
 	waitProfile = profile("unmount", o.profileFor)
 	defer waitProfile()
-	gc0 = gcCycles(metricsAddr)
+	gc0, passes0 = gcCycles(metricsAddr), passes(metricsAddr)
 	user0, system0, _ = cpuSplit(cmd.Process.Pid)
 	cpuBefore = user0 + system0
 	deleteStart := time.Now()
@@ -339,7 +339,7 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 	if user, system, err := cpuSplit(cmd.Process.Pid); err == nil {
 		res.teardownCPU = user + system - cpuBefore
 		res.teardownUser = (user - user0) * 1e6 / float64(want)
-		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to tear down (%d GC cycles)\n", res.teardownUser, (system-system0)*1e6/float64(want), gcCycles(metricsAddr)-gc0)
+		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to tear down (%d GC cycles, %d passes)\n", res.teardownUser, (system-system0)*1e6/float64(want), gcCycles(metricsAddr)-gc0, passes(metricsAddr)-passes0)
 	}
 	if err := waitFor(o.timeout, func() bool {
 		entries, _ := os.ReadDir(filepath.Join(root, "pods"))
@@ -538,9 +538,17 @@ func saveProfile(debugAddr, kind string, d time.Duration, path string) error {
 	return os.WriteFile(path, data, 0o644)
 }
 
-// gcCycles is how many GC cycles the agent has run (its
-// go_gc_duration_seconds_count), -1 if unknown.
+// gcCycles is how many GC cycles the agent has run, and passes how many
+// reconciler passes (their metrics' counts); -1 if unknown.
 func gcCycles(metricsAddr string) int {
+	return metricCount(metricsAddr, "go_gc_duration_seconds_count")
+}
+
+func passes(metricsAddr string) int {
+	return metricCount(metricsAddr, "volume_agent_reconcile_duration_seconds_count")
+}
+
+func metricCount(metricsAddr, name string) int {
 	resp, err := http.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {
 		return -1
@@ -549,7 +557,7 @@ func gcCycles(metricsAddr string) int {
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "go_gc_duration_seconds_count "); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
 			n, err := strconv.Atoi(v)
 			if err != nil {
 				return -1
