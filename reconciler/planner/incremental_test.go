@@ -175,6 +175,7 @@ func TestIncrementalPlanMatchesPlan(t *testing.T) {
 	}
 	// Most passes must have been incremental, and many patched the last
 	// result, or the test proves little.
+	t.Logf("%d passes patched", patched)
 	if incremental < 40*300/2 || patched < 40*300/10 {
 		t.Fatalf("only %d of %d passes planned incrementally, %d patched", incremental, 40*300, patched)
 	}
