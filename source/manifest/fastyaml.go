@@ -125,10 +125,27 @@ type yamlScanner struct {
 	line int
 	// keys and items are a stack of the entries of the collections being
 	// read: a collection pushes its entries above those of the ones around
-	// it and, once complete, copies them out at their final size (one
-	// allocation each, not one per doubling).
+	// it and, once complete, copies them out at their final size (into
+	// the arenas below, not one allocation per doubling).
 	keys  []string
 	items []yamlNode
+	// keyArena and itemArena hold the collections copied out, in chunks
+	// the whole tree shares (it lives no longer than the document), so a
+	// pod's dozens of collections cost a few allocations, not two each.
+	keyArena  []string
+	itemArena []yamlNode
+}
+
+// carve copies src into the arena and returns the copy, at its size. Each
+// chunk is twice the last (the first 16), so a small document wastes
+// little and a big one takes few chunks.
+func carve[T any](arena *[]T, src []T) []T {
+	if cap(*arena)-len(*arena) < len(src) {
+		*arena = make([]T, 0, max(16, 2*cap(*arena), len(src)))
+	}
+	start := len(*arena)
+	*arena = append(*arena, src...)
+	return (*arena)[start:len(*arena):len(*arena)]
 }
 
 // text is the document's bytes from start to end as a string that shares
@@ -156,12 +173,12 @@ func (p *yamlScanner) collection(n *yamlNode, keyBase, base int) {
 		}
 	}
 	if len(p.items) > base {
-		n.items = slices.Clone(p.items[base:])
+		n.items = carve(&p.itemArena, p.items[base:])
 		clear(p.items[base:])
 		p.items = p.items[:base]
 	}
 	if len(p.keys) > keyBase {
-		n.keys = slices.Clone(p.keys[keyBase:])
+		n.keys = carve(&p.keyArena, p.keys[keyBase:])
 		p.keys = p.keys[:keyBase]
 	}
 }
