@@ -22,6 +22,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -247,7 +248,7 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 			return err
 		}
 	}
-	gc0, passes0 := gcCycles(metricsAddr), passes(metricsAddr)
+	counters0 := readCounters(metricsAddr)
 	user0, system0, _ := cpuSplit(cmd.Process.Pid)
 	cpuBefore := user0 + system0
 	start := time.Now()
@@ -278,7 +279,8 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 	if user, system, err := cpuSplit(cmd.Process.Pid); err == nil {
 		res.setupCPU = user + system - cpuBefore
 		res.setupUser = (user - user0) * 1e6 / float64(want)
-		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to set up (%d GC cycles, %d passes)\n", res.setupUser, (system-system0)*1e6/float64(want), gcCycles(metricsAddr)-gc0, passes(metricsAddr)-passes0)
+		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to set up\n", res.setupUser, (system-system0)*1e6/float64(want))
+		fmt.Printf("             %s\n", readCounters(metricsAddr).since(counters0, want))
 	}
 
 	waitProfile()
@@ -315,7 +317,7 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 
 	waitProfile = profile("unmount", o.profileFor)
 	defer waitProfile()
-	gc0, passes0 = gcCycles(metricsAddr), passes(metricsAddr)
+	counters0 = readCounters(metricsAddr)
 	user0, system0, _ = cpuSplit(cmd.Process.Pid)
 	cpuBefore = user0 + system0
 	deleteStart := time.Now()
@@ -339,7 +341,8 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 	if user, system, err := cpuSplit(cmd.Process.Pid); err == nil {
 		res.teardownCPU = user + system - cpuBefore
 		res.teardownUser = (user - user0) * 1e6 / float64(want)
-		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to tear down (%d GC cycles, %d passes)\n", res.teardownUser, (system-system0)*1e6/float64(want), gcCycles(metricsAddr)-gc0, passes(metricsAddr)-passes0)
+		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to tear down\n", res.teardownUser, (system-system0)*1e6/float64(want))
+		fmt.Printf("             %s\n", readCounters(metricsAddr).since(counters0, want))
 	}
 	if err := waitFor(o.timeout, func() bool {
 		entries, _ := os.ReadDir(filepath.Join(root, "pods"))
@@ -538,34 +541,37 @@ func saveProfile(debugAddr, kind string, d time.Duration, path string) error {
 	return os.WriteFile(path, data, 0o644)
 }
 
-// gcCycles is how many GC cycles the agent has run, and passes how many
-// reconciler passes (their metrics' counts); -1 if unknown.
-func gcCycles(metricsAddr string) int {
-	return metricCount(metricsAddr, "go_gc_duration_seconds_count")
-}
+// counters are a few of the agent's cumulative metrics: GC cycles,
+// reconciler passes, and heap allocations (objects and bytes).
+type counters struct{ gc, passes, mallocs, allocBytes float64 }
 
-func passes(metricsAddr string) int {
-	return metricCount(metricsAddr, "volume_agent_reconcile_duration_seconds_count")
-}
+var counterNames = []string{"go_gc_duration_seconds_count", "volume_agent_reconcile_duration_seconds_count",
+	"go_memstats_mallocs_total", "go_memstats_alloc_bytes_total"}
 
-func metricCount(metricsAddr, name string) int {
-	resp, err := http.Get("http://" + metricsAddr + "/metrics")
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return -1
+// readCounters scrapes the agent's counters (NaN for one not found).
+func readCounters(metricsAddr string) counters {
+	v := []float64{math.NaN(), math.NaN(), math.NaN(), math.NaN()}
+	if resp, err := http.Get("http://" + metricsAddr + "/metrics"); err == nil {
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			for i, name := range counterNames {
+				if rest, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+					if f, err := strconv.ParseFloat(rest, 64); err == nil {
+						v[i] = f
+					}
+				}
 			}
-			return n
 		}
+		resp.Body.Close()
 	}
-	return -1
+	return counters{v[0], v[1], v[2], v[3]}
+}
+
+// since describes what the agent did since c0, for n volumes.
+func (c counters) since(c0 counters, n int) string {
+	return fmt.Sprintf("%.0f GC cycles, %.0f passes, %.0f allocations and %.1f KB per volume",
+		c.gc-c0.gc, c.passes-c0.passes, (c.mallocs-c0.mallocs)/float64(n), (c.allocBytes-c0.allocBytes)/float64(n)/1000)
 }
 
 func freeAddr() string {
