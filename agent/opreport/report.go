@@ -122,16 +122,28 @@ func (r *Reporter) OperationFinished(key operations.Key, op *operations.Operatio
 }
 
 // opFields are the fields of every line about an operation, with room for
-// more fields after them.
+// more fields after them: one inline field, encoded as written, not six.
 func opFields(key operations.Key, op *operations.Operation, took time.Duration, more int) []zap.Field {
-	fields := make([]zap.Field, 0, 6+more)
-	fields = append(fields, zap.String("operation", string(op.Name)), zap.String("volume", string(key.Volume)), zap.String("plugin", op.Plugin),
-		zap.Duration("took", took))
-	if key.Pod != "" {
-		// A pointer: the value would be copied to the heap to box it.
-		fields = append(fields, zap.Stringer("pod", &op.Pod.PodRef), zap.String("podUID", string(op.Pod.UID)))
+	return append(make([]zap.Field, 0, 1+more), zap.Inline(&opLine{key: key, op: op, took: took}))
+}
+
+// opLine is what every line about an operation says first.
+type opLine struct {
+	key  operations.Key
+	op   *operations.Operation
+	took time.Duration
+}
+
+func (l *opLine) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	enc.AddString("operation", string(l.op.Name))
+	enc.AddString("volume", string(l.key.Volume))
+	enc.AddString("plugin", l.op.Plugin)
+	enc.AddDuration("took", l.took)
+	if l.key.Pod != "" {
+		enc.AddString("pod", l.op.Pod.String())
+		enc.AddString("podUID", string(l.op.Pod.UID))
 	}
-	return fields
+	return nil
 }
 
 // waiting reports an operation that waits: at info level (debug when
