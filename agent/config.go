@@ -132,6 +132,9 @@ type Config struct {
 	// on. nil leaves the runtime's default alone (several agents in one
 	// test process).
 	Procs *procs.Tuning
+	// BurstGC lets the GC run less often during bursts (agent/burst.GC);
+	// off when GOGC is set, and for several agents in one test process.
+	BurstGC bool
 
 	Log *zap.Logger
 }

@@ -174,8 +174,8 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 
 	// Group the pod's volumes by unique name: two pod volumes may resolve to
 	// the same volume (two names for one claim).
-	wanted := map[volume.UniqueName]*DesiredPodVolume{}
-	var names []volume.UniqueName
+	wanted := make(map[volume.UniqueName]*DesiredPodVolume, len(vols))
+	names := make([]volume.UniqueName, 0, len(vols))
 	for i := range vols {
 		pv := &vols[i]
 		if dp, ok := wanted[pv.Name]; ok {

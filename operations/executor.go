@@ -98,6 +98,9 @@ type Executor struct {
 	// queued operations cost list entries, not goroutine stacks.
 	queue   []*entry
 	workers int
+	// watching is true while the watch for stuck operations is armed
+	// (see detachStuck).
+	watching bool
 
 	// finished counts finished operations; recent holds those that
 	// finished after the planner's last Mark, by volume. A plan made from
@@ -124,8 +127,9 @@ type entry struct {
 	started time.Time
 	// queued is true while a pending operation waits for a worker slot.
 	queued bool
-	// timedOut is true when the operation outlived its timeout: its worker
-	// slot is released but the key stays pending until it returns.
+	// timedOut is true when the operation outlived its timeout and grace:
+	// its worker slot is released (its worker is detached) but the key
+	// stays pending until it returns.
 	timedOut bool
 
 	lastErr     error
@@ -267,39 +271,65 @@ func (e *Executor) execute(en *entry) (detached bool) {
 	en.queued = false
 	start := e.opts.Clock.Now()
 	en.started = start
+	arm := !e.watching
+	e.watching = true
 	e.mu.Unlock()
+	if arm {
+		e.watch(start)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), e.opts.Timeout)
 	defer cancel()
-	// An operation stuck in a syscall cannot be cancelled; after the
-	// timeout (plus a grace period for a clean return) this worker stops
-	// counting and another one serves the queue, so one wedged volume
-	// cannot starve the others. Its key stays pending until it returns.
-	var once sync.Once
-	grace := e.opts.Clock.AfterFunc(e.opts.Timeout+e.opts.Timeout/10+time.Second, func() {
-		once.Do(func() {
-			e.mu.Lock()
-			en.timedOut, detached = true, true
-			start := len(e.queue) > 0
-			if !start {
-				e.workers--
-			}
-			e.mu.Unlock()
-			if start {
-				go e.worker() // takes over this worker's place in the count
-			}
-		})
-	})
-	err := runSafely(ctx, en.op.Fn)
-	grace.Stop()
-	// If the timer fired, this waits for it to finish deciding; if not, it
-	// keeps it from ever deciding.
-	once.Do(func() {})
-	e.finish(en, start, err)
+	return e.finish(en, start, runSafely(ctx, en.op.Fn))
+}
+
+// grace is how long an operation may run before its worker stops counting:
+// the timeout plus a grace period for a clean return.
+func (e *Executor) grace() time.Duration { return e.opts.Timeout + e.opts.Timeout/10 + time.Second }
+
+// watch arms the watch for stuck operations to look at those that started
+// by since once they have had their grace. One watch serves every running
+// operation, so an operation costs no timer of its own.
+func (e *Executor) watch(since time.Time) {
+	at := since.Add(e.grace())
+	e.opts.Clock.AfterFunc(at.Sub(e.opts.Clock.Now()), func() { e.detachStuck(since) })
+}
+
+// detachStuck detaches the workers of the operations that started by since
+// and are still running: an operation stuck in a syscall cannot be
+// cancelled, so after its grace another worker serves the queue and one
+// wedged volume cannot starve the others. Its key stays pending until it
+// returns. The watch goes on while operations run. A clock may call this
+// holding a lock its own methods take: it does not call the clock.
+func (e *Executor) detachStuck(since time.Time) {
 	e.mu.Lock()
-	d := detached
+	start := 0
+	var next time.Time
+	for _, entries := range e.byVolume {
+		for _, en := range entries {
+			if !en.pending || en.queued || en.timedOut {
+				continue
+			}
+			if !en.started.After(since) {
+				en.timedOut = true
+				if len(e.queue) > start {
+					start++ // takes over this worker's place in the count
+				} else {
+					e.workers--
+				}
+			} else if next.IsZero() || en.started.Before(next) {
+				next = en.started
+			}
+		}
+	}
+	e.watching = !next.IsZero()
 	e.mu.Unlock()
-	return d
+	for range start {
+		go e.worker()
+	}
+	if !next.IsZero() {
+		go e.watch(next)
+	}
 }
 
 // runSafely turns a panicking operation into an error.
@@ -312,12 +342,15 @@ func runSafely(ctx context.Context, fn func(context.Context) error) (err error) 
 	return fn(ctx)
 }
 
-func (e *Executor) finish(en *entry, start time.Time, err error) {
+// finish records how an operation ended. It reports whether its worker was
+// detached meanwhile, read before the entry can be reused by the next Run.
+func (e *Executor) finish(en *entry, start time.Time, err error) (detached bool) {
 	now := e.opts.Clock.Now()
 	stale := errors.Is(err, ErrStale)
 	var retryIn time.Duration
 
 	e.mu.Lock()
+	detached = en.timedOut
 	en.pending = false
 	e.finished++
 	e.recent[en.key.Volume] = append(e.recent[en.key.Volume], finishedKey{key: en.key, seq: e.finished})
@@ -349,6 +382,7 @@ func (e *Executor) finish(en *entry, start time.Time, err error) {
 	// Every outcome can change what is reported (a failure is shown in pod
 	// conditions), and a pass costs nothing when the key is in backoff.
 	e.opts.OnStateChange()
+	return detached
 }
 
 func (e *Executor) remove(en *entry) {
@@ -489,6 +523,9 @@ func (e *Executor) Forget(relevant func(Key) bool) int {
 				continue
 			}
 			kept = append(kept, en)
+		}
+		if len(kept) == len(entries) {
+			continue // the common case, in a pass over a storm's thousands
 		}
 		clear(entries[len(kept):])
 		if len(kept) == 0 {

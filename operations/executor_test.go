@@ -608,3 +608,46 @@ func TestExecutorIdle(t *testing.T) {
 		t.Fatal("Idle not closed after all finished")
 	}
 }
+
+// One watch serves every running operation: each stuck one is detached
+// once it has had its own grace (timeout + 10% + 1s), not before, however
+// late after the first it started.
+func TestExecutorWatchDetachesEachStuckOperationInTurn(t *testing.T) {
+	e, clk, _ := newTestExecutor(t, ExecutorOptions{MaxConcurrent: 2, Timeout: time.Hour})
+	grace := time.Hour + 6*time.Minute + time.Second
+	release := make(chan struct{})
+	defer close(release)
+	run := func(name volume.UniqueName) {
+		t.Helper()
+		started := make(chan struct{})
+		if err := e.Run(Key{Volume: name}, op(OpMountDevice, func(context.Context) error { close(started); <-release; return nil })); err != nil {
+			t.Fatal(err)
+		}
+		<-started
+	}
+	run("plugin/first")
+	waitUntil(t, clk.HasWaiters)
+	clk.Step(30 * time.Minute)
+	run("plugin/second") // starts 30 minutes after the first
+	states := func() []string { return statusLines(e.Status()) }
+
+	clk.Step(grace - 30*time.Minute - time.Second)
+	if got := states(); !slices.Equal(got, []string{"plugin/first mount_device running", "plugin/second mount_device running"}) {
+		t.Fatalf("a second before the first one's grace ends: %q", got)
+	}
+	clk.Step(time.Second)
+	waitUntil(t, func() bool { return e.workerCount() == 1 })
+	if got := states(); !slices.Equal(got, []string{"plugin/first mount_device timedOut", "plugin/second mount_device running"}) {
+		t.Fatalf("at the first one's grace: %q", got)
+	}
+	waitUntil(t, clk.HasWaiters) // the watch goes on for the second
+	clk.Step(30*time.Minute - time.Second)
+	if got := states(); got[1] != "plugin/second mount_device running" {
+		t.Fatalf("a second before the second one's grace ends: %q", got)
+	}
+	clk.Step(time.Second)
+	waitUntil(t, func() bool { return e.workerCount() == 0 })
+	if got := states(); got[1] != "plugin/second mount_device timedOut" {
+		t.Fatalf("at the second one's grace: %q", got)
+	}
+}

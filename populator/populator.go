@@ -312,9 +312,10 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 	if st != nil {
 		prev, pinned = st.resolved, st.pinned
 	}
-	next := &podState{pod: pod, resolved: map[string]cache.PodVolume{}}
+	// Sized for every volume of the pod: one allocation each.
+	next := &podState{pod: pod, resolved: make(map[string]cache.PodVolume, len(pod.Spec.Volumes))}
 
-	var vols []cache.PodVolume
+	vols := make([]cache.PodVolume, 0, len(pod.Spec.Volumes))
 	var unresolved []string
 	var mounts podContainers
 	if err := volume.ValidatePathElement(string(pod.UID)); err != nil {

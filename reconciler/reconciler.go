@@ -96,6 +96,7 @@ type Reconciler struct {
 	lastFullPlan time.Time
 	planner      planner.Incremental
 	planBuf      []Action
+	candBuf      []operations.Candidate
 }
 
 // New returns a Reconciler.
@@ -199,15 +200,15 @@ func (r *Reconciler) ReconcileOnce() []Action {
 	}
 	complete := ready && (r.opts.SourcesComplete == nil || r.opts.SourcesComplete())
 	actions := r.planner.Plan(r.planBuf, dsw, asw, planner.Options{SourcesReady: ready, OrphanCleanupAllowed: complete}, dchg, achg, full)
-	// Keep the slice for the next pass while there is work; drop it once a
-	// pass plans nothing, so an idle agent holds no stale actions.
-	r.planBuf = nil
-	if len(actions) > 0 {
-		r.planBuf = actions
-	}
-	cands := make([]operations.Candidate, len(actions))
+	cands := r.candBuf[:0]
 	for i := range actions {
-		cands[i] = operations.Candidate{Key: actions[i].Key(), Name: actions[i].Op, Generation: actions[i].ContentGeneration}
+		cands = append(cands, operations.Candidate{Key: actions[i].Key(), Name: actions[i].Op, Generation: actions[i].ContentGeneration})
+	}
+	// Keep the slices for the next pass while there is work; drop them
+	// once a pass plans nothing, so an idle agent holds no stale actions.
+	r.planBuf, r.candBuf = nil, nil
+	if len(actions) > 0 {
+		r.planBuf, r.candBuf = actions, cands
 	}
 	started := 0
 	for i, ok := range r.opts.Executor.Startable(cands, mark) {

@@ -88,26 +88,24 @@ var _ operations.Observer = (*Reporter)(nil)
 
 // OperationFinished implements operations.Observer.
 func (r *Reporter) OperationFinished(key operations.Key, op *operations.Operation, took time.Duration, err error, retryIn time.Duration) {
-	// Room for every field below: one allocation per operation of a storm,
-	// not one and a regrowth.
-	fields := make([]zap.Field, 0, 9)
-	fields = append(fields, zap.String("operation", string(op.Name)), zap.String("volume", string(key.Volume)), zap.String("plugin", op.Plugin),
-		zap.Duration("took", took))
-	if key.Pod != "" {
-		fields = append(fields, zap.Stringer("pod", op.Pod.PodRef), zap.String("podUID", string(op.Pod.UID)))
-	}
 	switch {
 	case err == nil:
 		r.forget(key)
-		r.log.Info("operation succeeded", fields...)
+		// Checked first: the fields are built only for a line written.
+		if ce := r.log.Check(zap.InfoLevel, "operation succeeded"); ce != nil {
+			ce.Write(opFields(key, op, took, 0)...)
+		}
 		return
 	case errors.Is(err, operations.ErrStale):
-		r.log.Debug("operation skipped: plan was stale", fields...)
+		if ce := r.log.Check(zap.DebugLevel, "operation skipped: plan was stale"); ce != nil {
+			ce.Write(opFields(key, op, took, 0)...)
+		}
 		return
 	case volume.IsWaiting(err):
-		r.waiting(key, op, fields, err, retryIn)
+		r.waiting(key, op, opFields(key, op, took, 3), err, retryIn)
 		return
 	}
+	fields := opFields(key, op, took, 3)
 	r.endWait(key)
 	fields = append(fields, zap.Error(err), zap.Duration("retryIn", retryIn), zap.Bool("uncertain", volume.IsUncertain(err)))
 	if r.repeated(key, err) {
@@ -121,6 +119,31 @@ func (r *Reporter) OperationFinished(key operations.Key, op *operations.Operatio
 		return
 	}
 	r.warn(key, op, kind.FailureReason, fmt.Sprintf("%s of volume %q failed: %v", op.Name, volumeLabel(key.Volume, op.Spec), err))
+}
+
+// opFields are the fields of every line about an operation, with room for
+// more fields after them: one inline field, encoded as written, not six.
+func opFields(key operations.Key, op *operations.Operation, took time.Duration, more int) []zap.Field {
+	return append(make([]zap.Field, 0, 1+more), zap.Inline(&opLine{key: key, op: op, took: took}))
+}
+
+// opLine is what every line about an operation says first.
+type opLine struct {
+	key  operations.Key
+	op   *operations.Operation
+	took time.Duration
+}
+
+func (l *opLine) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	enc.AddString("operation", string(l.op.Name))
+	enc.AddString("volume", string(l.key.Volume))
+	enc.AddString("plugin", l.op.Plugin)
+	enc.AddDuration("took", l.took)
+	if l.key.Pod != "" {
+		enc.AddString("pod", l.op.Pod.String())
+		enc.AddString("podUID", string(l.op.Pod.UID))
+	}
+	return nil
 }
 
 // waiting reports an operation that waits: at info level (debug when

@@ -159,3 +159,29 @@ func levels(entries []observer.LoggedEntry) []string {
 	}
 	return out
 }
+
+// Every line about an operation starts with the same fields: the pod's
+// only for a pod operation, and a failure's after them.
+func TestOperationLineFields(t *testing.T) {
+	core, logs := observer.New(zap.DebugLevel)
+	r := New(Options{Log: zap.New(core)})
+	podOp := &operations.Operation{Name: operations.OpMountVolume, Target: operations.Target{Volume: "p/v", Plugin: "p",
+		Pod: volume.PodInfo{PodRef: volume.PodRef{Namespace: "ns", Name: "pod", UID: "uid-1"}}}}
+	volOp := &operations.Operation{Name: operations.OpMountDevice, Target: operations.Target{Volume: "p/v", Plugin: "p"}}
+	for _, tc := range []struct {
+		op   *operations.Operation
+		err  error
+		want map[string]any
+	}{
+		{podOp, nil, map[string]any{"operation": "mount_volume", "volume": "p/v", "plugin": "p", "took": time.Second, "pod": "ns/pod", "podUID": "uid-1"}},
+		{volOp, nil, map[string]any{"operation": "mount_device", "volume": "p/v", "plugin": "p", "took": time.Second}},
+		{volOp, errors.New("boom"), map[string]any{"operation": "mount_device", "volume": "p/v", "plugin": "p", "took": time.Second,
+			"error": "boom", "retryIn": 2 * time.Second, "uncertain": false}},
+	} {
+		r.OperationFinished(tc.op.Key(), tc.op, time.Second, tc.err, 2*time.Second)
+		entries := logs.TakeAll()
+		if len(entries) != 1 || fmt.Sprint(entries[0].ContextMap()) != fmt.Sprint(tc.want) {
+			t.Errorf("%s (%v): logged %v, want one line with %v", tc.op.Name, tc.err, entries, tc.want)
+		}
+	}
+}

@@ -141,6 +141,7 @@ func run() error {
 	defer stopLog()
 	cfg.Log = log
 	cfg.Procs = procs.New()
+	cfg.BurstGC = os.Getenv("GOGC") == ""
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -32,7 +32,7 @@ func New(level zapcore.LevelEnabler, w io.Writer) (*zap.Logger, func()) {
 	enc.TimeKey = "time"
 	enc.EncodeTime = zapcore.ISO8601TimeEncoder
 	buf := &bufferedWriter{w: w}
-	core := flushingCore{Core: zapcore.NewCore(zapcore.NewJSONEncoder(enc), buf, level), ws: buf}
+	core := &flushingCore{Core: zapcore.NewCore(zapcore.NewJSONEncoder(enc), buf, level), ws: buf}
 	log := zap.New(core, zap.AddCaller(), zap.AddStacktrace(zapcore.ErrorLevel), zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(w))))
 	return log, buf.stop
 }
@@ -118,24 +118,25 @@ func (b *bufferedWriter) stop() {
 
 // flushingCore writes entries at warn level and above through at once: a
 // problem is what an operator tails the log for, and what must not be lost
-// if the agent dies next.
+// if the agent dies next. A pointer: Check hands it to every line's entry
+// as a Core, and a value would be copied to the heap for each.
 type flushingCore struct {
 	zapcore.Core
 	ws zapcore.WriteSyncer
 }
 
-func (c flushingCore) With(fields []zapcore.Field) zapcore.Core {
-	return flushingCore{Core: c.Core.With(fields), ws: c.ws}
+func (c *flushingCore) With(fields []zapcore.Field) zapcore.Core {
+	return &flushingCore{Core: c.Core.With(fields), ws: c.ws}
 }
 
-func (c flushingCore) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+func (c *flushingCore) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
 	if c.Enabled(ent.Level) {
 		return ce.AddCore(ent, c)
 	}
 	return ce
 }
 
-func (c flushingCore) Write(ent zapcore.Entry, fields []zapcore.Field) error {
+func (c *flushingCore) Write(ent zapcore.Entry, fields []zapcore.Field) error {
 	if err := c.Core.Write(ent, fields); err != nil {
 		return err
 	}

@@ -107,19 +107,7 @@ func sortActions(actions []Action) []Action {
 	for i := range idx {
 		idx[i], phases[i] = int32(i), phase(actions[i].Op)
 	}
-	slices.SortFunc(idx, func(i, j int32) int {
-		if c := cmp.Compare(phases[i], phases[j]); c != 0 {
-			return c
-		}
-		a, b := &actions[i], &actions[j]
-		if c := cmp.Compare(a.Volume, b.Volume); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(a.Pod.UID, b.Pod.UID); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Op, b.Op)
-	})
+	slices.SortFunc(idx, func(i, j int32) int { return compareActions(phases[i], &actions[i], phases[j], &actions[j]) })
 	// Apply the permutation in place, cycle by cycle: actions[i] takes
 	// actions[idx[i]]; a done slot is marked by idx[i] == i.
 	for start := range idx {
@@ -140,6 +128,21 @@ func sortActions(actions []Action) []Action {
 		}
 	}
 	return actions
+}
+
+// compareActions is the order of sortActions; pa and pb are the phases of
+// a and b.
+func compareActions(pa operations.Phase, a *Action, pb operations.Phase, b *Action) int {
+	if c := cmp.Compare(pa, pb); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Volume, b.Volume); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Pod.UID, b.Pod.UID); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Op, b.Op)
 }
 
 // planUnmounts: phase 1. Every mounted or uncertain pod mount that no pod

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"slices"
 	"strings"
+	"unsafe"
 )
 
 // fastYAMLToJSON converts the plain YAML that tools and people write for
@@ -89,14 +90,10 @@ func (n *yamlNode) writeJSON(b *bytes.Buffer) {
 		}
 		b.WriteByte(']')
 	case yamlMap:
-		order := make([]int, len(n.keys))
-		for i := range order {
-			order[i] = i
-		}
-		slices.SortFunc(order, func(x, y int) int { return strings.Compare(n.keys[x], n.keys[y]) })
+		// Keys are sorted (collection sorts them).
 		b.WriteByte('{')
-		for j, i := range order {
-			if j > 0 {
+		for i := range n.keys {
+			if i > 0 {
 				b.WriteByte(',')
 			}
 			writeJSONString(b, n.keys[i])
@@ -126,6 +123,64 @@ type yamlScanner struct {
 	s    []byte
 	i    int
 	line int
+	// keys and items are a stack of the entries of the collections being
+	// read: a collection pushes its entries above those of the ones around
+	// it and, once complete, copies them out at their final size (into
+	// the arenas below, not one allocation per doubling).
+	keys  []string
+	items []yamlNode
+	// keyArena and itemArena hold the collections copied out, in chunks
+	// the whole tree shares (it lives no longer than the document), so a
+	// pod's dozens of collections cost a few allocations, not two each.
+	keyArena  []string
+	itemArena []yamlNode
+}
+
+// carve copies src into the arena and returns the copy, at its size. Each
+// chunk is twice the last (the first 16), so a small document wastes
+// little and a big one takes few chunks.
+func carve[T any](arena *[]T, src []T) []T {
+	if cap(*arena)-len(*arena) < len(src) {
+		*arena = make([]T, 0, max(16, 2*cap(*arena), len(src)))
+	}
+	start := len(*arena)
+	*arena = append(*arena, src...)
+	return (*arena)[start:len(*arena):len(*arena)]
+}
+
+// text is the document's bytes from start to end as a string that shares
+// its memory: the tree built from it lives only until fastYAMLToJSON has
+// written its JSON, and the document is not written meanwhile.
+func (p *yamlScanner) text(start, end int) string {
+	if start == end {
+		return ""
+	}
+	return unsafe.String(&p.s[start], end-start)
+}
+
+// collection copies the entries pushed since base (keys since keyBase; a
+// sequence has none) out of the stack into n and pops them. A mapping's
+// entries are sorted by key, the order json.Marshal writes a map's in.
+func (p *yamlScanner) collection(n *yamlNode, keyBase, base int) {
+	if keys, items := p.keys[keyBase:], p.items[base:]; len(keys) > 0 {
+		// Insertion sort: keys are few, and unique (checked as read,
+		// at the same quadratic cost).
+		for i := 1; i < len(keys); i++ {
+			for j := i; j > 0 && keys[j] < keys[j-1]; j-- {
+				keys[j], keys[j-1] = keys[j-1], keys[j]
+				items[j], items[j-1] = items[j-1], items[j]
+			}
+		}
+	}
+	if len(p.items) > base {
+		n.items = carve(&p.itemArena, p.items[base:])
+		clear(p.items[base:])
+		p.items = p.items[:base]
+	}
+	if len(p.keys) > keyBase {
+		n.keys = carve(&p.keyArena, p.keys[keyBase:])
+		p.keys = p.keys[:keyBase]
+	}
 }
 
 func (p *yamlScanner) col() int { return p.i - p.line }
@@ -228,7 +283,7 @@ func (p *yamlScanner) key() (key string, isKey, ok bool) {
 		end := p.i
 		for end < len(p.s) && p.s[end] != '\n' {
 			if p.s[end] == ':' && (end+1 == len(p.s) || p.s[end+1] == ' ' || p.s[end+1] == '\n') {
-				k := strings.TrimRight(string(p.s[p.i:end]), " ")
+				k := strings.TrimRight(p.text(p.i, end), " ")
 				if end-p.i > maxSimpleKey || !yamlPlainString(k, false) {
 					return "", false, false
 				}
@@ -247,20 +302,22 @@ func (p *yamlScanner) key() (key string, isKey, ok bool) {
 // blockMap reads a block mapping whose first key, k, has just been read.
 func (p *yamlScanner) blockMap(k string, indent, depth int) (yamlNode, bool) {
 	n := yamlNode{kind: yamlMap}
+	keyBase, base := len(p.keys), len(p.items)
 	for {
-		if slices.Contains(n.keys, k) {
+		if slices.Contains(p.keys[keyBase:], k) {
 			return yamlNode{}, false
 		}
 		v, ok := p.mapValue(indent, depth)
 		if !ok {
 			return yamlNode{}, false
 		}
-		n.keys, n.items = append(n.keys, k), append(n.items, v)
+		p.keys, p.items = append(p.keys, k), append(p.items, v)
 		if !p.skipBlank() {
 			return yamlNode{}, false
 		}
 		switch c := p.col(); {
 		case p.i == len(p.s) || c < indent:
+			p.collection(&n, keyBase, base)
 			return n, true
 		case c > indent || p.seqDash():
 			return yamlNode{}, false
@@ -320,6 +377,7 @@ func (p *yamlScanner) inlineValue(depth int) (yamlNode, bool) {
 
 func (p *yamlScanner) blockSeq(indent, depth int) (yamlNode, bool) {
 	n := yamlNode{kind: yamlSeq}
+	keyBase, base := len(p.keys), len(p.items)
 	for {
 		if !p.seqDash() {
 			return yamlNode{}, false
@@ -346,7 +404,7 @@ func (p *yamlScanner) blockSeq(indent, depth int) (yamlNode, bool) {
 				return yamlNode{}, false
 			}
 		}
-		n.items = append(n.items, item)
+		p.items = append(p.items, item)
 		if !p.skipBlank() {
 			return yamlNode{}, false
 		}
@@ -354,6 +412,7 @@ func (p *yamlScanner) blockSeq(indent, depth int) (yamlNode, bool) {
 		// sequence was a mapping's value, at its key's column.
 		switch c := p.col(); {
 		case p.i == len(p.s) || c < indent || (c == indent && !p.seqDash()):
+			p.collection(&n, keyBase, base)
 			return n, true
 		case c > indent:
 			return yamlNode{}, false
@@ -372,15 +431,17 @@ func (p *yamlScanner) flowNode(depth int) (yamlNode, bool) {
 		closer, n.kind = '}', yamlMap
 	}
 	p.i++
+	keyBase, base := len(p.keys), len(p.items)
 	for first := true; ; first = false {
 		if !p.skipBlank() || p.i == len(p.s) {
 			return yamlNode{}, false
 		}
 		if p.at(closer) {
-			if !first && n.kind == yamlSeq && len(n.items) == 0 {
+			if !first && n.kind == yamlSeq && len(p.items) == base {
 				return yamlNode{}, false
 			}
 			p.i++
+			p.collection(&n, keyBase, base)
 			return n, true
 		}
 		if !first {
@@ -408,7 +469,7 @@ func (p *yamlScanner) flowNode(depth int) (yamlNode, bool) {
 				for p.i < len(p.s) && strings.IndexByte(":,[]{}#\n", p.s[p.i]) < 0 {
 					p.i++
 				}
-				k = strings.TrimRight(string(p.s[start:p.i]), " ")
+				k = strings.TrimRight(p.text(start, p.i), " ")
 				if !yamlPlainString(k, true) {
 					return yamlNode{}, false
 				}
@@ -416,7 +477,7 @@ func (p *yamlScanner) flowNode(depth int) (yamlNode, bool) {
 			for p.at(' ') {
 				p.i++
 			}
-			if !p.at(':') || p.i+1 == len(p.s) || p.s[p.i+1] != ' ' || p.i-keyStart > maxSimpleKey || slices.Contains(n.keys, k) {
+			if !p.at(':') || p.i+1 == len(p.s) || p.s[p.i+1] != ' ' || p.i-keyStart > maxSimpleKey || slices.Contains(p.keys[keyBase:], k) {
 				return yamlNode{}, false
 			}
 			p.i++
@@ -427,14 +488,14 @@ func (p *yamlScanner) flowNode(depth int) (yamlNode, bool) {
 			if !ok {
 				return yamlNode{}, false
 			}
-			n.keys, n.items = append(n.keys, k), append(n.items, v)
+			p.keys, p.items = append(p.keys, k), append(p.items, v)
 			continue
 		}
 		v, ok := p.flowValue(depth)
 		if !ok {
 			return yamlNode{}, false
 		}
-		n.items = append(n.items, v)
+		p.items = append(p.items, v)
 	}
 }
 
@@ -469,7 +530,7 @@ func (p *yamlScanner) scalar(flow bool) (yamlNode, bool) {
 		}
 		p.i++
 	}
-	s := strings.TrimRight(string(p.s[start:p.i]), " ")
+	s := strings.TrimRight(p.text(start, p.i), " ")
 	switch {
 	case s == "":
 		return yamlNode{}, false

@@ -23,6 +23,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -101,7 +102,7 @@ func run() error {
 	flag.DurationVar(&o.idle, "idle", 20*time.Second, "how long to measure idle CPU with everything mounted")
 	flag.StringVar(&o.rootFS, "root-fs", "loop", "where the agent's root dir lives: loop (own ext4 on a loop device) or host")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up after this long in any phase")
-	flag.StringVar(&o.profile, "profile", "", "emptydir: write CPU profiles of the agent (mount.pprof, unmount.pprof, idle.pprof) to this directory")
+	flag.StringVar(&o.profile, "profile", "", "emptydir: write CPU profiles of the agent (mount.pprof, unmount.pprof, idle.pprof) and what it allocated (mount.allocs.pprof, unmount.allocs.pprof) to this directory")
 	flag.StringVar(&o.trace, "trace", "", "emptydir: write execution traces of the agent (mount.trace, unmount.trace; go tool trace) to this directory")
 	flag.DurationVar(&o.profileFor, "profile-for", 10*time.Second, "emptydir: length of each CPU profile")
 	flag.Float64Var(&o.rate, "rate", 0, "emptydir: pods arriving per second (manifests renamed into place one by one at this pace); 0: all at once")
@@ -155,8 +156,14 @@ func run() error {
 type emptyDirResult struct {
 	setup, teardown       time.Duration
 	setupCPU, teardownCPU float64
-	idleCPU, rssMiB       float64
-	floors                [2][2]time.Duration
+	// setupUser and teardownUser are the agent's user-space CPU per
+	// volume in each phase, in µs: its own work, which the kernel's
+	// (the floor) does not include.
+	setupUser, teardownUser float64
+	idleCPU, rssMiB         float64
+	// peakRSSMiB is the agent's peak RSS over the setup (VmHWM).
+	peakRSSMiB float64
+	floors     [2][2]time.Duration
 }
 
 // emptyDirRound runs the emptydir scenario once with the agent binary
@@ -222,6 +229,10 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 		var paths, kinds []string
 		if o.profile != "" {
 			paths, kinds = append(paths, filepath.Join(o.profile, name+".pprof")), append(kinds, "profile")
+			if name != "idle" {
+				// What the phase allocated (a delta of the allocs profile).
+				paths, kinds = append(paths, filepath.Join(o.profile, name+".allocs.pprof")), append(kinds, "allocs")
+			}
 		}
 		if o.trace != "" && name != "idle" {
 			paths, kinds = append(paths, filepath.Join(o.trace, name+".trace")), append(kinds, "trace")
@@ -250,6 +261,7 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 			return err
 		}
 	}
+	counters0 := readCounters(metricsAddr)
 	user0, system0, _ := cpuSplit(cmd.Process.Pid)
 	cpuBefore := user0 + system0
 	start := time.Now()
@@ -277,8 +289,11 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 	}
 	fmt.Printf("  mounted:   %.3f s from the first write by the agent's log (its last mount_volume; %s)\n", mountTimes.last().Sub(start).Seconds(), mountTimes.spread(start))
 	res.setup = mountTimes.last().Sub(start)
-	if c, err := cpuSeconds(cmd.Process.Pid); err == nil {
-		res.setupCPU = c - cpuBefore
+	if user, system, err := cpuSplit(cmd.Process.Pid); err == nil {
+		res.setupCPU = user + system - cpuBefore
+		res.setupUser = (user - user0) * 1e6 / float64(want)
+		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to set up\n", res.setupUser, (system-system0)*1e6/float64(want))
+		fmt.Printf("             %s\n", readCounters(metricsAddr).since(counters0, want))
 	}
 
 	waitProfile()
@@ -305,11 +320,17 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 		return err
 	}
 	fmt.Printf("  idle CPU:  %.3f s over %s with everything mounted\n", cpu1-cpu0, o.idle)
-	fmt.Printf("  RSS:       %.1f MiB\n", float64(rss)/1024)
+	peak, err := peakRSSKiB(cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("  RSS:       %.1f MiB (peak %.1f MiB)\n", float64(rss)/1024, float64(peak)/1024)
+	res.peakRSSMiB = float64(peak) / 1024
 	res.idleCPU, res.rssMiB = cpu1-cpu0, float64(rss)/1024
 
 	waitProfile = profile("unmount", o.profileFor)
 	defer waitProfile()
+	counters0 = readCounters(metricsAddr)
 	user0, system0, _ = cpuSplit(cmd.Process.Pid)
 	cpuBefore = user0 + system0
 	deleteStart := time.Now()
@@ -330,8 +351,11 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 	}
 	fmt.Printf("  unmounted: %.3f s from the first removal by the agent's log (its last unmount_volume; %s)\n", unmountTimes.last().Sub(deleteStart).Seconds(), unmountTimes.spread(deleteStart))
 	res.teardown = unmountTimes.last().Sub(deleteStart)
-	if c, err := cpuSeconds(cmd.Process.Pid); err == nil {
-		res.teardownCPU = c - cpuBefore
+	if user, system, err := cpuSplit(cmd.Process.Pid); err == nil {
+		res.teardownCPU = user + system - cpuBefore
+		res.teardownUser = (user - user0) * 1e6 / float64(want)
+		fmt.Printf("  per volume: %.1f µs user + %.1f µs kernel to tear down\n", res.teardownUser, (system-system0)*1e6/float64(want))
+		fmt.Printf("             %s\n", readCounters(metricsAddr).since(counters0, want))
 	}
 	if err := waitFor(o.timeout, func() bool {
 		entries, _ := os.ReadDir(filepath.Join(root, "pods"))
@@ -492,21 +516,28 @@ func cpuString(user, system float64) string {
 	return fmt.Sprintf("CPU %.2f s user + %.2f s kernel", user, system)
 }
 
-func rssKiB(pid int) (int, error) {
+func rssKiB(pid int) (int, error) { return statusKiB(pid, "VmRSS:") }
+
+// peakRSSKiB is the most a process has had resident since it started
+// (VmHWM): a storm's garbage shows here, after the trim it does not.
+func peakRSSKiB(pid int) (int, error) { return statusKiB(pid, "VmHWM:") }
+
+// statusKiB reads one kB field of a process's /proc status.
+func statusKiB(pid int, field string) (int, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
+		if strings.HasPrefix(line, field) {
 			return strconv.Atoi(strings.Fields(line)[1])
 		}
 	}
-	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+	return 0, fmt.Errorf("no %s for pid %d", field, pid)
 }
 
-// saveProfile writes a CPU profile or an execution trace (kind: profile or
-// trace) of the agent over d to path.
+// saveProfile writes a CPU profile, an allocation profile or an execution
+// trace (kind: profile, allocs or trace) of the agent over d to path.
 func saveProfile(debugAddr, kind string, d time.Duration, path string) error {
 	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%g", debugAddr, kind, d.Seconds()))
 	if err != nil {
@@ -521,6 +552,39 @@ func saveProfile(debugAddr, kind string, d time.Duration, path string) error {
 		return err
 	}
 	return os.WriteFile(path, data, 0o644)
+}
+
+// counters are a few of the agent's cumulative metrics: GC cycles,
+// reconciler passes, and heap allocations (objects and bytes).
+type counters struct{ gc, passes, mallocs, allocBytes float64 }
+
+var counterNames = []string{"go_gc_duration_seconds_count", "volume_agent_reconcile_duration_seconds_count",
+	"go_memstats_mallocs_total", "go_memstats_alloc_bytes_total"}
+
+// readCounters scrapes the agent's counters (NaN for one not found).
+func readCounters(metricsAddr string) counters {
+	v := []float64{math.NaN(), math.NaN(), math.NaN(), math.NaN()}
+	if resp, err := http.Get("http://" + metricsAddr + "/metrics"); err == nil {
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			for i, name := range counterNames {
+				if rest, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+					if f, err := strconv.ParseFloat(rest, 64); err == nil {
+						v[i] = f
+					}
+				}
+			}
+		}
+		resp.Body.Close()
+	}
+	return counters{v[0], v[1], v[2], v[3]}
+}
+
+// since describes what the agent did since c0, for n volumes.
+func (c counters) since(c0 counters, n int) string {
+	return fmt.Sprintf("%.0f GC cycles, %.0f passes, %.0f allocations and %.1f KB per volume",
+		c.gc-c0.gc, c.passes-c0.passes, (c.mallocs-c0.mallocs)/float64(n), (c.allocBytes-c0.allocBytes)/float64(n)/1000)
 }
 
 func freeAddr() string {

@@ -47,14 +47,17 @@ func emptyDirRounds(o options, work, root string) error {
 // and range, and the agent's time over the floor measured just before and
 // just after it in the same round.
 func summarizeEmptyDir(rounds []emptyDirResult, floor bool) []string {
-	var setup, teardown, setupCPU, teardownCPU, idle, rss, setupRatio, teardownRatio []float64
+	var setup, teardown, setupCPU, teardownCPU, setupUser, teardownUser, idle, rss, peak, setupRatio, teardownRatio []float64
 	for _, r := range rounds {
 		setup = append(setup, r.setup.Seconds())
 		teardown = append(teardown, r.teardown.Seconds())
 		setupCPU = append(setupCPU, r.setupCPU)
 		teardownCPU = append(teardownCPU, r.teardownCPU)
+		setupUser = append(setupUser, r.setupUser)
+		teardownUser = append(teardownUser, r.teardownUser)
 		idle = append(idle, r.idleCPU)
 		rss = append(rss, r.rssMiB)
+		peak = append(peak, r.peakRSSMiB)
 		for _, f := range r.floors {
 			if f[0] > 0 && f[1] > 0 {
 				setupRatio = append(setupRatio, r.setup.Seconds()/f[0].Seconds())
@@ -65,7 +68,8 @@ func summarizeEmptyDir(rounds []emptyDirResult, floor bool) []string {
 	lines := []string{
 		fmt.Sprintf("setup:    %s s, CPU %s s", medianRange(setup, "%.3f"), medianRange(setupCPU, "%.2f")),
 		fmt.Sprintf("teardown: %s s, CPU %s s", medianRange(teardown, "%.3f"), medianRange(teardownCPU, "%.2f")),
-		fmt.Sprintf("idle CPU: %s s, RSS %s MiB", medianRange(idle, "%.3f"), medianRange(rss, "%.1f")),
+		fmt.Sprintf("user CPU per volume: setup %s µs, teardown %s µs", medianRange(setupUser, "%.1f"), medianRange(teardownUser, "%.1f")),
+		fmt.Sprintf("idle CPU: %s s, RSS %s MiB, peak %s MiB", medianRange(idle, "%.3f"), medianRange(rss, "%.1f"), medianRange(peak, "%.1f")),
 	}
 	if floor && len(setupRatio) > 0 {
 		lines = append(lines, fmt.Sprintf("÷ floor:  setup %s×, teardown %s× (each round against the floor before and after it)",

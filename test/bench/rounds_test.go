@@ -9,11 +9,11 @@ import (
 func TestSummarizeEmptyDir(t *testing.T) {
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 	rounds := []emptyDirResult{
-		{setup: ms(300), teardown: ms(200), setupCPU: 0.5, teardownCPU: 0.4, rssMiB: 40,
+		{setup: ms(300), teardown: ms(200), setupCPU: 0.5, teardownCPU: 0.4, setupUser: 50, teardownUser: 20, rssMiB: 40, peakRSSMiB: 60,
 			floors: [2][2]time.Duration{{ms(150), ms(200)}, {ms(100), ms(100)}}},
-		{setup: ms(200), teardown: ms(300), setupCPU: 0.3, teardownCPU: 0.6, rssMiB: 42,
+		{setup: ms(200), teardown: ms(300), setupCPU: 0.3, teardownCPU: 0.6, setupUser: 30, teardownUser: 40, rssMiB: 42, peakRSSMiB: 70,
 			floors: [2][2]time.Duration{{ms(200), ms(150)}, {ms(100), ms(300)}}},
-		{setup: ms(250), teardown: ms(250), setupCPU: 0.4, teardownCPU: 0.5, rssMiB: 41,
+		{setup: ms(250), teardown: ms(250), setupCPU: 0.4, teardownCPU: 0.5, setupUser: 40, teardownUser: 30, rssMiB: 41, peakRSSMiB: 50,
 			floors: [2][2]time.Duration{{ms(125), ms(250)}, {ms(250), ms(250)}}},
 	}
 	tests := []struct {
@@ -24,14 +24,16 @@ func TestSummarizeEmptyDir(t *testing.T) {
 		{"without the floor", false, []string{
 			"setup:    0.250 [0.200–0.300] s, CPU 0.40 [0.30–0.50] s",
 			"teardown: 0.250 [0.200–0.300] s, CPU 0.50 [0.40–0.60] s",
-			"idle CPU: 0.000 [0.000–0.000] s, RSS 41.0 [40.0–42.0] MiB",
+			"user CPU per volume: setup 40.0 [30.0–50.0] µs, teardown 30.0 [20.0–40.0] µs",
+			"idle CPU: 0.000 [0.000–0.000] s, RSS 41.0 [40.0–42.0] MiB, peak 60.0 [50.0–70.0] MiB",
 		}},
 		// Each round's time over the floor before it and after it: setup
 		// 2, 3, 1, 2, 2, 1; teardown 1, 2, 2, 1, 1, 1.
 		{"with the floor", true, []string{
 			"setup:    0.250 [0.200–0.300] s, CPU 0.40 [0.30–0.50] s",
 			"teardown: 0.250 [0.200–0.300] s, CPU 0.50 [0.40–0.60] s",
-			"idle CPU: 0.000 [0.000–0.000] s, RSS 41.0 [40.0–42.0] MiB",
+			"user CPU per volume: setup 40.0 [30.0–50.0] µs, teardown 30.0 [20.0–40.0] µs",
+			"idle CPU: 0.000 [0.000–0.000] s, RSS 41.0 [40.0–42.0] MiB, peak 60.0 [50.0–70.0] MiB",
 			"÷ floor:  setup 2.00 [1.00–3.00]×, teardown 1.00 [1.00–2.00]× (each round against the floor before and after it)",
 		}},
 	}
