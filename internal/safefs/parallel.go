@@ -20,10 +20,16 @@ import (
 // the volume's mount: handing one to another worker changes who walks it,
 // not how it was reached.
 
-// maxGroupWorkers bounds the workers of one walk. They mostly wait in the
-// kernel (the disk, inode locks, the journal), so more than the CPUs help
-// on a cold cache; beyond this they only contend.
-const maxGroupWorkers = 16
+// groupWorkersPerCPU and maxGroupWorkers size a walk. With a warm cache
+// the walk is CPU-bound in the kernel (statx, fchownat, fchmodat2): as
+// many workers as CPUs reach the floor (test/bench/ownershipfloor) and more
+// only contend; with a cold cache they wait for the disk, so a second one
+// per CPU keeps a read in flight while the other changes entries (4 and 8
+// on 2 CPUs measured alike, cold and warm: docs/performance.md).
+const (
+	groupWorkersPerCPU = 2
+	maxGroupWorkers    = 16
+)
 
 // groupWorkersOverride, when positive, is the number of workers (tests).
 var groupWorkersOverride int
@@ -32,7 +38,7 @@ func groupWorkers() int {
 	if groupWorkersOverride > 0 {
 		return groupWorkersOverride
 	}
-	return min(max(4, 4*runtime.GOMAXPROCS(0)), maxGroupWorkers)
+	return min(max(4, groupWorkersPerCPU*runtime.GOMAXPROCS(0)), maxGroupWorkers)
 }
 
 // dirTask is a directory to walk: its descriptor (owned by the task), its
