@@ -96,7 +96,7 @@ func BenchmarkSetGroup(b *testing.B) {
 								b.Fatal(err)
 							}
 							set = func(_ context.Context, _ string, g safefs.Group) error {
-								return tree.Run(g.GID, g.FileBits, g.DirBits, 0)
+								return tree.Run(g.GID, g.FileBits, g.DirBits, 0, false)
 							}
 						}
 						for i := 0; b.Loop(); i++ {

@@ -9,6 +9,9 @@
 // it is what the machine allows, for the bench to compare walkers with
 // (test/bench -scenario ownership), not a walker. Directories are opened by
 // their path below the root, so it is a floor only for shallow (wide) trees.
+// With readDirs, each thread also reads every directory it opens (getdents,
+// 64 KiB at a time) and throws the entries away: the floor for a walker
+// that must list the tree as it goes, as every real one must.
 package ownershipfloor
 
 import (
@@ -64,8 +67,8 @@ func cstr(s string) []byte { return append([]byte(s), 0) }
 
 // Run gives the listed tree gid, adding fileBits to everything but
 // directories and symbolic links and dirBits to directories, on threads
-// threads (0: GOMAXPROCS).
-func (t *Tree) Run(gid int, fileBits, dirBits uint32, threads int) error {
+// threads (0: GOMAXPROCS), reading every directory too if readDirs.
+func (t *Tree) Run(gid int, fileBits, dirBits uint32, threads int, readDirs bool) error {
 	if threads <= 0 {
 		threads = runtime.GOMAXPROCS(0)
 	}
@@ -84,12 +87,16 @@ func (t *Tree) Run(gid int, fileBits, dirBits uint32, threads int) error {
 			defer wg.Done()
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
+			var buf []byte
+			if readDirs {
+				buf = make([]byte, 64<<10)
+			}
 			for {
 				i := int(next.Add(1)) - 1
 				if i >= len(t.dirs) {
 					return
 				}
-				if err := t.dirs[i].run(root, gid, fileBits, dirBits); err != nil {
+				if err := t.dirs[i].run(root, gid, fileBits, dirBits, buf); err != nil {
 					errOnce.Do(func() { firstErr = err })
 					return
 				}
@@ -100,12 +107,21 @@ func (t *Tree) Run(gid int, fileBits, dirBits uint32, threads int) error {
 	return firstErr
 }
 
-func (d *dir) run(root, gid int, fileBits, dirBits uint32) error {
+func (d *dir) run(root, gid int, fileBits, dirBits uint32, buf []byte) error {
 	fd, err := openat(root, d.rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
+	for buf != nil {
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			break
+		}
+	}
 	var stx unix.Statx_t
 	if err := statx(fd, empty, unix.AT_EMPTY_PATH, &stx); err != nil {
 		return err
