@@ -11,6 +11,7 @@ import (
 
 	"github.com/volume-agent/volume-agent/internal/mounttest"
 	"github.com/volume-agent/volume-agent/internal/safefs"
+	"github.com/volume-agent/volume-agent/test/bench/ownershipfloor"
 )
 
 // A volume's worth of small files: 100 directories of 100 files, 3 levels.
@@ -73,24 +74,43 @@ func BenchmarkRemoveAll(b *testing.B) {
 
 // BenchmarkSetGroup compares the parallel walk with the sequential
 // reference (test/bench -scenario ownership compares both with the
-// kubelet's code).
+// kubelet's code) and with the kernel floor (ownershipfloor: the same
+// system calls on a tree listed beforehand): "change", every entry changes
+// on every walk; "right", nothing does (the walk only reads).
 func BenchmarkSetGroup(b *testing.B) {
 	mounttest.RequireRoot(b) // to change groups
 	for _, impl := range []struct {
 		name string
 		set  func(context.Context, string, safefs.Group) error
-	}{{"parallel", safefs.SetGroup}, {"sequential", safefs.SetGroupSequential}} {
+	}{{"parallel", safefs.SetGroup}, {"sequential", safefs.SetGroupSequential}, {"floor", nil}} {
 		b.Run(impl.name, func(b *testing.B) {
-			benchSetups(b, func(b *testing.B, tmp string) {
-				dir := filepath.Join(tmp, "vol")
-				benchTree(b, dir)
-				for i := 0; b.Loop(); i++ {
-					// Alternating groups: every entry changes on every walk.
-					if err := impl.set(context.Background(), dir, safefs.Group{GID: 4000 + i%2, FileBits: 0o660, DirBits: 0o2770}); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
+			for _, mode := range []string{"change", "right"} {
+				b.Run(mode, func(b *testing.B) {
+					benchSetups(b, func(b *testing.B, tmp string) {
+						dir := filepath.Join(tmp, "vol")
+						benchTree(b, dir)
+						set := impl.set
+						if set == nil {
+							tree, err := ownershipfloor.List(dir)
+							if err != nil {
+								b.Fatal(err)
+							}
+							set = func(_ context.Context, _ string, g safefs.Group) error {
+								return tree.Run(g.GID, g.FileBits, g.DirBits, 0, false)
+							}
+						}
+						for i := 0; b.Loop(); i++ {
+							gid := 4000
+							if mode == "change" {
+								gid += i % 2 // alternating groups: every entry changes
+							}
+							if err := set(context.Background(), dir, safefs.Group{GID: gid, FileBits: 0o660, DirBits: 0o2770}); err != nil {
+								b.Fatal(err)
+							}
+						}
+					})
+				})
+			}
 		})
 	}
 }

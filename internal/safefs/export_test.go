@@ -12,5 +12,5 @@ func SetGroupWorkers(n int) (restore func()) {
 // its root's.
 func GroupFDBound() int {
 	w := groupWorkers()
-	return w*(maxOpenDirs+1) + 2*w
+	return w*(maxOpenDirs+1+maxLocalDirs) + 2*w
 }

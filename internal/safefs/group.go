@@ -81,7 +81,7 @@ func walkGroup(ctx context.Context, w *walker, g Group) error {
 				return fmt.Errorf("applying group %d to %s: %w", g.GID, w.rootName(), err)
 			}
 		}
-		e, ok, err := w.next()
+		e, ok, err := w.nextRaw()
 		if err != nil {
 			return &os.PathError{Op: "readdir", Path: w.dirPath(), Err: err}
 		}
@@ -101,35 +101,38 @@ func walkGroup(ctx context.Context, w *walker, g Group) error {
 }
 
 // setGroupEntry changes one entry of the current directory and enters it
-// if it is a directory on the same mount.
-func setGroupEntry(w *walker, e entry, g Group) error {
+// if it is a directory on the same mount. It makes no copy of the name of
+// anything but a directory: the system calls take it from the walker's
+// buffer.
+func setGroupEntry(w *walker, e rawEntry, g Group) error {
 	if e.typ == unix.DT_DIR {
-		fd, st, err := w.openDir(e.name)
+		name := e.String()
+		fd, st, err := w.openDir(name)
 		switch {
 		case err == nil:
 			if err := fixFD(fd, st, g, g.DirBits); err != nil {
 				unix.Close(fd)
-				return &os.PathError{Op: "chgrp", Path: w.pathOf(e.name), Err: err}
+				return &os.PathError{Op: "chgrp", Path: w.pathOf(name), Err: err}
 			}
 			if w.handOff != nil && w.handOff(fd, st) {
 				return nil // another worker walks it
 			}
-			w.push(fd, st, e.name)
+			w.push(fd, st, name)
 			return nil
 		case errors.Is(err, unix.ENOENT), errors.Is(err, ErrMountPointInside):
 			return nil
 		case !errors.Is(err, unix.ELOOP) && !errors.Is(err, unix.ENOTDIR):
-			return &os.PathError{Op: "open", Path: w.pathOf(e.name), Err: err}
+			return &os.PathError{Op: "open", Path: w.pathOf(name), Err: err}
 		}
 		// No longer a directory: change what is there now, by name.
 	}
 	fd := w.current().fd
-	st, err := statAt(fd, e.name)
+	st, err := statAtC(fd, e.cname)
 	if errors.Is(err, unix.ENOENT) {
 		return nil
 	}
 	if err != nil {
-		return &os.PathError{Op: "statx", Path: w.pathOf(e.name), Err: err}
+		return &os.PathError{Op: "statx", Path: w.pathOf(e.String()), Err: err}
 	}
 	if !w.sameMount(st) {
 		return nil
@@ -144,9 +147,9 @@ func setGroupEntry(w *walker, e entry, g Group) error {
 		return setGroupEntry(w, e, g)
 	}
 	if int(st.gid) != g.GID {
-		err := unix.Fchownat(fd, e.name, -1, g.GID, unix.AT_SYMLINK_NOFOLLOW)
+		err := fchownatC(fd, e.cname, g.GID)
 		if err != nil && !errors.Is(err, unix.ENOENT) {
-			return &os.PathError{Op: "chgrp", Path: w.pathOf(e.name), Err: err}
+			return &os.PathError{Op: "chgrp", Path: w.pathOf(e.String()), Err: err}
 		}
 	}
 	if st.isSymlink() {
@@ -156,8 +159,12 @@ func setGroupEntry(w *walker, e entry, g Group) error {
 	if want == st.mode&permBits {
 		return nil
 	}
-	if err := chmodNoFollow(fd, e.name, want); err != nil && !errors.Is(err, unix.ENOENT) {
-		return &os.PathError{Op: "chmod", Path: w.pathOf(e.name), Err: err}
+	err = fchmodat2C(fd, e.cname, want)
+	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) {
+		err = chmodNoFollow(fd, e.String(), want)
+	}
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return &os.PathError{Op: "chmod", Path: w.pathOf(e.String()), Err: err}
 	}
 	return nil
 }

@@ -11,19 +11,28 @@ import (
 
 // The parallel group walk: a few workers, each running the sequential walk
 // (walkGroup) on a directory it holds open. A worker that opens a
-// subdirectory offers it to a small queue; when the queue is full it walks
-// the subdirectory itself, as the sequential walk does, with the same bound
-// on what it holds. So memory and descriptors stay bounded whatever the
-// tree's shape (at most workers × (maxOpenDirs+1) + queue descriptors and
-// workers dirent buffers), and every directory is still entered only
+// subdirectory offers it to a small queue; when the queue is full it keeps
+// it for later (up to maxLocalDirs), and when that is full too it walks the
+// subdirectory itself, as the sequential walk does, with the same bound on
+// what it holds. So memory and descriptors stay bounded whatever the tree's
+// shape (at most workers × (maxOpenDirs+1+maxLocalDirs) + queue descriptors
+// and workers dirent buffers), and every directory is still entered only
 // through a descriptor its parent's walk opened with O_NOFOLLOW and found on
 // the volume's mount: handing one to another worker changes who walks it,
 // not how it was reached.
 
-// maxGroupWorkers bounds the workers of one walk. They mostly wait in the
-// kernel (the disk, inode locks, the journal), so more than the CPUs help
-// on a cold cache; beyond this they only contend.
-const maxGroupWorkers = 16
+// groupWorkersPerCPU and maxGroupWorkers size a walk. With a warm cache
+// the walk is CPU-bound in the kernel (statx, fchownat, fchmodat2): as
+// many workers as CPUs reach the floor (test/bench/ownershipfloor) and more
+// only contend; with a cold cache they wait for the disk, so a second one
+// per CPU keeps a read in flight while the other changes entries (4 and 8
+// on 2 CPUs measured alike, cold and warm: docs/performance.md).
+const (
+	groupWorkersPerCPU = 2
+	maxGroupWorkers    = 16
+	// maxLocalDirs bounds the subdirectories a worker keeps for later.
+	maxLocalDirs = 32
+)
 
 // groupWorkersOverride, when positive, is the number of workers (tests).
 var groupWorkersOverride int
@@ -32,7 +41,7 @@ func groupWorkers() int {
 	if groupWorkersOverride > 0 {
 		return groupWorkersOverride
 	}
-	return min(max(4, 4*runtime.GOMAXPROCS(0)), maxGroupWorkers)
+	return min(max(4, groupWorkersPerCPU*runtime.GOMAXPROCS(0)), maxGroupWorkers)
 }
 
 // dirTask is a directory to walk: its descriptor (owned by the task), its
@@ -85,22 +94,51 @@ func setGroupParallel(ctx context.Context, root *walker, g Group, workers int) e
 }
 
 func (p *groupPool) work() {
+	// A subdirectory the queue has no room for is kept here rather than
+	// walked at once: entering it in place would make the walk read the
+	// rest of its parent again afterwards (one dirent buffer per walk),
+	// the cost that made the parallel walk slower than the sequential one
+	// on wide trees with nothing to change. Full, the walk enters in place.
+	local := make([]dirTask, 0, maxLocalDirs)
+	offer := func(fd int, st fileStat) bool {
+		if p.offer(fd, st) {
+			return true
+		}
+		if p.ctx.Err() != nil || len(local) == cap(local) {
+			return false
+		}
+		local = append(local, dirTask{fd: fd, st: st})
+		return true
+	}
 	for t := range p.queue {
-		if err := p.ctx.Err(); err != nil {
-			// Failed or cancelled: drain. A cancellation with work
-			// left is an error too (a no-op if one was kept).
-			unix.Close(t.fd)
-			p.fail(fmt.Errorf("applying group %d to %s: %w", p.g.GID, p.root, err))
-		} else {
-			w := walkerAt(t.fd, t.st, t.path)
-			w.handOff = p.offer
-			if err := walkGroup(p.ctx, w, p.g); err != nil {
-				p.fail(err)
+		p.walk(t, offer)
+		for len(local) > 0 {
+			t := local[len(local)-1]
+			local = local[:len(local)-1]
+			if p.offer(t.fd, t.st) {
+				continue // an idle worker takes it
 			}
-			w.close()
+			p.walk(t, offer)
 		}
 		p.pending.Done()
 	}
+}
+
+// walk walks the task's directory, offering its subdirectories to offer.
+func (p *groupPool) walk(t dirTask, offer func(int, fileStat) bool) {
+	if err := p.ctx.Err(); err != nil {
+		// Failed or cancelled: drain. A cancellation with work
+		// left is an error too (a no-op if one was kept).
+		unix.Close(t.fd)
+		p.fail(fmt.Errorf("applying group %d to %s: %w", p.g.GID, p.root, err))
+		return
+	}
+	w := walkerAt(t.fd, t.st, t.path)
+	w.handOff = offer
+	if err := walkGroup(p.ctx, w, p.g); err != nil {
+		p.fail(err)
+	}
+	w.close()
 }
 
 // offer queues the open directory fd for any worker, unless the queue is

@@ -84,12 +84,16 @@ func statAt(dirfd int, name string) (fileStat, error) {
 	if err := unix.Statx(dirfd, name, flags, statxMask, &stx); err != nil {
 		return fileStat{}, err
 	}
+	return statxToFileStat(&stx), nil
+}
+
+func statxToFileStat(stx *unix.Statx_t) fileStat {
 	return fileStat{
 		dev: unix.Mkdev(stx.Dev_major, stx.Dev_minor), ino: stx.Ino,
 		mntID: stx.Mnt_id, hasMntID: stx.Mask&unix.STATX_MNT_ID != 0,
 		mountRoot: stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0,
 		mode:      uint32(stx.Mode), gid: stx.Gid, nlink: stx.Nlink, blocks: stx.Blocks,
-	}, nil
+	}
 }
 
 // frame is one open directory of the walk.
@@ -208,21 +212,40 @@ func onMountOf(st, dir fileStat) bool {
 // next returns the current directory's next entry ("." and ".." left
 // out); ok is false at its end.
 func (w *walker) next() (e entry, ok bool, err error) {
+	r, ok, err := w.nextRaw()
+	if !ok {
+		return entry{}, ok, err
+	}
+	return entry{name: r.String(), ino: r.ino, typ: r.typ}, true, nil
+}
+
+// rawEntry is a directory entry whose name is still in the walker's
+// buffer: valid until the walker reads again (next, push, ascend).
+type rawEntry struct {
+	cname []byte // the name and its NUL terminator
+	ino   uint64
+	typ   uint8
+}
+
+func (r rawEntry) String() string { return string(r.cname[:len(r.cname)-1]) }
+
+// nextRaw is next without the copy of the name.
+func (w *walker) nextRaw() (e rawEntry, ok bool, err error) {
 	cur := w.current()
 	for {
 		if !w.loaded {
 			if !w.positioned {
 				if _, err := unix.Seek(cur.fd, cur.off, io.SeekStart); err != nil {
-					return entry{}, false, err
+					return rawEntry{}, false, err
 				}
 				w.positioned = true
 			}
 			n, err := getdents(cur.fd, w.buf)
 			if err != nil {
-				return entry{}, false, err
+				return rawEntry{}, false, err
 			}
 			if n == 0 {
-				return entry{}, false, nil
+				return rawEntry{}, false, nil
 			}
 			w.pos, w.n, w.loaded = 0, n, true
 		}
@@ -233,22 +256,23 @@ func (w *walker) next() (e entry, ok bool, err error) {
 		// struct linux_dirent64: ino u64, off s64, reclen u16, type u8, name.
 		rec := w.buf[w.pos:w.n]
 		if len(rec) < 19 {
-			return entry{}, false, fmt.Errorf("short directory entry")
+			return rawEntry{}, false, fmt.Errorf("short directory entry")
 		}
 		reclen := int(binary.NativeEndian.Uint16(rec[16:18]))
 		if reclen < 19 || reclen > len(rec) {
-			return entry{}, false, fmt.Errorf("bad directory entry length %d", reclen)
+			return rawEntry{}, false, fmt.Errorf("bad directory entry length %d", reclen)
 		}
 		w.pos += reclen
 		cur.off = int64(binary.NativeEndian.Uint64(rec[8:16]))
 		name := rec[19:reclen]
-		if i := indexByte(name, 0); i >= 0 {
-			name = name[:i]
+		i := indexByte(name, 0)
+		if i < 0 {
+			return rawEntry{}, false, fmt.Errorf("directory entry name without its terminator")
 		}
-		if len(name) == 0 || (name[0] == '.' && (len(name) == 1 || (len(name) == 2 && name[1] == '.'))) {
+		if i == 0 || (name[0] == '.' && (i == 1 || (i == 2 && name[1] == '.'))) {
 			continue
 		}
-		return entry{name: string(name), ino: binary.NativeEndian.Uint64(rec[0:8]), typ: rec[18]}, true, nil
+		return rawEntry{cname: name[:i+1], ino: binary.NativeEndian.Uint64(rec[0:8]), typ: rec[18]}, true, nil
 	}
 }
 

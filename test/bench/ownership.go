@@ -10,7 +10,11 @@ package main
 // and a cold cache, then once more on the tree it just fixed (already
 // right). The trees: wide (directories of 100 files, 2 symbolic links
 // each) and deep (100 chains of nested directories, 10 files a level), on
-// the root disk and on an ext4 on a loop device.
+// the root disk and on an ext4 on a loop device. Beside them, on the wide
+// trees with a warm cache, the kernel floor (ownershipfloor: the same
+// system calls per entry on a tree listed beforehand, one thread per CPU):
+// kubelet ÷ floor is the most any walker can gain over the kubelet there;
+// "floor+readdir" also reads each directory, as a walker must.
 
 import (
 	"context"
@@ -29,6 +33,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/volume-agent/volume-agent/internal/safefs"
+	"github.com/volume-agent/volume-agent/test/bench/ownershipfloor"
 )
 
 const (
@@ -39,6 +44,9 @@ const (
 type ownershipImpl struct {
 	name string
 	run  func(dir string) (time.Duration, error)
+	// floor: run on wide trees with a warm cache only (its listing would
+	// warm a cold one, and it opens directories by path).
+	floor bool
 }
 
 func runOwnership(o options) error {
@@ -53,7 +61,7 @@ func runOwnership(o options) error {
 	}
 	g := safefs.Group{GID: ownGID, FileBits: 0o660, DirBits: 0o2770}
 	impls := []ownershipImpl{
-		{"kubelet", func(dir string) (time.Duration, error) {
+		{name: "kubelet", run: func(dir string) (time.Duration, error) {
 			// stderr has the kubelet's own log (its warning after 30 s).
 			var stderr strings.Builder
 			cmd := exec.Command(peer, "-dir", dir, "-gid", strconv.Itoa(ownGID))
@@ -68,16 +76,18 @@ func runOwnership(o options) error {
 			}
 			return time.Duration(ns), nil
 		}},
-		{"agent-seq", func(dir string) (time.Duration, error) {
+		{name: "agent-seq", run: func(dir string) (time.Duration, error) {
 			start := time.Now()
 			err := safefs.SetGroupSequential(context.Background(), dir, g)
 			return time.Since(start), err
 		}},
-		{"agent", func(dir string) (time.Duration, error) {
+		{name: "agent", run: func(dir string) (time.Duration, error) {
 			start := time.Now()
 			err := safefs.SetGroup(context.Background(), dir, g)
 			return time.Since(start), err
 		}},
+		floorImpl("floor", g, false),
+		floorImpl("floor+readdir", g, true),
 	}
 	var sizes []int
 	for _, s := range strings.Split(o.ownershipFiles, ",") {
@@ -138,6 +148,9 @@ func ownershipCase(o options, disk, shape string, n int, impls []ownershipImpl) 
 	for range o.runs {
 		for _, cold := range []bool{false, true} {
 			for _, impl := range impls {
+				if impl.floor && (cold || shape != "wide") {
+					continue
+				}
 				if err := resetTree(dir); err != nil {
 					return err
 				}
@@ -172,14 +185,37 @@ func ownershipCase(o options, disk, shape string, n int, impls []ownershipImpl) 
 		line := fmt.Sprintf("    %-14s", phase)
 		med := map[string]time.Duration{}
 		for _, impl := range impls {
-			med[impl.name] = median(times[key{impl.name, phase}])
+			ts := times[key{impl.name, phase}]
+			if len(ts) == 0 {
+				line += fmt.Sprintf("  %s %8s", impl.name, "-")
+				continue
+			}
+			med[impl.name] = median(ts)
 			line += fmt.Sprintf("  %s %8v", impl.name, med[impl.name].Round(time.Millisecond))
 		}
 		line += fmt.Sprintf("  kubelet/agent %.1fx  kubelet/agent-seq %.1fx",
 			float64(med["kubelet"])/float64(med["agent"]), float64(med["kubelet"])/float64(med["agent-seq"]))
+		if f, fr := med["floor"], med["floor+readdir"]; f > 0 && fr > 0 {
+			line += fmt.Sprintf("  kubelet/floor %.1fx (+readdir %.1fx)  agent/floor %.2fx (+readdir %.2fx)",
+				float64(med["kubelet"])/float64(f), float64(med["kubelet"])/float64(fr),
+				float64(med["agent"])/float64(f), float64(med["agent"])/float64(fr))
+		}
 		fmt.Println(line)
 	}
 	return nil
+}
+
+// floorImpl is the kernel floor on a tree listed first (untimed).
+func floorImpl(name string, g safefs.Group, readDirs bool) ownershipImpl {
+	return ownershipImpl{name: name, floor: true, run: func(dir string) (time.Duration, error) {
+		tree, err := ownershipfloor.List(dir)
+		if err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		err = tree.Run(g.GID, g.FileBits, g.DirBits, 0, readDirs)
+		return time.Since(start), err
+	}}
 }
 
 func shapeName(shape string, n int) string {
