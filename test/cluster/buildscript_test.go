@@ -31,10 +31,11 @@ echo "$pkg" >>"$FAKE_GO_LOG"
 `
 
 // test/tools/build.sh caches each group of tools under a key of its own:
-// the directory it prints holds all six programs, a second run builds
+// the directory it prints holds all seven programs, a second run builds
 // nothing, a change to the sidecars' module rebuilds only the sidecars
-// (never kube-apiserver, the 15-minute build), and a change to the kube
-// recipe rebuilds the kube group only. Run on a copy of the scripts with a
+// (never kube-apiserver, the 15-minute build), a change to the kube
+// recipe rebuilds the kube group only, and a change to ownership-peer's
+// recipe (make bench's kubelet fsGroup code) only ownership-peer. Run on a copy of the scripts with a
 // fake go, so it takes milliseconds.
 func TestBuildScriptCachesGroupsApart(t *testing.T) {
 	root, err := cluster.RepoRoot()
@@ -56,6 +57,7 @@ func TestBuildScriptCachesGroupsApart(t *testing.T) {
 		"github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher",
 		"github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer",
 	}
+	peer := []string{"./ownership-peer"}
 	// run runs build.sh and returns the directory it printed and the
 	// packages it built.
 	run := func() (string, []string) {
@@ -86,10 +88,10 @@ func TestBuildScriptCachesGroupsApart(t *testing.T) {
 	sorted := func(s ...[]string) []string { return slices.Sorted(slices.Values(slices.Concat(s...))) }
 
 	dir, built := run()
-	if want := sorted(kube, sidecars); !slices.Equal(built, want) {
+	if want := sorted(kube, sidecars, peer); !slices.Equal(built, want) {
 		t.Fatalf("first run built %q, want %q", built, want)
 	}
-	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager", cluster.CSIProvisioner, cluster.CSIAttacher, cluster.CSIResizer} {
+	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager", cluster.CSIProvisioner, cluster.CSIAttacher, cluster.CSIResizer, "ownership-peer"} {
 		st, err := os.Stat(filepath.Join(dir, name))
 		if err != nil || st.Mode()&0o111 == 0 {
 			t.Errorf("%s: no executable %s (%v)", dir, name, err)
@@ -107,7 +109,13 @@ func TestBuildScriptCachesGroupsApart(t *testing.T) {
 	}
 
 	appendTo(filepath.Join(tools, "kube", "build.sh"), "# changed")
-	if kubeDir, built := run(); !slices.Equal(built, sorted(kube)) || kubeDir == csiDir {
+	kubeDir, built := run()
+	if !slices.Equal(built, sorted(kube)) || kubeDir == csiDir {
 		t.Errorf("after a change of the kube recipe: %s, built %q; want a new directory and the kube group only", kubeDir, built)
+	}
+
+	appendTo(filepath.Join(tools, "peer", "build.sh"), "# changed")
+	if peerDir, built := run(); !slices.Equal(built, sorted(peer)) || peerDir == kubeDir {
+		t.Errorf("after a change of ownership-peer's recipe: %s, built %q; want a new directory and ownership-peer only", peerDir, built)
 	}
 }
