@@ -175,12 +175,14 @@ func (e *Enforcer) Projects() *Projects {
 	return e.projects
 }
 
-// Usage reports what the volume at volumeDir holds, where a backend knows
-// it cheaply: a mounted filesystem (an image, and as well a tmpfs) from
-// statfs, a project from its quota. ok is false for a plain directory
-// (nothing knows its usage without walking it) and a missing one.
+// Usage reports what the volume at volumeDir holds, where a backend of
+// this Enforcer backs it: an image it mounted from statfs, a project from
+// its quota. ok is false for anything else: a plain directory (nothing
+// knows its usage without walking it), a missing one, and a filesystem
+// mounted by someone else (a Memory emptyDir's tmpfs: its own measurer
+// reads it).
 func (e *Enforcer) Usage(volumeDir string) (bytes, inodes int64, ok bool, err error) {
-	mounted, err := isMountPoint(volumeDir)
+	mounted, dev, err := mountPoint(volumeDir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return 0, 0, false, nil
@@ -188,7 +190,10 @@ func (e *Enforcer) Usage(volumeDir string) (bytes, inodes int64, ok bool, err er
 		return 0, 0, false, err
 	}
 	if mounted {
-		return statfsUsage(volumeDir)
+		if im := e.Images(); im != nil && im.backs(dev) {
+			return statfsUsage(volumeDir)
+		}
+		return 0, 0, false, nil
 	}
 	if p := e.Projects(); p != nil {
 		return p.Usage(volumeDir)
@@ -204,20 +209,20 @@ func statfsUsage(dir string) (bytes, inodes int64, ok bool, err error) {
 	return int64(st.Blocks-st.Bfree) * st.Bsize, int64(st.Files - st.Ffree), true, nil
 }
 
-// isMountPoint tells a mount point from a directory by the device of the
-// directory and of its parent; a bind mount of a directory of the same
-// filesystem is not told apart, which is what Usage wants (its statfs would
-// be the parent filesystem's).
-func isMountPoint(dir string) (bool, error) {
+// mountPoint tells a mount point from a directory by the device of the
+// directory and of its parent, and returns the directory's device; a bind
+// mount of a directory of the same filesystem is not told apart, which is
+// what Usage wants (its statfs would be the parent filesystem's).
+func mountPoint(dir string) (bool, uint64, error) {
 	var st, parent unix.Stat_t
 	if err := unix.Lstat(dir, &st); err != nil {
-		return false, &os.PathError{Op: "lstat", Path: dir, Err: err}
+		return false, 0, &os.PathError{Op: "lstat", Path: dir, Err: err}
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return false, nil
+		return false, 0, nil
 	}
 	if err := unix.Lstat(filepath.Dir(dir), &parent); err != nil {
-		return false, &os.PathError{Op: "lstat", Path: filepath.Dir(dir), Err: err}
+		return false, 0, &os.PathError{Op: "lstat", Path: filepath.Dir(dir), Err: err}
 	}
-	return st.Dev != parent.Dev, nil
+	return st.Dev != parent.Dev, st.Dev, nil
 }

@@ -70,7 +70,7 @@ var ErrNotEmpty = errors.New("the volume's directory was set up without a limit 
 // dir. A dir already mounted is done. The caller sets the mode and group
 // of the mounted filesystem's root.
 func (im *Images) SetUp(ctx context.Context, dir, key string, limit int64) error {
-	mounted, err := isMountPoint(dir)
+	mounted, _, err := mountPoint(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
@@ -431,6 +431,18 @@ func (im *Images) scan() ([]loopDev, error) {
 		out = append(out, l)
 	}
 	return out, nil
+}
+
+// backs tells whether the filesystem on device dev is one of im's images:
+// a loop device whose backing file is in im.Dir.
+func (im *Images) backs(dev uint64) bool {
+	link := filepath.Join(filepath.Dir(im.sysBlock()), "dev", "block", fmt.Sprintf("%d:%d", unix.Major(dev), unix.Minor(dev)), "loop", "backing_file")
+	raw, err := os.ReadFile(link)
+	if err != nil {
+		return false // not a loop device, or detached
+	}
+	backing := strings.TrimSuffix(strings.TrimRight(string(raw), "\n"), " (deleted)")
+	return filepath.Dir(backing) == filepath.Clean(im.Dir) && strings.HasSuffix(backing, ".img")
 }
 
 func (im *Images) sysBlock() string {

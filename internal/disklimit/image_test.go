@@ -79,6 +79,19 @@ func TestImageEnforcesLimit(t *testing.T) {
 	if err != nil || !ok || bytes < 16<<20 || bytes > 17<<20 || inodes < 1 {
 		t.Errorf("Usage = %d, %d, %v, %v; want about 16Mi", bytes, inodes, ok, err)
 	}
+	// A filesystem mounted by someone else (a Memory emptyDir's tmpfs) is
+	// not the enforcement's to measure.
+	other := filepath.Join(t.TempDir(), "tmpfs")
+	if err := os.Mkdir(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", other, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(other, 0) })
+	if _, _, ok, err := (&Enforcer{images: im}).Usage(other); ok || err != nil {
+		t.Errorf("Usage of a tmpfs = %v, %v; want not the enforcement's", ok, err)
+	}
 
 	// Teardown: unmount, then Release: no loop device, no image.
 	if err := syscall.Unmount(vol, 0); err != nil {
