@@ -131,11 +131,18 @@ func (v *ActualVolume) hasReconstructed() bool {
 }
 
 func (v *ActualVolume) clone() *ActualVolume {
-	nv := *v
+	nv := v.cloneShared()
 	nv.Pods = make(map[types.UID]*ActualPodMount, len(v.Pods)+1)
 	for k, p := range v.Pods {
 		nv.Pods[k] = p
 	}
+	return nv
+}
+
+// cloneShared copies the volume but shares its Pods map, which the copy
+// must replace, not write.
+func (v *ActualVolume) cloneShared() *ActualVolume {
+	nv := *v
 	return &nv
 }
 
@@ -237,6 +244,14 @@ func (a *ActualStateOfWorld) shard(name volume.UniqueName) *aswShard {
 // update applies fn to a copy of the volume's entry (a new one if absent)
 // and publishes the result, dropping the entry when nothing is left of it.
 func (a *ActualStateOfWorld) update(id VolumeIdentity, fn func(v *ActualVolume)) {
+	a.updateWith(id, (*ActualVolume).clone, fn)
+}
+
+// updateWith is update with the copy made by clone. A fn given a copy
+// that shares the Pods map (cloneShared) may set Pods to nil when none
+// is left: the entry then goes if nothing else is left, or gets an empty
+// map.
+func (a *ActualStateOfWorld) updateWith(id VolumeIdentity, clone func(*ActualVolume) *ActualVolume, fn func(v *ActualVolume)) {
 	sh := a.shard(id.Name)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -245,7 +260,7 @@ func (a *ActualStateOfWorld) update(id VolumeIdentity, fn func(v *ActualVolume))
 		if old.hasReconstructed() {
 			sh.reconstructed--
 		}
-		v = old.clone()
+		v = clone(old)
 		if v.Spec == nil && id.Spec != nil {
 			// A volume reconstructed from disk learns its spec, and the
 			// attributes the plugin derives from it, from the first
@@ -265,6 +280,9 @@ func (a *ActualStateOfWorld) update(id VolumeIdentity, fn func(v *ActualVolume))
 	if v.empty() {
 		delete(sh.volumes, id.Name)
 	} else {
+		if v.Pods == nil {
+			v.Pods = map[types.UID]*ActualPodMount{}
+		}
 		sh.volumes[id.Name] = v
 		if v.hasReconstructed() {
 			sh.reconstructed++
@@ -342,12 +360,26 @@ func (a *ActualStateOfWorld) SetSubPaths(name volume.UniqueName, pod types.UID, 
 }
 
 // DeletePodMount records that the pod's mount is gone.
+//
+// The volume's Pods map is copied only when other pods are left: in a
+// teardown most volumes lose their last pod and go.
 func (a *ActualStateOfWorld) DeletePodMount(name volume.UniqueName, pod types.UID) {
-	a.update(VolumeIdentity{Name: name}, func(v *ActualVolume) {
-		if _, ok := v.Pods[pod]; ok {
-			delete(v.Pods, pod)
-			v.ResizeBlocked = ""
+	a.updateWith(VolumeIdentity{Name: name}, (*ActualVolume).cloneShared, func(v *ActualVolume) {
+		if _, ok := v.Pods[pod]; !ok {
+			return
 		}
+		v.ResizeBlocked = ""
+		if len(v.Pods) == 1 {
+			v.Pods = nil
+			return
+		}
+		pods := make(map[types.UID]*ActualPodMount, len(v.Pods)-1)
+		for uid, m := range v.Pods {
+			if uid != pod {
+				pods[uid] = m
+			}
+		}
+		v.Pods = pods
 	})
 }
 

@@ -570,3 +570,52 @@ func TestContentPredicates(t *testing.T) {
 		}
 	}
 }
+
+// DeletePodMount copies the Pods map only when pods are left: what a
+// snapshot taken before holds never changes, and an entry kept for its
+// device has an empty map, not none.
+func TestActualDeletePodMountLeavesSnapshotsAlone(t *testing.T) {
+	tests := []struct {
+		name     string
+		pods     []types.UID
+		device   bool
+		delete   types.UID
+		wantPods []types.UID // nil: the entry is gone
+	}{
+		{"one of two", []types.UID{"p1", "p2"}, false, "p1", []types.UID{"p2"}},
+		{"the last", []types.UID{"p1"}, false, "p1", nil},
+		{"the last, device mounted", []types.UID{"p1"}, true, "p1", []types.UID{}},
+		{"not there", []types.UID{"p1"}, false, "p9", []types.UID{"p1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, _ := newASW()
+			if tt.device {
+				a.SetDeviceState(deviceID, DeviceGloballyMounted, "/dev/sdb", "/global")
+			}
+			for _, uid := range tt.pods {
+				a.SetPodMount(deviceID, mountOf(string(uid), Mounted))
+			}
+			before := a.Snapshot()
+			a.DeletePodMount(deviceID.Name, tt.delete)
+			if got := len(before.Volumes[deviceID.Name].Pods); got != len(tt.pods) {
+				t.Errorf("snapshot taken before has %d pods, want %d", got, len(tt.pods))
+			}
+			v, ok := a.Snapshot().Volumes[deviceID.Name]
+			if tt.wantPods == nil {
+				if ok {
+					t.Fatalf("entry kept: %+v", v)
+				}
+				return
+			}
+			if !ok || v.Pods == nil || len(v.Pods) != len(tt.wantPods) {
+				t.Fatalf("entry = %+v, %v; want pods %v", v, ok, tt.wantPods)
+			}
+			for _, uid := range tt.wantPods {
+				if v.Pods[uid] == nil {
+					t.Errorf("pod %s lost", uid)
+				}
+			}
+		})
+	}
+}

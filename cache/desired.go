@@ -3,7 +3,6 @@ package cache
 import (
 	"maps"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -176,6 +175,10 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 	// the same volume (two names for one claim).
 	wanted := make(map[volume.UniqueName]*DesiredPodVolume, len(vols))
 	names := make([]volume.UniqueName, 0, len(vols))
+	// The pod's entries and their outer names come from one allocation
+	// each, not one per volume: a storm sets thousands of pods. An entry
+	// that gets a second outer name has its own slice then (cap 1).
+	entries, outer := make([]DesiredPodVolume, len(vols)), make([]string, len(vols))
 	for i := range vols {
 		pv := &vols[i]
 		if dp, ok := wanted[pv.Name]; ok {
@@ -195,11 +198,13 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 			d.contentSeq++
 			gen = d.contentSeq
 		}
-		wanted[pv.Name] = &DesiredPodVolume{Pod: pod, OuterNames: []string{pv.OuterName}, Spec: pv.Spec, SubPaths: slices.Clone(pv.SubPaths),
+		outer[i] = pv.OuterName
+		entries[i] = DesiredPodVolume{Pod: pod, OuterNames: outer[i : i+1 : i+1], Spec: pv.Spec, SubPaths: slices.Clone(pv.SubPaths),
 			ContentGeneration: gen, Since: since}
+		wanted[pv.Name] = &entries[i]
 		names = append(names, pv.Name)
 	}
-	sort.Slice(names, func(i, j int) bool { return names[i] < names[j] })
+	slices.Sort(names)
 
 	if old != nil {
 		for _, name := range old.Volumes {
@@ -209,6 +214,7 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 			}
 		}
 	}
+	var fresh []DesiredVolume // the volumes' new entries, allocated together
 	for i := range vols {
 		pv := &vols[i]
 		dp := wanted[pv.Name]
@@ -217,7 +223,7 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 		}
 		delete(wanted, pv.Name)
 		volume.SortSubPaths(dp.SubPaths)
-		if d.setPodVolume(pv, dp) {
+		if d.setPodVolume(pv, dp, &fresh, len(vols)-i) {
 			changed = true
 		}
 	}
@@ -240,8 +246,9 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 }
 
 // setPodVolume adds or replaces one pod's use of a volume; it reports whether
-// anything changed.
-func (d *DesiredStateOfWorld) setPodVolume(pv *PodVolume, dp *DesiredPodVolume) bool {
+// anything changed. A new entry for the volume is appended to *fresh, made
+// with room for left entries the first time.
+func (d *DesiredStateOfWorld) setPodVolume(pv *PodVolume, dp *DesiredPodVolume, fresh *[]DesiredVolume, left int) bool {
 	v, ok := d.volumes[pv.Name]
 	if ok {
 		if cur, ok := v.Pods[dp.Pod.UID]; ok && sameSpec(cur.Spec, dp.Spec) && slices.Equal(cur.OuterNames, dp.OuterNames) &&
@@ -250,15 +257,23 @@ func (d *DesiredStateOfWorld) setPodVolume(pv *PodVolume, dp *DesiredPodVolume) 
 			return false
 		}
 	}
-	nv := &DesiredVolume{
+	pods := 1
+	if ok {
+		pods += len(v.Pods)
+	}
+	if *fresh == nil {
+		*fresh = make([]DesiredVolume, 0, left)
+	}
+	*fresh = append(*fresh, DesiredVolume{
 		Name:        pv.Name,
 		Plugin:      pv.Plugin,
 		Attributes:  pv.Attributes,
 		SpecName:    pv.Spec.Name,
 		Spec:        pv.Spec,
 		DesiredSize: pv.DesiredSize,
-		Pods:        map[types.UID]*DesiredPodVolume{},
-	}
+		Pods:        make(map[types.UID]*DesiredPodVolume, pods),
+	})
+	nv := &(*fresh)[len(*fresh)-1]
 	if ok {
 		// Keep the volume's spec unless it was this pod's old one: it must
 		// stay the spec of a pod that wants the volume now.

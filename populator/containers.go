@@ -52,7 +52,8 @@ type envInputs = containerenv.Inputs
 // A mount whose sub-path cannot be used gets an error naming the
 // container and the mount; the others are unaffected.
 func containerMounts(pod *v1.Pod, in envInputs, pinned map[mountKey]string) podContainers {
-	out := podContainers{subPaths: map[string][]volume.SubPath{}, expanded: map[mountKey]string{}}
+	// The maps are made when first written: most pods mount no sub-path.
+	var out podContainers
 	in.Pod = pod
 	podRef := volume.PodRef{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name}
 	add := func(typ volume.ContainerType, c *v1.Container) {
@@ -60,6 +61,9 @@ func containerMounts(pod *v1.Pod, in envInputs, pinned map[mountKey]string) podC
 			return
 		}
 		vc := volume.Container{Name: c.Name, Type: typ}
+		if len(c.VolumeMounts) > 0 {
+			vc.Mounts = make([]volume.ContainerMount, 0, len(c.VolumeMounts))
+		}
 		var env *containerenv.Env
 		var envErr error
 		for i, m := range c.VolumeMounts {
@@ -101,10 +105,16 @@ func containerMounts(pod *v1.Pod, in envInputs, pinned map[mountKey]string) podC
 					})
 				} else {
 					if m.SubPathExpr != "" {
+						if out.expanded == nil {
+							out.expanded = map[mountKey]string{}
+						}
 						out.expanded[key] = sub
 					}
 					if sub != "." {
 						cm.SubPath = sub
+						if out.subPaths == nil {
+							out.subPaths = map[string][]volume.SubPath{}
+						}
 						out.subPaths[m.Name] = append(out.subPaths[m.Name], volume.SubPath{Container: c.Name, Index: i, MountPath: m.MountPath, Path: sub, ReadOnly: m.ReadOnly})
 					}
 				}
@@ -113,6 +123,9 @@ func containerMounts(pod *v1.Pod, in envInputs, pinned map[mountKey]string) podC
 		}
 		for _, d := range c.VolumeDevices {
 			vc.Devices = append(vc.Devices, volume.ContainerDevice{Volume: d.Name, DevicePath: d.DevicePath})
+		}
+		if out.containers == nil {
+			out.containers = make([]volume.Container, 0, len(pod.Spec.InitContainers)+len(pod.Spec.Containers)+len(pod.Spec.EphemeralContainers))
 		}
 		out.containers = append(out.containers, vc)
 	}

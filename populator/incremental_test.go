@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/plugins"
@@ -212,5 +213,46 @@ func BenchmarkSyncOnePodArrives(b *testing.B) {
 				b.Fatalf("%d pods desired", len(h.snapshot().Pods))
 			}
 		})
+	}
+}
+
+// BenchmarkSyncStorm: 1,000 pods of four Memory emptyDirs (the storm of
+// issue 30) arrive in batches of 50, the populator syncing after each;
+// then they all go. One op is the whole storm; the source's own work is
+// not timed.
+func BenchmarkSyncStorm(b *testing.B) {
+	const pods, batch = 1000, 50
+	h := newHarness(&testing.T{})
+	all := make([]*v1.Pod, 0, pods)
+	for i := range pods {
+		var opts []podOpt
+		for j := range 4 {
+			vol := emptyDirVol(fmt.Sprintf("v%d", j))
+			vol.EmptyDir.Medium = v1.StorageMediumMemory
+			opts = append(opts, withVolume(vol))
+		}
+		p := newPod(fmt.Sprintf("p%04d", i), opts...)
+		p.Spec.Containers[0].Resources.Limits = v1.ResourceList{v1.ResourceMemory: resource.MustParse("64Mi")}
+		all = append(all, p)
+	}
+	h.pop.Sync(false)
+	b.ReportAllocs()
+	for b.Loop() {
+		for i := batch; i <= pods; i += batch {
+			b.StopTimer()
+			h.src.SetPods(all[:i]...)
+			b.StartTimer()
+			h.pop.Sync(false)
+		}
+		if n := len(h.snapshot().Pods); n != pods {
+			b.Fatalf("%d pods desired, want %d", n, pods)
+		}
+		b.StopTimer()
+		h.src.SetPods()
+		b.StartTimer()
+		h.pop.Sync(false)
+		if n := len(h.snapshot().Pods); n != 0 {
+			b.Fatalf("%d pods desired, want none", n)
+		}
 	}
 }

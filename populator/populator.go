@@ -307,7 +307,7 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 	}
 	info := podInfo(pod)
 	r := &resolver{store: p.opts.Source, plugins: p.opts.Plugins, node: node}
-	prev := map[string]cache.PodVolume{}
+	var prev map[string]cache.PodVolume
 	var pinned map[mountKey]string
 	if st != nil {
 		prev, pinned = st.resolved, st.pinned
@@ -513,13 +513,9 @@ func podInfo(pod *v1.Pod) volume.PodInfo {
 	info := volume.PodInfo{
 		PodRef:         volume.PodRef{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name},
 		ServiceAccount: pod.Spec.ServiceAccountName,
-		MemoryLimit:    memoryLimit(pod),
-		// The eviction manager's sum (podEphemeralStorageLimitEviction):
-		// declared limits only, the largest init container if larger, a
-		// pod-level limit, overhead.
-		EphemeralStorageLimit: ephemeralStorageLimit(pod),
-		HugePageSizes:         hugePageSizes(pod),
+		HugePageSizes:  hugePageSizes(pod),
 	}
+	info.MemoryLimit, info.EphemeralStorageLimit = podLimits(pod)
 	if sc := pod.Spec.SecurityContext; sc != nil {
 		info.FSGroup = sc.FSGroup
 		info.FSGroupChangePolicy = sc.FSGroupChangePolicy
@@ -527,23 +523,21 @@ func podInfo(pod *v1.Pod) volume.PodInfo {
 	return info
 }
 
-// ephemeralStorageLimit is the pod's ephemeral-storage limit as the
-// kubelet's eviction manager computes it (PodLimits with default options):
-// nil when nothing declares one.
-func ephemeralStorageLimit(pod *v1.Pod) *resource.Quantity {
-	q, ok := resourcehelper.PodLimits(pod, resourcehelper.PodResourcesOptions{})[v1.ResourceEphemeralStorage]
-	if !ok {
-		return nil
-	}
-	return &q
-}
-
-// memoryLimit is the pod's memory limit as the kubelet computes it for the
-// pod's cgroup (and from it the size of Memory emptyDirs): containers and
-// sidecars summed, the largest init container if larger, a pod-level limit
-// instead when set, plus the pod's overhead; nil when a container (or init
-// container) has no memory limit and there is no pod-level one.
-func memoryLimit(pod *v1.Pod) *resource.Quantity {
+// podLimits returns the pod's memory and ephemeral-storage limits, from
+// one sum of its containers' limits (they differ in which containers
+// count, not in the sum).
+//
+// The memory limit is the kubelet's for the pod's cgroup (and from it the
+// size of Memory emptyDirs): containers and sidecars summed, the largest
+// init container if larger, a pod-level limit instead when set, plus the
+// pod's overhead; nil when a container (or init container) has no memory
+// limit and there is no pod-level one.
+//
+// The ephemeral-storage limit is the eviction manager's sum
+// (podEphemeralStorageLimitEviction, PodLimits with default options):
+// declared limits only, the largest init container if larger, a
+// pod-level limit, overhead; nil when nothing declares one.
+func podLimits(pod *v1.Pod) (memory, ephemeral *resource.Quantity) {
 	declared := true
 	limits := resourcehelper.PodLimits(pod, resourcehelper.PodResourcesOptions{
 		ContainerFn: func(res v1.ResourceList, _ resourcehelper.ContainerType) {
@@ -555,18 +549,20 @@ func memoryLimit(pod *v1.Pod) *resource.Quantity {
 	if resourcehelper.IsPodLevelResourcesSet(pod) && !pod.Spec.Resources.Limits.Memory().IsZero() {
 		declared = true
 	}
-	q, ok := limits[v1.ResourceMemory]
-	if !declared || !ok || q.IsZero() {
-		return nil
+	if q, ok := limits[v1.ResourceMemory]; declared && ok && !q.IsZero() {
+		memory = &q
 	}
-	return &q
+	if q, ok := limits[v1.ResourceEphemeralStorage]; ok {
+		ephemeral = &q
+	}
+	return memory, ephemeral
 }
 
 // hugePageSizes lists the sizes of the pod's hugepages-<size> requests,
 // in the kubelet's order (pod-level, containers, init containers), each
 // once.
 func hugePageSizes(pod *v1.Pod) string {
-	lists := []v1.ResourceList{}
+	lists := make([]v1.ResourceList, 0, 1+len(pod.Spec.Containers)+len(pod.Spec.InitContainers))
 	if pod.Spec.Resources != nil {
 		lists = append(lists, pod.Spec.Resources.Requests)
 	}

@@ -43,3 +43,108 @@ func BenchmarkPassWhileBusy(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkStorm mirrors the 1000 pods x 4 emptyDirs storm as far as the
+// caches and the reconciler see it: pods arrive in batches of 50 (as the
+// populator hands them in), every pass's mounts finish before the next
+// pass and are recorded in the ASW; then the pods leave in batches and
+// their unmounts are recorded the same way. One op is the whole storm.
+func BenchmarkStorm(b *testing.B) {
+	const pods, vols, batch = 1000, 4, 50
+	clk := clock.RealClock{}
+	type pod struct {
+		info volume.PodInfo
+		vols []cache.PodVolume
+	}
+	all := make([]pod, pods)
+	for i := range all {
+		uid := types.UID(fmt.Sprintf("pod-%04d", i))
+		all[i].info = volume.PodInfo{PodRef: rcRef(uid)}
+		for j := range vols {
+			outer := fmt.Sprintf("v%d", j)
+			all[i].vols = append(all[i].vols, cache.PodVolume{Name: volume.PodScopedName(emptydir.Name, uid, outer), Plugin: emptydir.Name,
+				OuterName: outer, Spec: emptyDirSpec(outer, v1.StorageMediumMemory)})
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		dsw, asw := cache.NewDesiredStateOfWorld(clk), cache.NewActualStateOfWorld(clk)
+		h := &stormHandler{}
+		r := New(Options{DSW: dsw, ASW: asw, Executor: stormExecutor{}, Handler: h, Clock: clk})
+		finish := func() {
+			for _, t := range h.started {
+				id := cache.VolumeIdentity{Name: t.Volume, Plugin: t.Plugin, Attributes: t.Attributes, Spec: t.Spec}
+				switch t.op {
+				case operations.OpMountVolume:
+					asw.SetPodMount(id, cache.ActualPodMount{Pod: t.Pod.PodRef, SpecName: t.SpecName, MountPath: "/x", State: cache.Mounted,
+						ContentGeneration: t.ContentGeneration, Spec: t.Spec})
+				case operations.OpUnmountVolume:
+					asw.DeletePodMount(t.Volume, t.Pod.UID)
+				}
+			}
+			h.started = h.started[:0]
+		}
+		r.ReconcileOnce()
+		for i := 0; i < pods; i += batch {
+			dsw.Batch(func() {
+				for _, p := range all[i : i+batch] {
+					dsw.SetPodWithContainers(p.info, p.vols, nil, nil, nil)
+				}
+			})
+			r.ReconcileOnce()
+			finish()
+		}
+		r.ReconcileOnce()
+		finish()
+		for i := 0; i < pods; i += batch {
+			dsw.Batch(func() {
+				for _, p := range all[i : i+batch] {
+					dsw.DeletePod(p.info.UID)
+				}
+			})
+			r.ReconcileOnce()
+			finish()
+		}
+		if n := len(r.ReconcileOnce()); n != 0 {
+			b.Fatalf("%d actions left after the storm", n)
+		}
+		if n := len(asw.Snapshot().Volumes); n != 0 {
+			b.Fatalf("%d volumes left in the ASW", n)
+		}
+	}
+}
+
+// stormExecutor starts every action at once.
+type stormExecutor struct{}
+
+func (stormExecutor) Mark() uint64 { return 0 }
+func (stormExecutor) Startable(cands []operations.Candidate, _ uint64) []bool {
+	out := make([]bool, len(cands))
+	for i := range out {
+		out[i] = true
+	}
+	return out
+}
+func (stormExecutor) Run(operations.Key, *operations.Operation) error { return nil }
+func (stormExecutor) Forget(func(operations.Key) bool) int            { return 0 }
+func (stormExecutor) Idle() <-chan struct{}                           { return nil }
+
+// stormHandler records the targets of the operations it builds, for the
+// benchmark to finish them.
+type stormHandler struct {
+	started []stormOp
+}
+
+type stormOp struct {
+	op operations.Op
+	operations.Target
+}
+
+var stormOperation = &operations.Operation{}
+
+func (h *stormHandler) Operation(op operations.Op, t operations.Target) *operations.Operation {
+	h.started = append(h.started, stormOp{op, t})
+	return stormOperation
+}
+
+func (h *stormHandler) AdoptVolume(cache.VolumeIdentity, bool, map[types.UID]cache.ActualPodMount) {}

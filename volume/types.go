@@ -1,8 +1,6 @@
 package volume
 
 import (
-	"fmt"
-
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
@@ -20,7 +18,7 @@ func SharedName(plugin, identity string) UniqueName {
 
 // PodScopedName names a volume that belongs to exactly one pod.
 func PodScopedName(plugin string, pod types.UID, specName string) UniqueName {
-	return UniqueName(fmt.Sprintf("%s/%s-%s", plugin, pod, specName))
+	return UniqueName(plugin + "/" + string(pod) + "-" + specName)
 }
 
 // PodRef names a pod. The UID is what the agent keys on; namespace and name

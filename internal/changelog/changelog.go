@@ -12,6 +12,9 @@ type Log[K comparable] struct {
 	tracking bool
 	all      bool
 	keys     map[K]struct{}
+	// last is how many keys the last take listed: the next record is made
+	// that size, so a storm's record does not grow table by table.
+	last int
 }
 
 // Mark records that the entry under key changed; past limit keys the
@@ -21,7 +24,7 @@ func (l *Log[K]) Mark(key K, limit int) {
 		return
 	}
 	if l.keys == nil {
-		l.keys = map[K]struct{}{}
+		l.keys = make(map[K]struct{}, min(l.last, limit))
 	}
 	l.keys[key] = struct{}{}
 	if len(l.keys) > limit {
@@ -44,6 +47,6 @@ func (l *Log[K]) Take() (all bool, keys map[K]struct{}) {
 		return true, nil
 	}
 	all, keys = l.all, l.keys
-	l.all, l.keys = false, nil
+	l.all, l.keys, l.last = false, nil, len(keys)
 	return all, keys
 }
