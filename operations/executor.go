@@ -32,6 +32,19 @@ type Operation struct {
 	Target
 	// Fn does the work. It must be idempotent and honour ctx.
 	Fn func(ctx context.Context) error
+	// body and operator do it instead for an operation of a kind
+	// (Operator.Operation): a closure over them cost every operation an
+	// allocation.
+	body     func(*Operator, context.Context, *Target) error
+	operator *Operator
+}
+
+// run does the operation's work.
+func (op *Operation) run(ctx context.Context) error {
+	if op.body != nil {
+		return op.body(op.operator, ctx, &op.Target)
+	}
+	return op.Fn(ctx)
 }
 
 // ErrAlreadyExists is returned by Run when a conflicting operation is running.
@@ -280,7 +293,7 @@ func (e *Executor) execute(en *entry) (detached bool) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), e.opts.Timeout)
 	defer cancel()
-	return e.finish(en, start, runSafely(ctx, en.op.Fn))
+	return e.finish(en, start, runSafely(ctx, en.op))
 }
 
 // grace is how long an operation may run before its worker stops counting:
@@ -333,13 +346,13 @@ func (e *Executor) detachStuck(since time.Time) {
 }
 
 // runSafely turns a panicking operation into an error.
-func runSafely(ctx context.Context, fn func(context.Context) error) (err error) {
+func runSafely(ctx context.Context, op *Operation) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("operation panicked: %v\n%s", r, debug.Stack())
 		}
 	}()
-	return fn(ctx)
+	return op.run(ctx)
 }
 
 // finish records how an operation ended. It reports whether its worker was

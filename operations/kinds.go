@@ -159,7 +159,5 @@ func (o *Operator) Operation(op Op, t Target) *Operation {
 	if k == nil {
 		return nil
 	}
-	run := &Operation{Name: op, Target: t}
-	run.Fn = func(ctx context.Context) error { return k.Body(o, ctx, &run.Target) }
-	return run
+	return &Operation{Name: op, Target: t, body: k.Body, operator: o}
 }

@@ -147,7 +147,7 @@ func TestBodiesRecheckTheirPrecondition(t *testing.T) {
 				if run == nil || run.Name != op || run.Key() != tgt.Key() {
 					t.Fatalf("Operation(%s) = %+v", op, run)
 				}
-				if err := run.Fn(t.Context()); !errors.Is(err, ErrStale) {
+				if err := run.run(t.Context()); !errors.Is(err, ErrStale) {
 					t.Errorf("block %v: body returned %v where its precondition does not hold, want ErrStale", tgt.Attributes.Block, err)
 				}
 			}

@@ -119,11 +119,47 @@ func (t *Target) identity() cache.VolumeIdentity {
 	return cache.VolumeIdentity{Name: t.Volume, Plugin: t.Plugin, Attributes: t.Attributes, Spec: t.Spec}
 }
 
-func (o *Operator) logger(t *Target, op Op) *zap.Logger {
-	// Lazily: most operations never log through it, and encoding the
-	// fields up front cost every operation of a storm an allocation-heavy
-	// With. One inline field, not five: a storm builds thousands.
-	return o.Log.WithLazy(zap.Inline(targetFields{t, op}))
+// logger is the logger of an operation on t, for lines the operator writes
+// itself (rare); plugins get theirs from withLog.
+func (o *Operator) logger(t *Target, op Op) plugins.Log {
+	return &opLog{base: o.Log, fields: targetFields{t, op}}
+}
+
+// withLog allocates a plugin request of type R together with the logger the
+// plugin gets: handing it over costs nothing more, and the logger encodes
+// nothing until a line is written. A lazily encoded zap logger still cost
+// every operation of a storm four allocations, for lines most plugins never
+// write.
+func withLog[R any](o *Operator, t *Target, op Op) (*R, plugins.Log) {
+	w := &struct {
+		req R
+		log opLog
+	}{log: opLog{base: o.Log, fields: targetFields{t, op}}}
+	return &w.req, &w.log
+}
+
+// opLog writes lines about one operation: base's lines with the target's
+// fields first, as base.With(fields) would write them.
+type opLog struct {
+	base   *zap.Logger
+	fields targetFields
+}
+
+func (l *opLog) Debug(msg string, fields ...zap.Field) { l.write(zap.DebugLevel, msg, fields) }
+func (l *opLog) Info(msg string, fields ...zap.Field)  { l.write(zap.InfoLevel, msg, fields) }
+func (l *opLog) Warn(msg string, fields ...zap.Field)  { l.write(zap.WarnLevel, msg, fields) }
+func (l *opLog) Error(msg string, fields ...zap.Field) { l.write(zap.ErrorLevel, msg, fields) }
+
+// write builds the zap logger for a line that is written: the caller
+// reported is the one of Debug, Info, Warn or Error.
+func (l *opLog) write(lvl zapcore.Level, msg string, fields []zap.Field) {
+	if !l.base.Core().Enabled(lvl) {
+		return
+	}
+	log := l.base.WithOptions(zap.AddCallerSkip(2)).With(zap.Inline(l.fields))
+	if ce := log.Check(lvl, msg); ce != nil {
+		ce.Write(fields...)
+	}
 }
 
 // targetFields are the fields of the lines logged about an operation on a
@@ -221,10 +257,11 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 	if err != nil {
 		return err
 	}
-	req := &plugins.SetUpRequest{
+	req, log := withLog[plugins.SetUpRequest](o, t, OpMountVolume)
+	*req = plugins.SetUpRequest{
 		VolumeName: t.Volume, Spec: t.Spec, Pod: t.Pod,
 		Dir: o.Paths.PodVolumeDir(t.Pod.UID, t.Plugin, t.SpecName),
-		Log: o.logger(t, OpMountVolume),
+		Log: log,
 	}
 	if t.Attributes.DeviceMountable {
 		req.DeviceMountPath = av.DeviceMountPath
@@ -291,9 +328,10 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target) error {
 	if err := o.cleanSubPaths(t, prev); err != nil {
 		return err
 	}
-	req := &plugins.TearDownRequest{
+	req, log := withLog[plugins.TearDownRequest](o, t, OpUnmountVolume)
+	*req = plugins.TearDownRequest{
 		VolumeName: t.Volume, Spec: prev.Spec, Pod: t.Pod.PodRef, Dir: t.MountPath,
-		DeviceMountPath: av.DeviceMountPath, Log: o.logger(t, OpUnmountVolume),
+		DeviceMountPath: av.DeviceMountPath, Log: log,
 	}
 	if err := p.TearDown(ctx, req); err != nil {
 		if prev.State != cache.MountUncertain || len(prev.SubPaths) > 0 {

@@ -39,8 +39,9 @@ const maxKnownDirs = 8192
 // mode 0750, and returns the topmost directory it made ("" if none). It
 // does nothing it cannot do: the caller's own mkdir reports the problem.
 func (d *podDirs) ensure(root, dir string) (top string) {
-	rel, ok := strings.CutPrefix(dir, root+"/")
-	if !ok || rel == "" {
+	rel, below := strings.CutPrefix(dir, root)
+	rel, sep := strings.CutPrefix(rel, "/")
+	if !below || !sep || rel == "" {
 		return ""
 	}
 	d.mu.Lock()
@@ -72,12 +73,13 @@ func (d *podDirs) ensure(root, dir string) (top string) {
 			d.made[dir] = struct{}{}
 		}
 	}()
-	p := root
+	end := len(root)
 	for c := range strings.SplitSeq(rel, "/") {
 		if c == "" || c == "." || c == ".." {
 			return top // not a plain path below root
 		}
-		p += "/" + c
+		end += 1 + len(c)
+		p := dir[:end] // root and the elements up to c
 		err := unix.Mkdir(p, 0o750)
 		switch {
 		case err == nil:

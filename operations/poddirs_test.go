@@ -15,6 +15,8 @@ func TestPodDirsEnsure(t *testing.T) {
 		dir       string
 		wantDir   bool // dir exists afterwards
 		wantKnown bool
+		// beside: dir is relative to root's parent instead.
+		beside bool
 	}{
 		{name: "whole chain made", dir: "u1/volumes/kubernetes.io~empty-dir", wantDir: true, wantKnown: true},
 		{name: "part exists", prepare: func(t *testing.T, root string) {
@@ -30,6 +32,8 @@ func TestPodDirsEnsure(t *testing.T) {
 			}
 		}, dir: "u1/volumes/kubernetes.io~empty-dir", wantDir: false, wantKnown: false},
 		{name: "not below root: nothing done", dir: "../elsewhere/x", wantDir: false, wantKnown: false},
+		{name: "beside root: nothing done", dir: "elsewhere/x", beside: true},
+		{name: "beside root, named like it: nothing done", dir: "podsx/u1", beside: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -40,6 +44,10 @@ func TestPodDirsEnsure(t *testing.T) {
 				tt.prepare(t, root)
 			}
 			dir := root + "/" + tt.dir // as given, not cleaned
+			if tt.beside {
+				dir = base + "/" + tt.dir
+				mkdirAll(t, base+"/elsewhere")
+			}
 			var d podDirs
 			d.ensure(root, dir)
 			fi, err := os.Stat(dir)

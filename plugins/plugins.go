@@ -69,6 +69,16 @@ type Plugin interface {
 	TearDown(ctx context.Context, req *TearDownRequest) error
 }
 
+// Log is where a plugin logs about the operation it serves: a *zap.Logger,
+// or the operation's own logger, which carries the operation's fields and
+// costs nothing until a line is written (most operations never write one).
+type Log interface {
+	Debug(msg string, fields ...zap.Field)
+	Info(msg string, fields ...zap.Field)
+	Warn(msg string, fields ...zap.Field)
+	Error(msg string, fields ...zap.Field)
+}
+
 // SetUpRequest asks a plugin to make a volume available to one pod.
 type SetUpRequest struct {
 	VolumeName volume.UniqueName
@@ -83,7 +93,7 @@ type SetUpRequest struct {
 	// DeviceMountPath is the device (staging) mount, for device-mountable
 	// volumes.
 	DeviceMountPath string
-	Log             *zap.Logger
+	Log             Log
 	// RefreshAt is set by SetUp when the content it wrote goes stale at a
 	// known time (a token due for refresh, a CSI volume that must be
 	// republished): the volume is set up again then.
@@ -99,7 +109,7 @@ type TearDownRequest struct {
 	Pod             volume.PodRef
 	Dir             string
 	DeviceMountPath string
-	Log             *zap.Logger
+	Log             Log
 }
 
 // DeviceMounter is implemented by plugins whose volumes are mounted once per
@@ -126,7 +136,7 @@ type DeviceRequest struct {
 	// and reports the size in Resized.
 	DesiredSize *resource.Quantity
 	Resized     *resource.Quantity
-	Log         *zap.Logger
+	Log         Log
 }
 
 // ErrExpansionNotSupported is returned (wrapped) by Expand when the volume
@@ -168,7 +178,7 @@ type AttachRequest struct {
 	VolumeName volume.UniqueName
 	// Spec is nil for a detach of a volume found on disk after a restart.
 	Spec *volume.Spec
-	Log  *zap.Logger
+	Log  Log
 }
 
 // AttachResult is what attaching produced.
@@ -195,7 +205,7 @@ type ExpandRequest struct {
 	VolumePath string
 	OldSize    *resource.Quantity
 	NewSize    resource.Quantity
-	Log        *zap.Logger
+	Log        Log
 }
 
 // Reconstructor is implemented by plugins whose volumes can be found on disk

@@ -59,7 +59,12 @@ func UnescapePlugin(dir string) string { return strings.ReplaceAll(dir, "~", "/"
 func (p Paths) TrashDir() string { return filepath.Join(p.Root, "trash") }
 
 // PodsDir holds one directory per pod.
-func (p Paths) PodsDir() string { return filepath.Join(p.Root, "pods") }
+func (p Paths) PodsDir() string {
+	if cleanRoot(p.Root) {
+		return p.Root + "/pods" // what Join makes, without cleaning again
+	}
+	return filepath.Join(p.Root, "pods")
+}
 
 // PodDir is the pod's own directory.
 func (p Paths) PodDir(pod types.UID) string { return filepath.Join(p.Root, "pods", string(pod)) }
@@ -71,7 +76,48 @@ func (p Paths) PodVolumesDir(pod types.UID) string {
 
 // PodVolumeDir is where the pod's volume is made available.
 func (p Paths) PodVolumeDir(pod types.UID, plugin, specName string) string {
-	return filepath.Join(p.Root, "pods", string(pod), "volumes", EscapePlugin(plugin), specName)
+	return p.podPluginPath(pod, "volumes", plugin, specName)
+}
+
+// podPluginPath is filepath.Join(p.Root, "pods", pod, dir,
+// EscapePlugin(plugin), name): a storm builds these for every volume
+// several times over, and when every part is already one plain path
+// element, one allocation makes it (Join and the escape took three).
+func (p Paths) podPluginPath(pod types.UID, dir, plugin, name string) string {
+	// The escaped plugin has no "/": it is one plain element unless it is
+	// "", "." or "..".
+	if !cleanRoot(p.Root) || !plainElement(string(pod)) || !plainElement(name) || plugin == "" || plugin == "." || plugin == ".." {
+		return filepath.Join(p.Root, "pods", string(pod), dir, EscapePlugin(plugin), name)
+	}
+	var b strings.Builder
+	b.Grow(len(p.Root) + len("/pods/") + len(pod) + 1 + len(dir) + 1 + len(plugin) + 1 + len(name))
+	b.WriteString(p.Root)
+	b.WriteString("/pods/")
+	b.WriteString(string(pod))
+	b.WriteByte('/')
+	b.WriteString(dir)
+	b.WriteByte('/')
+	for i := 0; i < len(plugin); i++ {
+		if c := plugin[i]; c == '/' {
+			b.WriteByte('~')
+		} else {
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('/')
+	b.WriteString(name)
+	return b.String()
+}
+
+// cleanRoot reports whether root is a path Join keeps as it is in front of
+// more elements: absolute, clean, and not "/".
+func cleanRoot(root string) bool {
+	return len(root) > 1 && root[0] == '/' && filepath.Clean(root) == root
+}
+
+// plainElement reports whether Join keeps s as one element as it is.
+func plainElement(s string) bool {
+	return s != "" && s != "." && s != ".." && !strings.Contains(s, "/")
 }
 
 // PodDevicesDir holds the pod's raw block volumes' access points, one
@@ -83,7 +129,7 @@ func (p Paths) PodDevicesDir(pod types.UID) string {
 // PodDevicePath is the access point of the pod's raw block volume: a file
 // onto which the block device is bind-mounted (see Paths).
 func (p Paths) PodDevicePath(pod types.UID, plugin, specName string) string {
-	return filepath.Join(p.Root, "pods", string(pod), "volumeDevices", EscapePlugin(plugin), specName)
+	return p.podPluginPath(pod, "volumeDevices", plugin, specName)
 }
 
 // PodVolumeStateDir holds the state files of the pod's volumes.
@@ -163,7 +209,7 @@ func (p Paths) PodSubPathsDir(pod types.UID) string {
 // kubelet's volume-subpaths/<specName>, the plugin is part of the path, as
 // for the volume itself: two volumes of a pod may share a spec name.
 func (p Paths) VolumeSubPathsDir(pod types.UID, plugin, specName string) string {
-	return filepath.Join(p.Root, "pods", string(pod), "volume-subpaths", EscapePlugin(plugin), specName)
+	return p.podPluginPath(pod, "volume-subpaths", plugin, specName)
 }
 
 // SubPathTarget is the bind mount of a container's sub-path of a volume,

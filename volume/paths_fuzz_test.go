@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // FuzzPathElement checks the two functions every name taken from an object
@@ -63,4 +65,35 @@ func TestPathElementNoCollision(t *testing.T) {
 	if got := PathElement(hashed); got == hashed {
 		t.Fatalf("the identity %q gets the directory of %q", hashed, long[:10]+"...")
 	}
+}
+
+// FuzzPodPluginPath checks the paths of a pod's volumes, built in one
+// allocation, against the simple version: filepath.Join of the escaped
+// elements, for any root and elements (dots, slashes, empty ones).
+func FuzzPodPluginPath(f *testing.F) {
+	for _, seed := range [][4]string{
+		{"/var/lib/volume-agent", "0b6c2f1e-7d1a", "kubernetes.io/empty-dir", "cache"},
+		{"/", "uid", "p", "v"}, {"", "uid", "p", "v"}, {"/r/", "uid", "p", "v"}, {"/r/../s", "uid", "p", "v"},
+		{"/r", "..", "p", "v"}, {"/r", "uid", "..", "v"}, {"/r", "uid", ".", "v"}, {"/r", "uid", "/", "v"},
+		{"/r", "uid", "a//b/", "v"}, {"/r", "uid", "p", "../../etc"}, {"/r", "", "", ""}, {"/r", "a/b", "p", "."},
+		{"r", "uid", "p", "v"},
+	} {
+		f.Add(seed[0], seed[1], seed[2], seed[3])
+	}
+	f.Fuzz(func(t *testing.T, root, pod, plugin, name string) {
+		p := Paths{Root: root}
+		uid := types.UID(pod)
+		for dir, got := range map[string]string{
+			"volumes":         p.PodVolumeDir(uid, plugin, name),
+			"volumeDevices":   p.PodDevicePath(uid, plugin, name),
+			"volume-subpaths": p.VolumeSubPathsDir(uid, plugin, name),
+		} {
+			if want := filepath.Join(root, "pods", pod, dir, EscapePlugin(plugin), name); got != want {
+				t.Errorf("%s of %q %q %q %q = %q, want %q", dir, root, pod, plugin, name, got, want)
+			}
+		}
+		if got, want := p.PodsDir(), filepath.Join(root, "pods"); got != want {
+			t.Errorf("PodsDir of %q = %q, want %q", root, got, want)
+		}
+	})
 }

@@ -93,12 +93,12 @@ func (r *Reporter) OperationFinished(key operations.Key, op *operations.Operatio
 		r.forget(key)
 		// Checked first: the fields are built only for a line written.
 		if ce := r.log.Check(zap.InfoLevel, "operation succeeded"); ce != nil {
-			ce.Write(opFields(key, op, took, 0)...)
+			ce.Write(lineFields(key, op, took)...)
 		}
 		return
 	case errors.Is(err, operations.ErrStale):
 		if ce := r.log.Check(zap.DebugLevel, "operation skipped: plan was stale"); ce != nil {
-			ce.Write(opFields(key, op, took, 0)...)
+			ce.Write(lineFields(key, op, took)...)
 		}
 		return
 	case volume.IsWaiting(err):
@@ -127,11 +127,26 @@ func opFields(key operations.Key, op *operations.Operation, took time.Duration, 
 	return append(make([]zap.Field, 0, 1+more), zap.Inline(&opLine{key: key, op: op, took: took}))
 }
 
+// lineFields are the fields of a line about an operation that says no
+// more, in one allocation: every operation of a storm writes one.
+func lineFields(key operations.Key, op *operations.Operation, took time.Duration) []zap.Field {
+	l := &struct {
+		line   opLine
+		fields [1]zap.Field
+	}{line: opLine{key: key, op: op, took: took}}
+	l.fields[0] = zap.Inline(&l.line)
+	return l.fields[:]
+}
+
 // opLine is what every line about an operation says first.
 type opLine struct {
 	key  operations.Key
 	op   *operations.Operation
 	took time.Duration
+	// pod is room for the pod's "namespace/name" (PodRef.String), which
+	// would otherwise cost every line an allocation: encoders copy what
+	// they are given.
+	pod [96]byte
 }
 
 func (l *opLine) MarshalLogObject(enc zapcore.ObjectEncoder) error {
@@ -140,7 +155,8 @@ func (l *opLine) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	enc.AddString("plugin", l.op.Plugin)
 	enc.AddDuration("took", l.took)
 	if l.key.Pod != "" {
-		enc.AddString("pod", l.op.Pod.String())
+		p := l.op.Pod.PodRef
+		enc.AddByteString("pod", append(append(append(l.pod[:0], p.Namespace...), '/'), p.Name...))
 		enc.AddString("podUID", string(l.op.Pod.UID))
 	}
 	return nil

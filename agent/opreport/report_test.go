@@ -185,3 +185,40 @@ func TestOperationLineFields(t *testing.T) {
 		}
 	}
 }
+
+// A line about an operation is, byte for byte in the agent's JSON, the
+// line written with one plain field per value: the pod spelt by
+// PodRef.String, however long its name, and for a failure too.
+func TestOperationLineJSON(t *testing.T) {
+	cfg := zap.NewProductionEncoderConfig()
+	cfg.TimeKey = ""
+	newLog := func(w *strings.Builder) *zap.Logger {
+		return zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(cfg), zapcore.AddSync(w), zap.DebugLevel))
+	}
+	long := strings.Repeat("n", 253)
+	for _, ref := range []volume.PodRef{
+		{Namespace: "ns", Name: "pod", UID: "uid-1"},
+		{Namespace: strings.Repeat("s", 63), Name: long, UID: "uid-2"},
+		{Namespace: "ns", Name: `q"uote\ünï`, UID: "uid-3"},
+		{},
+	} {
+		for _, err := range []error{nil, errors.New("boom")} {
+			op := &operations.Operation{Name: operations.OpMountVolume, Target: operations.Target{Volume: "p/v", Plugin: "p", Pod: volume.PodInfo{PodRef: ref}}}
+			var got, want strings.Builder
+			New(Options{Log: newLog(&got), Events: &fakeRecorder{}}).OperationFinished(op.Key(), op, time.Second, err, 2*time.Second)
+			fields := []zap.Field{zap.String("operation", "mount_volume"), zap.String("volume", "p/v"), zap.String("plugin", "p"), zap.Duration("took", time.Second)}
+			if ref.UID != "" {
+				fields = append(fields, zap.String("pod", ref.String()), zap.String("podUID", string(ref.UID)))
+			}
+			if err == nil {
+				newLog(&want).Info("operation succeeded", fields...)
+			} else {
+				fields = append(fields, zap.Error(err), zap.Duration("retryIn", 2*time.Second), zap.Bool("uncertain", false))
+				newLog(&want).Error("operation failed", fields...)
+			}
+			if got.String() != want.String() {
+				t.Errorf("%v, %v: logged\n%s\nwant\n%s", ref, err, got.String(), want.String())
+			}
+		}
+	}
+}
