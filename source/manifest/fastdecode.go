@@ -97,12 +97,12 @@ func leadingTypeMeta(js []byte) (apiVersion, kind string, ok bool) {
 			if apiVersion != "" {
 				return "", "", false
 			}
-			apiVersion = string(value)
+			apiVersion = intern(value)
 		case "kind":
 			if kind != "" {
 				return "", "", false
 			}
-			kind = string(value)
+			kind = intern(value)
 		default:
 			return "", "", false
 		}
@@ -115,6 +115,19 @@ func leadingTypeMeta(js []byte) (apiVersion, kind string, ok bool) {
 	}
 	return apiVersion, kind, apiVersion != "" && kind != ""
 }
+
+// intern returns b as a string, without a copy if it is a supported
+// apiVersion or kind.
+func intern(b []byte) string {
+	for _, s := range internedNames {
+		if string(b) == s {
+			return s
+		}
+	}
+	return string(b)
+}
+
+var internedNames = append([]string{"v1", "storage.k8s.io/v1"}, kindNames[:]...)
 
 // plainString reads a JSON string without escapes at the start of b.
 func plainString(b []byte) (s, rest []byte, ok bool) {
