@@ -137,7 +137,7 @@ func TestFastDecodeV2RandomObjects(t *testing.T) {
 			*q = *resource.NewMilliQuantity(c.Int63n(1<<40), resource.DecimalSI)
 		},
 		func(fv *metav1.FieldsV1, c randfill.Continue) {
-			fv.Raw = fmt.Appendf(nil, `{"f:%d":{}}`, c.Intn(9))
+			fv.SetRawBytes(fmt.Appendf(nil, `{"f:%d":{}}`, c.Intn(9)))
 		},
 		func(v *intstr.IntOrString, c randfill.Continue) {
 			if c.Bool() {

@@ -106,8 +106,9 @@ func (s *Source) update(names []string, only, force, hold map[string]bool, force
 			}
 			continue
 		}
-		var sb syscall.Stat_t // not os.Stat: no FileInfo to allocate per file
-		err := ignoringEINTR(func() error { return syscall.Stat(filepath.Join(s.dir, name), &sb) }) // follows symlinks
+		// Not os.Stat: no FileInfo to allocate per file. Follows symlinks.
+		var sb syscall.Stat_t
+		err := ignoringEINTR(func() error { return syscall.Stat(filepath.Join(s.dir, name), &sb) })
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				continue // removed, or a dangling symlink
