@@ -641,7 +641,8 @@ func plainInteger(s string) bool {
 
 // yaml11Words are the plain scalars YAML 1.1 reads as booleans, null or
 // special floats, beside those scalar handles; none is longer than five
-// bytes, which spares most strings the lookup.
+// bytes and few letters start one (yaml11First), which spares most strings
+// the lookup.
 var yaml11Words = map[string]bool{
 	"y": true, "Y": true, "yes": true, "Yes": true, "YES": true,
 	"n": true, "N": true, "no": true, "No": true, "NO": true,
@@ -666,6 +667,14 @@ var (
 	notPlainStart = newByteSet("-?:,[]{}#&*!|>'\"%@`+.0123456789~< ")
 	// flowKeyEnd end a plain key in a flow mapping.
 	flowKeyEnd = newByteSet(":,[]{}#\n")
+	// yaml11First are the first bytes of yaml11Words.
+	yaml11First = func() *byteSet {
+		var first []byte
+		for w := range yaml11Words {
+			first = append(first, w[0])
+		}
+		return newByteSet(string(first))
+	}()
 )
 
 // yamlPlainString reports whether the plain scalar s is certainly read as the
@@ -677,7 +686,7 @@ func yamlPlainString(s string, flow bool) bool {
 	if quantityLike(s) {
 		return true
 	}
-	if s == "" || notPlainStart[s[0]] || (len(s) <= 5 && yaml11Words[s]) {
+	if s == "" || notPlainStart[s[0]] || (len(s) <= 5 && yaml11First[s[0]] && yaml11Words[s]) {
 		return false
 	}
 	if strings.Contains(s, " #") || strings.Contains(s, ": ") || strings.HasSuffix(s, ":") {
