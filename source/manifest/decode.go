@@ -530,11 +530,14 @@ var uidNamespace = [16]byte{0x6c, 0x1b, 0x9e, 0x2a, 0x43, 0x5d, 0x4f, 0x0e, 0x8a
 // derivedUID returns a version 5 UUID of kind/namespace/name, so a restart,
 // or another agent reading the same files, finds the same pod directories.
 func derivedUID(k kind, namespace, name string) types.UID {
-	h := sha1.New()
-	h.Write(uidNamespace[:])
-	h.Write([]byte(k.String() + "/" + namespace + "/" + name))
+	// Hashed from a buffer on the stack: names are validated, so short.
+	var inBuf [len(uidNamespace) + 2*validation.DNS1123SubdomainMaxLength + 32]byte
+	in := append(inBuf[:0], uidNamespace[:]...)
+	in = append(append(in, k.String()...), '/')
+	in = append(append(in, namespace...), '/')
+	sum := sha1.Sum(append(in, name...))
 	var u [16]byte
-	copy(u[:], h.Sum(nil))
+	copy(u[:], sum[:])
 	u[6] = u[6]&0x0f | 0x50
 	u[8] = u[8]&0x3f | 0x80
 	var buf [36]byte
@@ -553,17 +556,27 @@ func derivedUID(k kind, namespace, name string) types.UID {
 var volumeSourceType = reflect.TypeFor[corev1.VolumeSource]()
 
 func preparePodSpec(spec *corev1.PodSpec) error {
-	seen := make(map[string]struct{}, len(spec.Volumes))
+	// Few volumes are compared pairwise, many through a map.
+	var seen map[string]bool
+	if len(spec.Volumes) > 16 {
+		seen = make(map[string]bool, len(spec.Volumes))
+	}
 	for i := range spec.Volumes {
 		v := &spec.Volumes[i]
 		// Volume names become directory names under the pod directory.
 		if msgs := validation.IsDNS1123Label(v.Name); len(msgs) > 0 {
 			return fmt.Errorf("spec.volumes[%d].name %q: %s", i, v.Name, strings.Join(msgs, "; "))
 		}
-		if _, dup := seen[v.Name]; dup {
+		dup := seen[v.Name]
+		for j := 0; seen == nil && j < i; j++ {
+			dup = dup || spec.Volumes[j].Name == v.Name
+		}
+		if dup {
 			return fmt.Errorf("spec.volumes[%d].name %q: duplicate volume name", i, v.Name)
 		}
-		seen[v.Name] = struct{}{}
+		if seen != nil {
+			seen[v.Name] = true
+		}
 		if n := countSources(&v.VolumeSource); n != 1 {
 			return fmt.Errorf("spec.volumes[%d] (%q): must specify exactly one volume source, found %d", i, v.Name, n)
 		}

@@ -321,6 +321,13 @@ func TestDerivedUID(t *testing.T) {
 	if b := derivedUID(kindPod, "default", "web"); a != b {
 		t.Errorf("derived UIDs differ: %q, %q", a, b)
 	}
+	// Pinned: a different UID for the same pod would orphan its directory.
+	if a != "adddbc0f-ff91-50c5-bfb6-09ce5d04eee1" {
+		t.Errorf("derived UID changed: %q", a)
+	}
+	if c := derivedUID(kindCSIDriver, "", "CSI.Example.COM"); c != "e9bdbcee-6df4-5370-a43e-3f432fb17c4d" {
+		t.Errorf("derived UID changed: %q", c)
+	}
 	for _, other := range []string{
 		string(derivedUID(kindPod, "other", "web")),
 		string(derivedUID(kindPod, "default", "web2")),

@@ -3,6 +3,8 @@ package manifest
 import (
 	"bytes"
 
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	kjson "sigs.k8s.io/json"
@@ -39,12 +41,36 @@ func (p *parser) fastDecode(js []byte) (runtime.Object, schema.GroupVersionKind,
 	if err != nil {
 		return nil, schema.GroupVersionKind{}, false
 	}
+	if jsonv2.Unmarshal(js, obj, strictV2) == nil {
+		return obj, gvk, true
+	}
+	// Refused, or an error: the strict decoder says what it makes of it,
+	// into a fresh object (v2 may have filled part of this one).
+	if obj, err = scheme.New(gvk); err != nil {
+		return nil, schema.GroupVersionKind{}, false
+	}
 	strictErrs, err := kjson.UnmarshalStrict(js, obj)
 	if err != nil || len(strictErrs) > 0 {
 		return nil, schema.GroupVersionKind{}, false
 	}
 	return obj, gvk, true
 }
+
+// strictV2 makes go-json-experiment/json, twice as fast as the strict
+// decoder with a third of its allocations, fail wherever it would read a
+// document otherwise or the strict decoder would warn: an unknown member,
+// a member whose name differs from a field's only in case, a duplicate
+// name, invalid UTF-8 (which v1 replaces) or a base64 value with line
+// breaks (which v1 skips) all are errors. Into a fresh object of the
+// supported kinds, whose types TestFastDecodeTypes pins, what it accepts
+// it reads as the strict decoder does (FuzzFastDecodeV2 is the oracle);
+// all else takes the strict decoder's path.
+var strictV2 = jsonv2.JoinOptions(
+	jsonv2.RejectUnknownMembers(true),
+	jsonv2.MatchCaseInsensitiveNames(false),
+	jsontext.AllowDuplicateNames(false),
+	jsontext.AllowInvalidUTF8(false),
+)
 
 // leadingTypeMeta reads the first two members of the object js holds if
 // they are "apiVersion" and "kind" (in either order) with plain string
@@ -71,12 +97,12 @@ func leadingTypeMeta(js []byte) (apiVersion, kind string, ok bool) {
 			if apiVersion != "" {
 				return "", "", false
 			}
-			apiVersion = string(value)
+			apiVersion = intern(value)
 		case "kind":
 			if kind != "" {
 				return "", "", false
 			}
-			kind = string(value)
+			kind = intern(value)
 		default:
 			return "", "", false
 		}
@@ -89,6 +115,19 @@ func leadingTypeMeta(js []byte) (apiVersion, kind string, ok bool) {
 	}
 	return apiVersion, kind, apiVersion != "" && kind != ""
 }
+
+// intern returns b as a string, without a copy if it is a supported
+// apiVersion or kind.
+func intern(b []byte) string {
+	for _, s := range internedNames {
+		if string(b) == s {
+			return s
+		}
+	}
+	return string(b)
+}
+
+var internedNames = append([]string{"v1", "storage.k8s.io/v1"}, kindNames[:]...)
 
 // plainString reads a JSON string without escapes at the start of b.
 func plainString(b []byte) (s, rest []byte, ok bool) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"slices"
 	"strings"
+	"sync"
 	"unsafe"
 )
 
@@ -24,7 +25,9 @@ func fastYAMLToJSON(doc []byte) (js []byte, ok bool) {
 			return nil, false
 		}
 	}
-	p := &yamlScanner{s: doc}
+	p := scanners.Get().(*yamlScanner)
+	defer p.release()
+	p.s = doc
 	if !p.skipBlank() {
 		return nil, false
 	}
@@ -107,7 +110,7 @@ func (n *yamlNode) writeJSON(b *bytes.Buffer) {
 // writeJSONString writes s (printable ASCII: fastYAMLToJSON admits nothing
 // else) as a JSON string.
 func writeJSONString(b *bytes.Buffer, s string) {
-	if !strings.ContainsAny(s, "\"\\") {
+	if strings.IndexByte(s, '"') < 0 && strings.IndexByte(s, '\\') < 0 {
 		b.WriteByte('"')
 		b.WriteString(s)
 		b.WriteByte('"')
@@ -134,6 +137,45 @@ type yamlScanner struct {
 	// pod's dozens of collections cost a few allocations, not two each.
 	keyArena  []string
 	itemArena []yamlNode
+	// keysCarved and itemsCarved count the entries carved, for release.
+	keysCarved, itemsCarved int
+}
+
+// scanners keeps scanners with their stacks and arenas between documents:
+// the tree of one is dead once its JSON is written, so the next can use
+// the same memory and a pod costs no allocation for it.
+var scanners = sync.Pool{New: func() any { return new(yamlScanner) }}
+
+// maxKeptEntries bounds the stacks and arenas a pooled scanner keeps, so a
+// huge document does not pin its memory.
+const maxKeptEntries = 4096
+
+// release clears what points into the document and the tree, and returns
+// the scanner to the pool with an arena as large as this document needed.
+func (p *yamlScanner) release() {
+	p.keyArena = keep(p.keyArena, p.keysCarved)
+	p.itemArena = keep(p.itemArena, p.itemsCarved)
+	clear(p.keys[:cap(p.keys)])
+	clear(p.items[:cap(p.items)])
+	if cap(p.keys) > maxKeptEntries || cap(p.items) > maxKeptEntries {
+		return
+	}
+	*p = yamlScanner{keys: p.keys[:0], items: p.items[:0], keyArena: p.keyArena, itemArena: p.itemArena}
+	scanners.Put(p)
+}
+
+// keep empties an arena for the next document; if this one needed more
+// than its last chunk (carved entries in all), the next gets one chunk
+// of that size.
+func keep[T any](arena []T, carved int) []T {
+	clear(arena[:cap(arena)])
+	switch {
+	case carved > maxKeptEntries:
+		return nil
+	case carved > cap(arena):
+		return make([]T, 0, carved)
+	}
+	return arena[:0]
 }
 
 // carve copies src into the arena and returns the copy, at its size. Each
@@ -174,11 +216,13 @@ func (p *yamlScanner) collection(n *yamlNode, keyBase, base int) {
 	}
 	if len(p.items) > base {
 		n.items = carve(&p.itemArena, p.items[base:])
+		p.itemsCarved += len(n.items)
 		clear(p.items[base:])
 		p.items = p.items[:base]
 	}
 	if len(p.keys) > keyBase {
 		n.keys = carve(&p.keyArena, p.keys[keyBase:])
+		p.keysCarved += len(n.keys)
 		p.keys = p.keys[:keyBase]
 	}
 }
@@ -466,7 +510,7 @@ func (p *yamlScanner) flowNode(depth int) (yamlNode, bool) {
 				k = s
 			default:
 				start := p.i
-				for p.i < len(p.s) && strings.IndexByte(":,[]{}#\n", p.s[p.i]) < 0 {
+				for p.i < len(p.s) && !flowKeyEnd[p.s[p.i]] {
 					p.i++
 				}
 				k = strings.TrimRight(p.text(start, p.i), " ")
@@ -596,7 +640,9 @@ func plainInteger(s string) bool {
 }
 
 // yaml11Words are the plain scalars YAML 1.1 reads as booleans, null or
-// special floats, beside those scalar handles.
+// special floats, beside those scalar handles; none is longer than five
+// bytes and few letters start one (yaml11First), which spares most strings
+// the lookup.
 var yaml11Words = map[string]bool{
 	"y": true, "Y": true, "yes": true, "Yes": true, "YES": true,
 	"n": true, "N": true, "no": true, "No": true, "NO": true,
@@ -604,6 +650,32 @@ var yaml11Words = map[string]bool{
 	"true": true, "True": true, "TRUE": true, "false": true, "False": true, "FALSE": true,
 	"null": true, "Null": true, "NULL": true,
 }
+
+// byteSet is a set of bytes, for tests per character on the hot path.
+type byteSet [256]bool
+
+func newByteSet(chars string) *byteSet {
+	var set byteSet
+	for i := range len(chars) {
+		set[chars[i]] = true
+	}
+	return &set
+}
+
+var (
+	// notPlainStart are the first characters yamlPlainString refuses.
+	notPlainStart = newByteSet("-?:,[]{}#&*!|>'\"%@`+.0123456789~< ")
+	// flowKeyEnd end a plain key in a flow mapping.
+	flowKeyEnd = newByteSet(":,[]{}#\n")
+	// yaml11First are the first bytes of yaml11Words.
+	yaml11First = func() *byteSet {
+		var first []byte
+		for w := range yaml11Words {
+			first = append(first, w[0])
+		}
+		return newByteSet(string(first))
+	}()
+)
 
 // yamlPlainString reports whether the plain scalar s is certainly read as the
 // string s: it does not start with an indicator or a character that could
@@ -614,7 +686,7 @@ func yamlPlainString(s string, flow bool) bool {
 	if quantityLike(s) {
 		return true
 	}
-	if s == "" || yaml11Words[s] || strings.ContainsAny(s[:1], "-?:,[]{}#&*!|>'\"%@`+.0123456789~< ") {
+	if s == "" || notPlainStart[s[0]] || (len(s) <= 5 && yaml11First[s[0]] && yaml11Words[s]) {
 		return false
 	}
 	if strings.Contains(s, " #") || strings.Contains(s, ": ") || strings.HasSuffix(s, ":") {

@@ -420,13 +420,16 @@ type fileID struct {
 }
 
 func idOf(fi os.FileInfo) fileID {
-	id := fileID{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		// The conversions matter on 32-bit platforms.
-		id.dev, id.ino = uint64(st.Dev), uint64(st.Ino)
-		id.ctime = int64(st.Ctim.Sec)*1e9 + int64(st.Ctim.Nsec)
+		return idOfStat(st)
 	}
-	return id
+	return fileID{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+}
+
+func idOfStat(st *syscall.Stat_t) fileID {
+	// The conversions matter on 32-bit platforms.
+	return fileID{size: st.Size, mtime: int64(st.Mtim.Sec)*1e9 + int64(st.Mtim.Nsec),
+		dev: uint64(st.Dev), ino: uint64(st.Ino), ctime: int64(st.Ctim.Sec)*1e9 + int64(st.Ctim.Nsec)}
 }
 
 func statID(path string) (fileID, error) {

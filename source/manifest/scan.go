@@ -106,7 +106,9 @@ func (s *Source) update(names []string, only, force, hold map[string]bool, force
 			}
 			continue
 		}
-		fi, err := os.Stat(filepath.Join(s.dir, name)) // follows symlinks
+		// Not os.Stat: no FileInfo to allocate per file. Follows symlinks.
+		var sb syscall.Stat_t
+		err := ignoringEINTR(func() error { return syscall.Stat(filepath.Join(s.dir, name), &sb) })
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				continue // removed, or a dangling symlink
@@ -115,11 +117,11 @@ func (s *Source) update(names []string, only, force, hold map[string]bool, force
 			jobs = append(jobs, job{name: name}) // reading reports the error
 			continue
 		}
-		if !fi.Mode().IsRegular() {
+		if sb.Mode&syscall.S_IFMT != syscall.S_IFREG {
 			continue
 		}
 		seen[name] = true
-		id := idOf(fi)
+		id := idOfStat(&sb)
 		if st != nil && st.id == id && !force[name] && !forceAll {
 			continue
 		}
@@ -212,34 +214,41 @@ func (s *Source) runJobs(jobs []job, done func(*job)) {
 
 func (s *Source) read(j *job) {
 	// O_NONBLOCK: a FIFO with a manifest's name must not hang the agent.
-	f, err := os.OpenFile(filepath.Join(s.dir, j.name), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	// System calls, not an os.File: a file is open for microseconds, and
+	// an os.File's poller registration and cleanup cost more than that.
+	path := filepath.Join(s.dir, j.name)
+	var fd int
+	err := ignoringEINTR(func() (err error) {
+		fd, err = syscall.Open(path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+		return err
+	})
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			j.gone = true
 		} else {
-			j.err = err
+			j.err = &fs.PathError{Op: "open", Path: path, Err: err}
 		}
 		return
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		j.err = err
+	defer syscall.Close(fd)
+	var st syscall.Stat_t
+	if err := ignoringEINTR(func() error { return syscall.Fstat(fd, &st) }); err != nil {
+		j.err = &fs.PathError{Op: "stat", Path: path, Err: err}
 		return
 	}
-	if !fi.Mode().IsRegular() {
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		j.gone = true
 		return
 	}
 	// The identity of what is actually read, which may be newer than what
 	// the directory scan saw.
-	j.id = idOf(fi)
-	if fi.Size() > maxFileSize {
+	j.id = idOfStat(&st)
+	if st.Size > maxFileSize {
 		j.err = fmt.Errorf("file is larger than %d MiB", maxFileSize>>20)
 		return
 	}
-	data := make([]byte, 0, fi.Size()+1)
-	data, err = readAll(f, data)
+	data := make([]byte, 0, st.Size+1)
+	data, err = readAll(fdReader{fd: fd, path: path}, data)
 	if err != nil {
 		j.err = err
 		return
@@ -254,6 +263,35 @@ func (s *Source) read(j *job) {
 		return
 	}
 	j.parsed = s.parser.parse(data)
+}
+
+// fdReader reads a file descriptor with errors as an os.File gives them.
+type fdReader struct {
+	fd   int
+	path string
+}
+
+func (r fdReader) Read(b []byte) (int, error) {
+	var n int
+	err := ignoringEINTR(func() (err error) {
+		n, err = syscall.Read(r.fd, b)
+		return err
+	})
+	switch {
+	case err != nil:
+		return 0, &fs.PathError{Op: "read", Path: r.path, Err: err}
+	case n == 0 && len(b) > 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+func ignoringEINTR(fn func() error) error {
+	for {
+		if err := fn(); !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+	}
 }
 
 // readAll reads up to one byte past maxFileSize, so growth after the stat is
