@@ -30,7 +30,7 @@ const (
 func New(level zapcore.LevelEnabler, w io.Writer) (*zap.Logger, func()) {
 	enc := zap.NewProductionEncoderConfig()
 	enc.TimeKey = "time"
-	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	enc.EncodeTime = encodeTime
 	buf := &bufferedWriter{w: w}
 	core := &flushingCore{Core: zapcore.NewCore(zapcore.NewJSONEncoder(enc), buf, level), ws: buf}
 	log := zap.New(core, zap.AddCaller(), zap.AddStacktrace(zapcore.ErrorLevel), zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(w))))
