@@ -357,7 +357,8 @@ func hasSubdirs(dir string) bool {
 // is not empty is simply still in use.
 func RemoveEmptyDirs(dir, stop string) {
 	stop = filepath.Clean(stop)
-	for d := filepath.Clean(dir); d != stop && strings.HasPrefix(d, stop+"/"); d = filepath.Dir(d) {
+	below := stop + "/"
+	for d := filepath.Clean(dir); d != stop && strings.HasPrefix(d, below); d = filepath.Dir(d) {
 		if hasSubdirs(d) {
 			return
 		}

@@ -3,6 +3,7 @@ package emptydir
 import (
 	"context"
 	"errors"
+	v1 "k8s.io/api/core/v1"
 	"os"
 	"path/filepath"
 
@@ -32,6 +33,17 @@ func sizeLimit(spec *volume.Spec) int64 {
 		return 0
 	}
 	return max(spec.Volume.EmptyDir.SizeLimit.Value(), 0)
+}
+
+// mayBeLimited tells whether a volume torn down may have an image or a
+// project to release: only a disk emptyDir with a sizeLimit gets one, and
+// a volume found on disk after a restart (no spec) may be one. A storm of
+// Memory emptyDirs then costs no lookup of images that were never made.
+func mayBeLimited(spec *volume.Spec) bool {
+	if spec == nil || spec.Volume == nil || spec.Volume.EmptyDir == nil {
+		return true
+	}
+	return spec.Volume.EmptyDir.Medium == v1.StorageMediumDefault && sizeLimit(spec) > 0
 }
 
 // mountsImage tells whether the volume is set up as a mounted image (and
@@ -102,6 +114,9 @@ func (p *Plugin) setUpProject(ctx context.Context, req *plugins.SetUpRequest, li
 func (p *Plugin) TearDown(ctx context.Context, req *plugins.TearDownRequest) error {
 	if err := p.removeDir(ctx, req); err != nil {
 		return err
+	}
+	if !mayBeLimited(req.Spec) {
+		return nil
 	}
 	if im := p.limits.Images(); im != nil {
 		return im.Release(disklimit.ImageKey(string(req.Pod.UID), filepath.Base(req.Dir)))
