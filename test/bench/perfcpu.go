@@ -4,9 +4,12 @@ package main
 // here splits a process's CPU into utime and stime by which mode the
 // scheduler tick (250 Hz) lands in, so a phase of half a second of CPU has
 // about a hundred ticks to split and its per-volume user figure moves by
-// ±15 µs between identical runs. perf record -e cpu-clock samples the
-// agent's threads every 250 µs of their CPU time, each sample with the
-// instruction pointer it interrupted: user or kernel by its address.
+// ±15 µs between identical runs. perf record -e cpu-clock samples each CPU
+// every 250 µs, each sample with the process and the instruction pointer
+// it interrupted: the agent's samples are user or kernel by that address.
+// System-wide (-a), not -p PID: events attached to the agent's threads
+// are switched with them, which made the storm's CPU a fifth to two
+// fifths higher; per-CPU events cost the agent only the samples.
 
 import (
 	"bufio"
@@ -35,8 +38,12 @@ const kernelIPs = 0xffff800000000000
 type perfSplit struct {
 	user, kernel               float64
 	userSamples, kernelSamples int
-	// self is perf record's own CPU time while sampling, in seconds.
+	// self is perf record's own CPU time, in seconds: attaching, the
+	// phase and writing its file (its rusage; the sampling's cost in the
+	// interrupted processes is not in it).
 	self float64
+	// selfPhase is its CPU between enable and disable, by ticks.
+	selfPhase float64
 }
 
 // perfSampler records one process with perf record for one phase at a time;
@@ -49,7 +56,7 @@ type perfSampler struct {
 	ctl  *os.File
 	ack  *os.File
 	data string
-	// self0 is perf record's CPU time when sampling began.
+	// self0 is perf record's CPU once its events are on.
 	self0 float64
 }
 
@@ -86,7 +93,7 @@ func (p *perfSampler) probe() error {
 	if err != nil {
 		return fmt.Errorf("perf record: %v: %s", err, firstLine(out))
 	}
-	if _, err := perfScript(data); err != nil {
+	if _, err := perfScript(data, 0); err != nil {
 		return err
 	}
 	return os.Remove(data)
@@ -120,7 +127,7 @@ func (p *perfSampler) start(pid int) error {
 	p.data = filepath.Join(p.dir, fmt.Sprintf("phase-%d.data", p.n))
 	// -D -1: events off until enabled through the control FIFO.
 	p.cmd = exec.Command("perf", "record", "-q", "-B", "-N", "-e", "cpu-clock", "-F", strconv.Itoa(perfHz),
-		"-p", strconv.Itoa(p.pid), "-o", p.data, "-D", "-1", "--control", "fifo:"+ctlPath+","+ackPath)
+		"-a", "-o", p.data, "-D", "-1", "--control", "fifo:"+ctlPath+","+ackPath)
 	var stderr bytes.Buffer
 	p.cmd.Stderr = &stderr
 	if err := p.cmd.Start(); err != nil {
@@ -129,9 +136,12 @@ func (p *perfSampler) start(pid int) error {
 	if err := p.command("enable"); err != nil {
 		_ = p.cmd.Process.Kill()
 		_ = p.cmd.Wait()
+		p.cmd = nil
+		p.ctl.Close()
+		p.ack.Close()
 		return fmt.Errorf("%w: %s", err, firstLine(stderr.Bytes()))
 	}
-	p.self0 = runTime(p.cmd.Process.Pid)
+	p.self0, _ = cpuSeconds(p.cmd.Process.Pid)
 	return nil
 }
 
@@ -146,7 +156,8 @@ func (p *perfSampler) command(c string) error {
 	if err != nil {
 		return fmt.Errorf("perf %s: no ack: %w", c, err)
 	}
-	if got := strings.TrimSpace(string(buf[:n])); got != "ack" {
+	// perf writes "ack\n" and its terminating NUL.
+	if got := strings.TrimRight(string(buf[:n]), "\n\x00"); got != "ack" {
 		return fmt.Errorf("perf %s: answered %q", c, got)
 	}
 	return nil
@@ -164,19 +175,20 @@ func (p *perfSampler) stop() (perfSplit, error) {
 		p.cmd = nil
 	}()
 	err := p.command("disable")
-	self := runTime(p.cmd.Process.Pid) - p.self0
+	self1, _ := cpuSeconds(p.cmd.Process.Pid)
 	_ = p.cmd.Process.Signal(syscall.SIGINT)
 	// perf exits 130 on SIGINT after writing its file; the file is what counts.
 	_ = p.cmd.Wait()
+	self := (p.cmd.ProcessState.UserTime() + p.cmd.ProcessState.SystemTime()).Seconds()
 	if err != nil {
 		return perfSplit{}, err
 	}
 	defer os.Remove(p.data)
-	c, err := perfScript(p.data)
+	c, err := perfScript(p.data, p.pid)
 	if err != nil {
 		return perfSplit{}, err
 	}
-	c.self = self
+	c.self, c.selfPhase = self, self1-p.self0
 	return c, nil
 }
 
@@ -192,22 +204,22 @@ func (p *perfSampler) close() {
 	os.RemoveAll(p.dir)
 }
 
-// perfScript counts the samples in a perf record file.
-func perfScript(data string) (perfSplit, error) {
-	cmd := exec.Command("perf", "script", "-i", data, "-F", "period,ip")
+// perfScript counts process pid's samples in a perf record file.
+func perfScript(data string, pid int) (perfSplit, error) {
+	cmd := exec.Command("perf", "script", "-i", data, "-F", "pid,period,ip")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
 		return perfSplit{}, fmt.Errorf("perf script: %v: %s", err, firstLine(stderr.Bytes()))
 	}
-	return countPerfSamples(bytes.NewReader(out))
+	return countPerfSamples(bytes.NewReader(out), pid)
 }
 
-// countPerfSamples adds up the output of perf script -F period,ip: one
-// sample a line, its period (ns of CPU time for cpu-clock) and the
-// instruction pointer it interrupted.
-func countPerfSamples(r io.Reader) (perfSplit, error) {
+// countPerfSamples adds up process pid's lines in the output of perf
+// script -F pid,period,ip: one sample a line, its process, its period (ns
+// of CPU time for cpu-clock) and the instruction pointer it interrupted.
+func countPerfSamples(r io.Reader, pid int) (perfSplit, error) {
 	var c perfSplit
 	s := bufio.NewScanner(r)
 	for line := 1; s.Scan(); line++ {
@@ -215,16 +227,23 @@ func countPerfSamples(r io.Reader) (perfSplit, error) {
 		if len(fields) == 0 {
 			continue
 		}
-		if len(fields) != 2 {
-			return perfSplit{}, fmt.Errorf("perf script line %d: want period and ip, got %q", line, s.Text())
+		if len(fields) != 3 {
+			return perfSplit{}, fmt.Errorf("perf script line %d: want pid, period and ip, got %q", line, s.Text())
 		}
-		period, err := strconv.ParseUint(fields[0], 10, 64)
+		p, err := strconv.Atoi(fields[0])
+		if err != nil {
+			return perfSplit{}, fmt.Errorf("perf script line %d: pid: %w", line, err)
+		}
+		period, err := strconv.ParseUint(fields[1], 10, 64)
 		if err != nil {
 			return perfSplit{}, fmt.Errorf("perf script line %d: period: %w", line, err)
 		}
-		ip, err := strconv.ParseUint(fields[1], 16, 64)
+		ip, err := strconv.ParseUint(fields[2], 16, 64)
 		if err != nil {
 			return perfSplit{}, fmt.Errorf("perf script line %d: ip: %w", line, err)
+		}
+		if p != pid {
+			continue
 		}
 		if ip >= kernelIPs {
 			c.kernel += float64(period) / 1e9
@@ -239,20 +258,8 @@ func countPerfSamples(r io.Reader) (perfSplit, error) {
 
 // perVolume describes a phase's perf split per volume and perf's own CPU.
 func (c perfSplit) perVolume(want int) string {
-	return fmt.Sprintf("%.1f µs user + %.1f µs kernel (%d user samples, %d kernel; perf record itself %.0f ms CPU)",
-		c.user*1e6/float64(want), c.kernel*1e6/float64(want), c.userSamples, c.kernelSamples, c.self*1e3)
-}
-
-// runTime is the CPU time of a process's main thread by the scheduler, in
-// seconds: exact, not tick-sampled (perf record samples from one thread).
-func runTime(pid int) float64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
-	if err != nil {
-		return 0
-	}
-	first, _, _ := strings.Cut(string(data), " ")
-	ns, _ := strconv.ParseFloat(first, 64)
-	return ns / 1e9
+	return fmt.Sprintf("%.1f µs user + %.1f µs kernel (%d user samples, %d kernel; perf record itself %.0f ms CPU in the phase, %.0f ms in all)",
+		c.user*1e6/float64(want), c.kernel*1e6/float64(want), c.userSamples, c.kernelSamples, c.selfPhase*1e3, c.self*1e3)
 }
 
 func firstLine(b []byte) string {
