@@ -61,6 +61,8 @@ type options struct {
 	trace string
 	// floor runs the kernel floor (floor.go) before and after the agent.
 	floor bool
+	// perf samples the agent's user CPU with perf record (perfcpu.go).
+	perf string
 	// rate, if set, paces the manifests' arrival (pods per second), as
 	// pods bound one after another reach a node, instead of all at once.
 	rate float64
@@ -107,6 +109,7 @@ func run() error {
 	flag.DurationVar(&o.profileFor, "profile-for", 10*time.Second, "emptydir: length of each CPU profile")
 	flag.Float64Var(&o.rate, "rate", 0, "emptydir: pods arriving per second (manifests renamed into place one by one at this pace); 0: all at once")
 	flag.BoolVar(&o.floor, "floor", true, "emptydir: also time the kernel floor (the same directories and mounts with bare syscalls) on the same filesystem, just before and just after the agent, and report the agent's ratio to it")
+	flag.StringVar(&o.perf, "perf", "auto", "emptydir: the agent's user CPU per volume also by perf record's cpu-clock samples (auto: if perf works here; off), used in the summary over the tick-sampled utime")
 	flag.StringVar(&o.ownershipPeer, "ownership-peer", "", "ownership: the kubelet peer binary (default: ownership-peer in $VOLUME_AGENT_TOOLS_BIN)")
 	flag.StringVar(&o.ownershipFiles, "ownership-files", "100000", "ownership: numbers of files per tree, comma-separated")
 	flag.StringVar(&o.ownershipDisks, "ownership-disks", "root,loop", "ownership: where the trees live: root (the root disk), loop (an ext4 on a loop device)")
@@ -164,11 +167,14 @@ type emptyDirResult struct {
 	// peakRSSMiB is the agent's peak RSS over the setup (VmHWM).
 	peakRSSMiB float64
 	floors     [2][2]time.Duration
+	// setupUserPerf and teardownUserPerf are the same by perf's samples
+	// (perfcpu.go), 0 without perf.
+	setupUserPerf, teardownUserPerf float64
 }
 
 // emptyDirRound runs the emptydir scenario once with the agent binary
 // agent; tag names its log.
-func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult) error {
+func emptyDirRound(o options, agent, work, root, tag string, perf *perfSampler, res *emptyDirResult) error {
 	manifests := filepath.Join(work, "manifests")
 	var floors [][2]time.Duration
 	var floorCPU [][2]string
@@ -261,6 +267,24 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 			return err
 		}
 	}
+	perfStart := func() {
+		if err := perf.start(cmd.Process.Pid); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: perf:", err)
+		}
+	}
+	perfStop := func(phase string) float64 {
+		if perf == nil {
+			return 0
+		}
+		c, err := perf.stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: perf:", err)
+			return 0
+		}
+		fmt.Printf("  per volume (perf, %d Hz cpu-clock samples): %s to %s\n", perfHz, c.perVolume(want), phase)
+		return c.user * 1e6 / float64(want)
+	}
+	perfStart()
 	counters0 := readCounters(metricsAddr)
 	user0, system0, _ := cpuSplit(cmd.Process.Pid)
 	cpuBefore := user0 + system0
@@ -289,6 +313,7 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 	}
 	fmt.Printf("  mounted:   %.3f s from the first write by the agent's log (its last mount_volume; %s)\n", mountTimes.last().Sub(start).Seconds(), mountTimes.spread(start))
 	res.setup = mountTimes.last().Sub(start)
+	res.setupUserPerf = perfStop("set up")
 	if user, system, err := cpuSplit(cmd.Process.Pid); err == nil {
 		res.setupCPU = user + system - cpuBefore
 		res.setupUser = (user - user0) * 1e6 / float64(want)
@@ -330,6 +355,7 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 
 	waitProfile = profile("unmount", o.profileFor)
 	defer waitProfile()
+	perfStart()
 	counters0 = readCounters(metricsAddr)
 	user0, system0, _ = cpuSplit(cmd.Process.Pid)
 	cpuBefore = user0 + system0
@@ -351,6 +377,7 @@ func emptyDirRound(o options, agent, work, root, tag string, res *emptyDirResult
 	}
 	fmt.Printf("  unmounted: %.3f s from the first removal by the agent's log (its last unmount_volume; %s)\n", unmountTimes.last().Sub(deleteStart).Seconds(), unmountTimes.spread(deleteStart))
 	res.teardown = unmountTimes.last().Sub(deleteStart)
+	res.teardownUserPerf = perfStop("tear down")
 	if user, system, err := cpuSplit(cmd.Process.Pid); err == nil {
 		res.teardownCPU = user + system - cpuBefore
 		res.teardownUser = (user - user0) * 1e6 / float64(want)
