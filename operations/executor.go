@@ -100,9 +100,12 @@ type Executor struct {
 	opts ExecutorOptions
 
 	mu       sync.Mutex
-	byVolume map[volume.UniqueName][]*entry
+	byVolume map[volume.UniqueName]*volumeOps
 	running  int
-	idle     *sync.Cond
+	// failed counts the entries kept for their backoff (not pending):
+	// while there are none, Forget has nothing to look at.
+	failed int
+	idle   *sync.Cond
 	// idleCh is closed while no operation runs (see Idle).
 	idleCh chan struct{}
 	// queue holds admitted operations waiting for a worker; workers is the
@@ -115,14 +118,51 @@ type Executor struct {
 	// (see detachStuck).
 	watching bool
 
-	// finished counts finished operations; recent holds those that
-	// finished after the planner's last Mark, by volume. A plan made from
+	// finished counts finished operations; recent lists those that
+	// finished after the planner's last Mark, in the order they finished
+	// (each volume's volumeOps.recent lists its own). A plan made from
 	// snapshots taken before an operation finished does not know its
 	// outcome: starting its key again from that plan would only find the
 	// work done (ErrStale), as happened to a fifth of a mount storm's
-	// operations when every pass took milliseconds.
+	// operations when every pass took milliseconds. Kept in order, the
+	// finished keys a mark forgets are a prefix: a pass costs what
+	// finished since the last one, not a walk over every volume.
 	finished uint64
-	recent   map[volume.UniqueName][]finishedKey
+	recent   []finishedKey
+}
+
+// volumeOps is a volume's bookkeeping: its entries, and its keys that
+// finished after the planner's last Mark (oldest first). A volume with
+// neither has none.
+type volumeOps struct {
+	entries []*entry
+	recent  []finishedKey
+	// The first entry and finished key fit in place: most volumes have
+	// one key at a time, and a slice of their own cost an allocation each.
+	entries1 [1]*entry
+	recent1  [1]finishedKey
+}
+
+func (v *volumeOps) empty() bool { return len(v.entries) == 0 && len(v.recent) == 0 }
+
+// opsOf returns the volume's bookkeeping, made if it has none. e.mu must
+// be held.
+func (e *Executor) opsOf(name volume.UniqueName) *volumeOps {
+	v := e.byVolume[name]
+	if v == nil {
+		v = &volumeOps{}
+		v.entries, v.recent = v.entries1[:0], v.recent1[:0]
+		e.byVolume[name] = v
+	}
+	return v
+}
+
+// entries returns the volume's entries. e.mu must be held.
+func (e *Executor) entries(name volume.UniqueName) []*entry {
+	if v := e.byVolume[name]; v != nil {
+		return v.entries
+	}
+	return nil
 }
 
 // finishedKey is a key whose operation finished as the seq-th.
@@ -174,8 +214,7 @@ func NewExecutor(opts ExecutorOptions) *Executor {
 	}
 	e := &Executor{
 		opts:     opts,
-		byVolume: map[volume.UniqueName][]*entry{},
-		recent:   map[volume.UniqueName][]finishedKey{},
+		byVolume: map[volume.UniqueName]*volumeOps{},
 		idleCh:   make(chan struct{}),
 	}
 	close(e.idleCh)
@@ -196,7 +235,12 @@ func matches(a, b Key) bool { return a.Pod == "" || b.Pod == "" || a.Pod == b.Po
 // conflicting operation runs. Run and Startable both decide through it.
 // e.mu must be held.
 func (e *Executor) admit(key Key, name Op, gen uint64, now time.Time) (reuse *entry, ok bool) {
-	for _, en := range e.byVolume[key.Volume] {
+	return admitIn(e.entries(key.Volume), key, name, gen, now)
+}
+
+// admitIn is admit over the volume's entries.
+func admitIn(entries []*entry, key Key, name Op, gen uint64, now time.Time) (reuse *entry, ok bool) {
+	for _, en := range entries {
 		if !matches(en.key, key) {
 			continue
 		}
@@ -234,9 +278,11 @@ func (e *Executor) Run(key Key, op *Operation) error {
 			en.delay, en.lastErr, en.lastErrTime = 0, nil, time.Time{}
 		}
 		en.key = key
+		e.failed--
 	} else {
 		en = &entry{key: key}
-		e.byVolume[key.Volume] = append(e.byVolume[key.Volume], en)
+		v := e.opsOf(key.Volume)
+		v.entries = append(v.entries, en)
 	}
 	en.op, en.pending, en.queued, en.timedOut, en.started = op, true, true, false, now
 	if e.running == 0 {
@@ -318,8 +364,8 @@ func (e *Executor) detachStuck(since time.Time) {
 	e.mu.Lock()
 	start := 0
 	var next time.Time
-	for _, entries := range e.byVolume {
-		for _, en := range entries {
+	for _, v := range e.byVolume {
+		for _, en := range v.entries {
 			if !en.pending || en.queued || en.timedOut {
 				continue
 			}
@@ -366,10 +412,14 @@ func (e *Executor) finish(en *entry, start time.Time, err error) (detached bool)
 	detached = en.timedOut
 	en.pending = false
 	e.finished++
-	e.recent[en.key.Volume] = append(e.recent[en.key.Volume], finishedKey{key: en.key, seq: e.finished})
+	f := finishedKey{key: en.key, seq: e.finished}
+	e.recent = append(e.recent, f)
+	v := e.byVolume[en.key.Volume] // the entry's: it holds the entry
+	v.recent = append(v.recent, f)
 	if err == nil || stale {
-		e.remove(en)
+		e.remove(v, en)
 	} else {
+		e.failed++
 		if en.delay == 0 {
 			en.delay = e.opts.InitialBackoff
 		} else {
@@ -398,18 +448,19 @@ func (e *Executor) finish(en *entry, start time.Time, err error) (detached bool)
 	return detached
 }
 
-func (e *Executor) remove(en *entry) {
-	entries := e.byVolume[en.key.Volume]
-	for i, x := range entries {
+// remove drops the entry from its volume's bookkeeping v.
+func (e *Executor) remove(v *volumeOps, en *entry) {
+	for i, x := range v.entries {
 		if x == en {
-			entries = append(entries[:i], entries[i+1:]...)
+			last := len(v.entries) - 1
+			copy(v.entries[i:], v.entries[i+1:])
+			v.entries[last] = nil
+			v.entries = v.entries[:last]
 			break
 		}
 	}
-	if len(entries) == 0 {
+	if v.empty() {
 		delete(e.byVolume, en.key.Volume)
-	} else {
-		e.byVolume[en.key.Volume] = entries
 	}
 }
 
@@ -448,9 +499,14 @@ func (e *Executor) Startable(cands []Candidate, mark uint64) []bool {
 	defer e.mu.Unlock()
 	e.forgetFinished(mark)
 	for i, c := range cands {
-		_, out[i] = e.admit(c.Key, c.Name, c.Generation, now)
+		v := e.byVolume[c.Key.Volume]
+		if v == nil {
+			out[i] = true // nothing runs, failed or finished on it
+			continue
+		}
+		_, out[i] = admitIn(v.entries, c.Key, c.Name, c.Generation, now)
 		if out[i] {
-			for _, f := range e.recent[c.Key.Volume] {
+			for _, f := range v.recent {
 				if matches(f.key, c.Key) {
 					out[i] = false
 					break
@@ -461,20 +517,30 @@ func (e *Executor) Startable(cands []Candidate, mark uint64) []bool {
 	return out
 }
 
-// forgetFinished drops the finished keys up to mark. e.mu must be held.
+// forgetFinished drops the finished keys up to mark: the oldest ones, in
+// e.recent as in each volume's list. e.mu must be held.
 func (e *Executor) forgetFinished(mark uint64) {
-	for name, fs := range e.recent {
-		kept := fs[:0]
-		for _, f := range fs {
-			if f.seq > mark {
-				kept = append(kept, f)
-			}
+	n := 0
+	for _, f := range e.recent {
+		if f.seq > mark {
+			break
 		}
-		if len(kept) == 0 {
-			delete(e.recent, name)
-		} else {
-			e.recent[name] = kept
+		n++
+		// f is the volume's oldest; shifted out, not sliced off, so the
+		// list keeps its room.
+		v := e.byVolume[f.key.Volume]
+		last := len(v.recent) - 1
+		copy(v.recent, v.recent[1:])
+		v.recent[last] = finishedKey{}
+		v.recent = v.recent[:last]
+		if v.empty() {
+			delete(e.byVolume, f.key.Volume)
 		}
+	}
+	if n > 0 {
+		kept := copy(e.recent, e.recent[n:])
+		clear(e.recent[kept:])
+		e.recent = e.recent[:kept]
 	}
 }
 
@@ -482,7 +548,7 @@ func (e *Executor) forgetFinished(mark uint64) {
 func (e *Executor) IsPending(key Key) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, en := range e.byVolume[key.Volume] {
+	for _, en := range e.entries(key.Volume) {
 		if en.pending && matches(en.key, key) {
 			return true
 		}
@@ -496,7 +562,7 @@ func (e *Executor) IsPending(key Key) bool {
 func (e *Executor) ResetBackoff(name volume.UniqueName) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, en := range e.byVolume[name] {
+	for _, en := range e.entries(name) {
 		if !en.pending {
 			en.lastErrTime = time.Time{}
 		}
@@ -508,8 +574,8 @@ func (e *Executor) ResetBackoff(name volume.UniqueName) {
 func (e *Executor) ResetBackoffWhere(match func(op *Operation) bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, entries := range e.byVolume {
-		for _, en := range entries {
+	for _, v := range e.byVolume {
+		for _, en := range v.entries {
 			if !en.pending && match(en.op) {
 				en.lastErrTime = time.Time{}
 			}
@@ -527,8 +593,12 @@ func (e *Executor) ResetBackoffWhere(match func(op *Operation) bool) {
 func (e *Executor) Forget(relevant func(Key) bool) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.failed == 0 {
+		return 0 // only running operations: the common case, in a storm
+	}
 	dropped := 0
-	for name, entries := range e.byVolume {
+	for name, v := range e.byVolume {
+		entries := v.entries
 		kept := entries[:0]
 		for _, en := range entries {
 			if !en.pending && !relevant(en.key) {
@@ -538,15 +608,15 @@ func (e *Executor) Forget(relevant func(Key) bool) int {
 			kept = append(kept, en)
 		}
 		if len(kept) == len(entries) {
-			continue // the common case, in a pass over a storm's thousands
+			continue
 		}
 		clear(entries[len(kept):])
-		if len(kept) == 0 {
+		v.entries = kept
+		if v.empty() {
 			delete(e.byVolume, name)
-		} else {
-			e.byVolume[name] = kept
 		}
 	}
+	e.failed -= dropped
 	return dropped
 }
 
@@ -602,8 +672,8 @@ func (e *Executor) Status() []OperationStatus {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []OperationStatus
-	for _, entries := range e.byVolume {
-		for _, en := range entries {
+	for _, v := range e.byVolume {
+		for _, en := range v.entries {
 			s := OperationStatus{Volume: en.key.Volume, Operation: string(en.op.Name), Plugin: en.op.Plugin, Since: en.started}
 			if en.key.Pod != "" {
 				pod := en.op.Pod.PodRef
@@ -649,7 +719,7 @@ func podUID(p *volume.PodRef) types.UID {
 func (e *Executor) LastError(key Key) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, en := range e.byVolume[key.Volume] {
+	for _, en := range e.entries(key.Volume) {
 		if en.key == key && !en.pending {
 			return en.lastErr
 		}
