@@ -409,17 +409,19 @@ func exists(path string) bool {
 // its path in the pod (podPath: mount point or block access point)
 // that are now empty, up to the pod directory itself once nothing is left.
 func (o *Operator) removePodDirs(t *Target, podPath string) {
-	state := o.Paths.PodVolumeStateFile(t.Pod.UID, t.Plugin, t.SpecName)
+	pods := o.Paths.PodsDir()
 	// Plugins that keep state remove their file themselves; remove it in
 	// case one did not, then its directories once empty. Most plugins keep
 	// none: when the pod has no state directory at all, that is one lstat
-	// instead of a failing unlink and a chain of failing rmdirs.
+	// (and no path of a file that is not there to build) instead of a
+	// failing unlink and a chain of failing rmdirs.
 	if exists(o.Paths.PodVolumeStateDir(t.Pod.UID)) {
+		state := o.Paths.PodVolumeStateFile(t.Pod.UID, t.Plugin, t.SpecName)
 		_ = unix.Unlink(state)
-		mountutil.RemoveEmptyDirs(filepath.Dir(state), o.Paths.PodsDir())
+		mountutil.RemoveEmptyDirs(filepath.Dir(state), pods)
 	}
 	o.dirs.forget(filepath.Dir(podPath))
-	mountutil.RemoveEmptyDirs(filepath.Dir(podPath), o.Paths.PodsDir())
+	mountutil.RemoveEmptyDirs(filepath.Dir(podPath), pods)
 }
 
 // UnmountDevice unmounts (unstages) a shared volume's device once no pod

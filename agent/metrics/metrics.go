@@ -57,7 +57,16 @@ type Metrics struct {
 
 	mu        sync.Mutex
 	readyPods map[types.UID]bool
+
+	// opObservers caches operationDuration's histogram of each label set:
+	// the vector's lookup hashes and checks the three labels on every
+	// operation of a storm. The vector never deletes a series, so the
+	// cached one is the one WithLabelValues returns.
+	opMu        sync.RWMutex
+	opObservers map[opLabels]prometheus.Observer
 }
+
+type opLabels struct{ op, plugin, result string }
 
 // New registers the metrics of what happens; RegisterState adds the
 // counts read from the parts.
@@ -107,7 +116,8 @@ func New() *Metrics {
 			Namespace: namespace, Name: "api_volume_over_budget_total",
 			Help: "API-volume set ups refused because the content did not fit the pod's or the node's byte budget, by scope (pod, node).",
 		}, []string{"scope"}),
-		readyPods: map[types.UID]bool{},
+		readyPods:   map[types.UID]bool{},
+		opObservers: map[opLabels]prometheus.Observer{},
 	}
 	m.Registry.MustRegister(
 		collectors.NewGoCollector(),
@@ -202,7 +212,21 @@ func (m *Metrics) TokenRequested(err error) {
 
 // OperationFinished implements operations.Observer.
 func (m *Metrics) OperationFinished(_ operations.Key, op *operations.Operation, took time.Duration, err error, _ time.Duration) {
-	m.operationDuration.WithLabelValues(string(op.Name), op.Plugin, resultOf(err)).Observe(took.Seconds())
+	m.operationObserver(opLabels{string(op.Name), op.Plugin, resultOf(err)}).Observe(took.Seconds())
+}
+
+func (m *Metrics) operationObserver(l opLabels) prometheus.Observer {
+	m.opMu.RLock()
+	o := m.opObservers[l]
+	m.opMu.RUnlock()
+	if o != nil {
+		return o
+	}
+	o = m.operationDuration.WithLabelValues(l.op, l.plugin, l.result)
+	m.opMu.Lock()
+	m.opObservers[l] = o
+	m.opMu.Unlock()
+	return o
 }
 
 func resultOf(err error) string {

@@ -70,6 +70,11 @@ type Ring struct {
 	keys    map[key]*keyRing
 	// lru is a circular list of keyRings, most recently updated first.
 	lru keyRing
+	// spare are keyRings made in a block, for new keys: a storm starts
+	// thousands of pods, each a new key. They are never freed (a key
+	// forgotten hands its keyRing to the next one), so a block costs
+	// nothing its keyRings would not.
+	spare []keyRing
 }
 
 // key is a pod (pod != "") or a volume's volume-wide operations.
@@ -204,7 +209,11 @@ func (r *Ring) newKey(k key) *keyRing {
 		delete(r.keys, kr.key)
 		kr.ring.reset()
 	} else {
-		kr = &keyRing{ring: ring{size: r.opts.PerKey}}
+		if len(r.spare) == 0 {
+			r.spare = make([]keyRing, min(64, r.opts.Keys-len(r.keys)))
+		}
+		kr, r.spare = &r.spare[0], r.spare[1:]
+		kr.ring.size = r.opts.PerKey
 	}
 	kr.key = k
 	r.keys[k] = kr
