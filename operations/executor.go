@@ -114,9 +114,12 @@ type Executor struct {
 	// queued operations cost list entries, not goroutine stacks.
 	queue   []*entry
 	workers int
-	// watching is true while the watch for stuck operations is armed
-	// (see wake).
+	// watching is true while the watch for the running operations is
+	// armed (see wake), for watchAt; watchGen tells the armed watch from
+	// one it replaced.
 	watching bool
+	watchAt  time.Time
+	watchGen uint64
 
 	// finished counts finished operations; recent lists those that
 	// finished after the planner's last Mark, in the order they finished
@@ -336,11 +339,19 @@ func (e *Executor) execute(en *entry) (detached bool) {
 	en.started = start
 	ctx.deadline = start.Add(e.opts.Timeout)
 	en.ctx = ctx
-	arm := !e.watching
-	e.watching = true
+	// The watch may be armed for another operation's grace, later than
+	// this one's deadline when the timeout is shorter than the grace's
+	// margin: arm it for the deadline then.
+	arm := !e.watching || ctx.deadline.Before(e.watchAt)
+	var gen uint64
+	if arm {
+		e.watching, e.watchAt = true, ctx.deadline
+		e.watchGen++
+		gen = e.watchGen
+	}
 	e.mu.Unlock()
 	if arm {
-		e.watch(ctx.deadline)
+		e.watch(ctx.deadline, gen)
 	}
 
 	err := runSafely(ctx, en.op)
@@ -355,13 +366,13 @@ func (e *Executor) grace() time.Duration { return e.opts.Timeout + e.opts.Timeou
 // watch arms the watch for the running operations to wake at at. One
 // watch serves every running operation, for its deadline as for its grace,
 // so an operation costs no timer of its own.
-func (e *Executor) watch(at time.Time) {
+func (e *Executor) watch(at time.Time, gen uint64) {
 	// A clock may call the func holding a lock its own methods take, so
 	// the wake runs apart. A fake clock stepped past at between Now and
 	// AfterFunc would arm it for later than at: wake now instead.
-	t := e.opts.Clock.AfterFunc(at.Sub(e.opts.Clock.Now()), func() { go e.wake() })
+	t := e.opts.Clock.AfterFunc(at.Sub(e.opts.Clock.Now()), func() { go e.wake(gen) })
 	if !e.opts.Clock.Now().Before(at) && t.Stop() {
-		e.wake()
+		e.wake(gen)
 	}
 }
 
@@ -371,7 +382,7 @@ func (e *Executor) watch(at time.Time) {
 // be cancelled, so another worker serves the queue and one wedged volume
 // cannot starve the others. Its key stays pending until it returns. The
 // watch goes on, for the next deadline or grace, while operations run.
-func (e *Executor) wake() {
+func (e *Executor) wake(gen uint64) {
 	now := e.opts.Clock.Now()
 	grace := e.grace()
 	var expired []*opContext
@@ -383,6 +394,11 @@ func (e *Executor) wake() {
 		}
 	}
 	e.mu.Lock()
+	if gen != e.watchGen {
+		// An earlier watch replaced this one.
+		e.mu.Unlock()
+		return
+	}
 	for _, v := range e.byVolume {
 		for _, en := range v.entries {
 			if !en.pending || en.queued || en.timedOut {
@@ -409,6 +425,11 @@ func (e *Executor) wake() {
 		}
 	}
 	e.watching = !next.IsZero()
+	if e.watching {
+		e.watchAt = next
+		e.watchGen++
+		gen = e.watchGen
+	}
 	e.mu.Unlock()
 	for _, c := range expired {
 		c.cancel(context.DeadlineExceeded)
@@ -417,7 +438,7 @@ func (e *Executor) wake() {
 		go e.worker()
 	}
 	if !next.IsZero() {
-		e.watch(next)
+		e.watch(next, gen)
 	}
 }
 

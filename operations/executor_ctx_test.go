@@ -313,3 +313,42 @@ func TestExecutorContextReleased(t *testing.T) {
 		return !e.watching && !clk.HasWaiters()
 	})
 }
+
+// With a timeout shorter than the grace's margin, the watch may be armed
+// for a stuck operation's grace when another starts: it is armed again for
+// the new operation's earlier deadline, which ends on time.
+func TestExecutorContextDeadlineBeforeArmedGrace(t *testing.T) {
+	const timeout = 100 * time.Millisecond // grace: 1.11 s
+	e, clk, obs := newTestExecutor(t, ExecutorOptions{Timeout: timeout})
+	release := make(chan struct{})
+	defer close(release)
+	stuck := make(chan context.Context, 1)
+	if err := e.Run(Key{Volume: "plugin/stuck"}, op(OpMountDevice, ctxOf(stuck, func(ctx context.Context) error {
+		<-release
+		return ctx.Err()
+	}))); err != nil {
+		t.Fatal(err)
+	}
+	stuckCtx := <-stuck
+	waitUntil(t, clk.HasWaiters)
+	clk.Step(timeout)
+	waitUntil(t, func() bool { return stuckCtx.Err() != nil })
+	waitUntil(t, clk.HasWaiters) // now armed for the stuck one's grace
+	clk.Step(timeout)
+	later := make(chan context.Context, 1)
+	if err := e.Run(Key{Volume: "plugin/later"}, op(OpMountDevice, ctxOf(later, func(ctx context.Context) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}))); err != nil {
+		t.Fatal(err)
+	}
+	laterCtx := <-later
+	clk.Step(timeout - time.Nanosecond)
+	if err := laterCtx.Err(); err != nil {
+		t.Fatalf("a nanosecond before its deadline: Err() = %v", err)
+	}
+	clk.Step(time.Nanosecond)
+	if r := obs.wait(t); r.key.Volume != "plugin/later" || !errors.Is(r.err, context.DeadlineExceeded) {
+		t.Fatalf("%v finished with %v, want plugin/later with DeadlineExceeded at its deadline", r.key, r.err)
+	}
+}
