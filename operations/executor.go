@@ -114,9 +114,12 @@ type Executor struct {
 	// queued operations cost list entries, not goroutine stacks.
 	queue   []*entry
 	workers int
-	// watching is true while the watch for stuck operations is armed
-	// (see detachStuck).
+	// watching is true while the watch for the running operations is
+	// armed (see wake), for watchAt; watchGen tells the armed watch from
+	// one it replaced.
 	watching bool
+	watchAt  time.Time
+	watchGen uint64
 
 	// finished counts finished operations; recent lists those that
 	// finished after the planner's last Mark, in the order they finished
@@ -184,6 +187,9 @@ type entry struct {
 	// its worker slot is released (its worker is detached) but the key
 	// stays pending until it returns.
 	timedOut bool
+	// ctx is the running operation's context until the watch passes it
+	// its deadline or the operation finishes.
+	ctx *opContext
 
 	lastErr     error
 	lastErrTime time.Time
@@ -326,68 +332,203 @@ func (e *Executor) worker() {
 // execute runs one operation. It reports whether the worker was detached
 // because the operation outlived its timeout.
 func (e *Executor) execute(en *entry) (detached bool) {
+	ctx := &opContext{}
 	e.mu.Lock()
 	en.queued = false
 	start := e.opts.Clock.Now()
 	en.started = start
-	arm := !e.watching
-	e.watching = true
+	ctx.deadline = start.Add(e.opts.Timeout)
+	en.ctx = ctx
+	// The watch may be armed for another operation's grace, later than
+	// this one's deadline when the timeout is shorter than the grace's
+	// margin: arm it for the deadline then.
+	arm := !e.watching || ctx.deadline.Before(e.watchAt)
+	var gen uint64
+	if arm {
+		e.watching, e.watchAt = true, ctx.deadline
+		e.watchGen++
+		gen = e.watchGen
+	}
 	e.mu.Unlock()
 	if arm {
-		e.watch(start)
+		e.watch(ctx.deadline, gen)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), e.opts.Timeout)
-	defer cancel()
-	return e.finish(en, start, runSafely(ctx, en.op))
+	err := runSafely(ctx, en.op)
+	ctx.cancel(context.Canceled) // before the finish is reported
+	return e.finish(en, start, err)
 }
 
 // grace is how long an operation may run before its worker stops counting:
 // the timeout plus a grace period for a clean return.
 func (e *Executor) grace() time.Duration { return e.opts.Timeout + e.opts.Timeout/10 + time.Second }
 
-// watch arms the watch for stuck operations to look at those that started
-// by since once they have had their grace. One watch serves every running
-// operation, so an operation costs no timer of its own.
-func (e *Executor) watch(since time.Time) {
-	at := since.Add(e.grace())
-	e.opts.Clock.AfterFunc(at.Sub(e.opts.Clock.Now()), func() { e.detachStuck(since) })
+// watch arms the watch for the running operations to wake at at. One
+// watch serves every running operation, for its deadline as for its grace,
+// so an operation costs no timer of its own.
+func (e *Executor) watch(at time.Time, gen uint64) {
+	// A clock may call the func holding a lock its own methods take, so
+	// the wake runs apart. A fake clock stepped past at between Now and
+	// AfterFunc would arm it for later than at: wake now instead.
+	t := e.opts.Clock.AfterFunc(at.Sub(e.opts.Clock.Now()), func() { go e.wake(gen) })
+	if !e.opts.Clock.Now().Before(at) && t.Stop() {
+		e.wake(gen)
+	}
 }
 
-// detachStuck detaches the workers of the operations that started by since
-// and are still running: an operation stuck in a syscall cannot be
-// cancelled, so after its grace another worker serves the queue and one
-// wedged volume cannot starve the others. Its key stays pending until it
-// returns. The watch goes on while operations run. A clock may call this
-// holding a lock its own methods take: it does not call the clock.
-func (e *Executor) detachStuck(since time.Time) {
-	e.mu.Lock()
+// wake cancels the contexts of the running operations whose deadline
+// passed (DeadlineExceeded), and detaches the workers of those that are
+// still running after their grace: an operation stuck in a syscall cannot
+// be cancelled, so another worker serves the queue and one wedged volume
+// cannot starve the others. Its key stays pending until it returns. The
+// watch goes on, for the next deadline or grace, while operations run.
+func (e *Executor) wake(gen uint64) {
+	now := e.opts.Clock.Now()
+	grace := e.grace()
+	var expired []*opContext
 	start := 0
 	var next time.Time
+	later := func(at time.Time) {
+		if next.IsZero() || at.Before(next) {
+			next = at
+		}
+	}
+	e.mu.Lock()
+	if gen != e.watchGen {
+		// An earlier watch replaced this one.
+		e.mu.Unlock()
+		return
+	}
 	for _, v := range e.byVolume {
 		for _, en := range v.entries {
 			if !en.pending || en.queued || en.timedOut {
 				continue
 			}
-			if !en.started.After(since) {
-				en.timedOut = true
-				if len(e.queue) > start {
-					start++ // takes over this worker's place in the count
-				} else {
-					e.workers--
+			if en.ctx != nil {
+				if en.ctx.deadline.After(now) {
+					later(en.ctx.deadline)
+					continue
 				}
-			} else if next.IsZero() || en.started.Before(next) {
-				next = en.started
+				expired = append(expired, en.ctx)
+				en.ctx = nil
+			}
+			if at := en.started.Add(grace); at.After(now) {
+				later(at)
+				continue
+			}
+			en.timedOut = true
+			if len(e.queue) > start {
+				start++ // takes over this worker's place in the count
+			} else {
+				e.workers--
 			}
 		}
 	}
 	e.watching = !next.IsZero()
+	if e.watching {
+		e.watchAt = next
+		e.watchGen++
+		gen = e.watchGen
+	}
 	e.mu.Unlock()
+	for _, c := range expired {
+		c.cancel(context.DeadlineExceeded)
+	}
 	for range start {
 		go e.worker()
 	}
 	if !next.IsZero() {
-		go e.watch(next)
+		e.watch(next, gen)
+	}
+}
+
+// opContext is a running operation's context. It reports the operation's
+// deadline and ends with DeadlineExceeded when the executor's watch finds
+// the deadline passed, or Canceled when the operation returns:
+// context.WithTimeout cost every operation a runtime timer and three
+// allocations. Contexts derived from it register through AfterFunc, the
+// context package's hook for parents of its own kind, so they cost no
+// goroutine and take its Err when it ends (it hides no cancelCtx behind
+// Value, whose Canceled they would take instead). One derived behind a
+// context.WithValue is watched by a goroutine of the context package's:
+// no operation here derives one that way.
+type opContext struct {
+	deadline time.Time
+
+	mu   sync.Mutex
+	done chan struct{} // made by the first Done
+	err  error
+	// after holds the funcs registered by AfterFunc not yet run or stopped.
+	after map[*func()]struct{}
+}
+
+// closedDone is the Done of an opContext ended before anyone asked.
+var closedDone = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+func (c *opContext) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *opContext) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		if c.err != nil {
+			return closedDone
+		}
+		c.done = make(chan struct{})
+	}
+	return c.done
+}
+
+func (c *opContext) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+func (c *opContext) Value(any) any { return nil }
+
+func (c *opContext) String() string { return "operations.opContext" }
+
+// AfterFunc calls f once c ends, or at once if it has; stop undoes it
+// unless f was called.
+func (c *opContext) AfterFunc(f func()) (stop func() bool) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		f()
+		return func() bool { return false }
+	}
+	if c.after == nil {
+		c.after = map[*func()]struct{}{}
+	}
+	key := &f
+	c.after[key] = struct{}{}
+	c.mu.Unlock()
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		_, ok := c.after[key]
+		delete(c.after, key)
+		return ok
+	}
+}
+
+// cancel ends c with err unless it has ended.
+func (c *opContext) cancel(err error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.err = err
+	if c.done != nil {
+		close(c.done)
+	}
+	after := c.after
+	c.after = nil
+	c.mu.Unlock()
+	for f := range after {
+		(*f)()
 	}
 }
 
@@ -410,7 +551,7 @@ func (e *Executor) finish(en *entry, start time.Time, err error) (detached bool)
 
 	e.mu.Lock()
 	detached = en.timedOut
-	en.pending = false
+	en.pending, en.ctx = false, nil
 	e.finished++
 	f := finishedKey{key: en.key, seq: e.finished}
 	e.recent = append(e.recent, f)
