@@ -62,7 +62,8 @@ type options struct {
 	// floor runs the kernel floor (floor.go) before and after the agent.
 	floor bool
 	// perf samples the agent's user CPU with perf record (perfcpu.go).
-	perf string
+	perf     string
+	perfKeep string
 	// rate, if set, paces the manifests' arrival (pods per second), as
 	// pods bound one after another reach a node, instead of all at once.
 	rate float64
@@ -109,6 +110,7 @@ func run() error {
 	flag.DurationVar(&o.profileFor, "profile-for", 10*time.Second, "emptydir: length of each CPU profile")
 	flag.Float64Var(&o.rate, "rate", 0, "emptydir: pods arriving per second (manifests renamed into place one by one at this pace); 0: all at once")
 	flag.BoolVar(&o.floor, "floor", true, "emptydir: also time the kernel floor (the same directories and mounts with bare syscalls) on the same filesystem, just before and just after the agent, and report the agent's ratio to it")
+	flag.StringVar(&o.perfKeep, "perf-keep", "", "emptydir: with -perf, record call graphs and keep each phase's perf.data here (setup-N.data, teardown-N.data; N counts phases) for perf report")
 	flag.StringVar(&o.perf, "perf", "auto", "emptydir: the agent's user CPU per volume also by perf record's cpu-clock samples (auto: if perf works here; off), used in the summary over the tick-sampled utime")
 	flag.StringVar(&o.ownershipPeer, "ownership-peer", "", "ownership: the kubelet peer binary (default: ownership-peer in $VOLUME_AGENT_TOOLS_BIN)")
 	flag.StringVar(&o.ownershipFiles, "ownership-files", "100000", "ownership: numbers of files per tree, comma-separated")
@@ -276,7 +278,7 @@ func emptyDirRound(o options, agent, work, root, tag string, perf *perfSampler, 
 		if perf == nil {
 			return 0
 		}
-		c, err := perf.stop()
+		c, err := perf.stop(phase)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "bench: perf:", err)
 			return 0
@@ -284,8 +286,11 @@ func emptyDirRound(o options, agent, work, root, tag string, perf *perfSampler, 
 		fmt.Printf("  per volume (perf, %d Hz cpu-clock samples): %s to %s\n", perfHz, c.perVolume(want), phase)
 		return c.user * 1e6 / float64(want)
 	}
-	perfStart()
+	// The scrape comes before the sampling: with every volume mounted it
+	// costs the agent as much as a tenth of a teardown's user CPU, and is
+	// no part of the storm.
 	counters0 := readCounters(metricsAddr)
+	perfStart()
 	user0, system0, _ := cpuSplit(cmd.Process.Pid)
 	cpuBefore := user0 + system0
 	start := time.Now()
@@ -355,8 +360,8 @@ func emptyDirRound(o options, agent, work, root, tag string, perf *perfSampler, 
 
 	waitProfile = profile("unmount", o.profileFor)
 	defer waitProfile()
-	perfStart()
 	counters0 = readCounters(metricsAddr)
+	perfStart()
 	user0, system0, _ = cpuSplit(cmd.Process.Pid)
 	cpuBefore = user0 + system0
 	deleteStart := time.Now()

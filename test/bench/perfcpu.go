@@ -56,13 +56,16 @@ type perfSampler struct {
 	ctl  *os.File
 	ack  *os.File
 	data string
+	// keep, if set, is where each phase's recording is kept, with call
+	// graphs, as <tag>-<n>.data for perf report.
+	keep string
 	// self0 is perf record's CPU once its events are on.
 	self0 float64
 }
 
 // newPerfSampler is a sampler if mode allows perf ("auto": if it is on
 // PATH and records here; "off": never), or nil and why not.
-func newPerfSampler(mode string) (*perfSampler, string, error) {
+func newPerfSampler(mode, keep string) (*perfSampler, string, error) {
 	switch mode {
 	case "off":
 		return nil, "", nil
@@ -74,7 +77,7 @@ func newPerfSampler(mode string) (*perfSampler, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	p := &perfSampler{dir: dir}
+	p := &perfSampler{dir: dir, keep: keep}
 	if err := p.probe(); err != nil {
 		p.close()
 		return nil, fmt.Sprintf("perf unusable (%v): user CPU by the kernel's 250 Hz tick accounting only", err), nil
@@ -126,8 +129,12 @@ func (p *perfSampler) start(pid int) error {
 	}
 	p.data = filepath.Join(p.dir, fmt.Sprintf("phase-%d.data", p.n))
 	// -D -1: events off until enabled through the control FIFO.
-	p.cmd = exec.Command("perf", "record", "-q", "-B", "-N", "-e", "cpu-clock", "-F", strconv.Itoa(perfHz),
-		"-a", "-o", p.data, "-D", "-1", "--control", "fifo:"+ctlPath+","+ackPath)
+	args := []string{"record", "-q", "-B", "-N", "-e", "cpu-clock", "-F", strconv.Itoa(perfHz),
+		"-a", "-o", p.data, "-D", "-1", "--control", "fifo:" + ctlPath + "," + ackPath}
+	if p.keep != "" {
+		args = append(args, "-g")
+	}
+	p.cmd = exec.Command("perf", args...)
 	var stderr bytes.Buffer
 	p.cmd.Stderr = &stderr
 	if err := p.cmd.Start(); err != nil {
@@ -165,7 +172,7 @@ func (p *perfSampler) command(c string) error {
 
 // stop ends sampling, waits for perf to write its file and counts the
 // samples in it.
-func (p *perfSampler) stop() (perfSplit, error) {
+func (p *perfSampler) stop(phase string) (perfSplit, error) {
 	if p == nil || p.cmd == nil {
 		return perfSplit{}, errors.New("perf not running")
 	}
@@ -183,7 +190,11 @@ func (p *perfSampler) stop() (perfSplit, error) {
 	if err != nil {
 		return perfSplit{}, err
 	}
-	defer os.Remove(p.data)
+	if p.keep != "" {
+		defer keepFile(p.data, filepath.Join(p.keep, fmt.Sprintf("%s-%d.data", strings.ReplaceAll(phase, " ", ""), p.n)))
+	} else {
+		defer os.Remove(p.data)
+	}
 	c, err := perfScript(p.data, p.pid)
 	if err != nil {
 		return perfSplit{}, err
@@ -206,7 +217,7 @@ func (p *perfSampler) close() {
 
 // perfScript counts process pid's samples in a perf record file.
 func perfScript(data string, pid int) (perfSplit, error) {
-	cmd := exec.Command("perf", "script", "-i", data, "-F", "pid,period,ip")
+	cmd := exec.Command("perf", "script", "-G", "-i", data, "-F", "pid,period,ip")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -265,4 +276,17 @@ func (c perfSplit) perVolume(want int) string {
 func firstLine(b []byte) string {
 	line, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
 	return line
+}
+
+// keepFile moves a phase's recording where -perf-keep asked, saying so
+// if it cannot.
+func keepFile(from, to string) {
+	if err := os.MkdirAll(filepath.Dir(to), 0o755); err == nil {
+		err = os.Rename(from, to)
+		if err == nil {
+			return
+		}
+	}
+	fmt.Fprintf(os.Stderr, "bench: perf: could not keep %s as %s\n", from, to)
+	_ = os.Remove(from)
 }

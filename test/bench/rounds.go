@@ -17,7 +17,7 @@ func emptyDirRounds(o options, work, root string) error {
 		agents = append(agents, o.baseline)
 	}
 	runs := max(o.runs, 1)
-	perf, why, err := newPerfSampler(o.perf)
+	perf, why, err := newPerfSampler(o.perf, o.perfKeep)
 	if err != nil {
 		return err
 	}
