@@ -538,6 +538,11 @@ func podInfo(pod *v1.Pod) volume.PodInfo {
 // declared limits only, the largest init container if larger, a
 // pod-level limit, overhead; nil when nothing declares one.
 func podLimits(pod *v1.Pod) (memory, ephemeral *resource.Quantity) {
+	if !declaresLimits(pod) {
+		// Nothing to sum: the helper's maps would be five allocations
+		// per pod to find it. TestPodLimitsUndeclared holds this to it.
+		return nil, nil
+	}
 	declared := true
 	limits := resourcehelper.PodLimits(pod, resourcehelper.PodResourcesOptions{
 		ContainerFn: func(res v1.ResourceList, _ resourcehelper.ContainerType) {
@@ -556,6 +561,22 @@ func podLimits(pod *v1.Pod) (memory, ephemeral *resource.Quantity) {
 		ephemeral = &q
 	}
 	return memory, ephemeral
+}
+
+// declaresLimits reports whether anything podLimits sums declares a limit:
+// a container, init container, the pod level or its overhead.
+func declaresLimits(pod *v1.Pod) bool {
+	if len(pod.Spec.Overhead) > 0 || pod.Spec.Resources != nil && len(pod.Spec.Resources.Limits) > 0 {
+		return true
+	}
+	for _, cs := range [][]v1.Container{pod.Spec.Containers, pod.Spec.InitContainers} {
+		for i := range cs {
+			if len(cs[i].Resources.Limits) > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // hugePageSizes lists the sizes of the pod's hugepages-<size> requests,

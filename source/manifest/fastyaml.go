@@ -19,7 +19,9 @@ import (
 // as anything but a string, an integer or true/false/null) answers ok false,
 // and the caller converts with the YAML library, which also gives the
 // errors and warnings. Keys come out sorted, as json.Marshal sorts a map's.
-func fastYAMLToJSON(doc []byte) (js []byte, ok bool) {
+//
+// The JSON is appended to dst, so the caller can reuse one buffer.
+func fastYAMLToJSON(dst, doc []byte) (js []byte, ok bool) {
 	for _, c := range doc {
 		if c >= 0x7f || (c < 0x20 && c != '\n') {
 			return nil, false
@@ -32,15 +34,15 @@ func fastYAMLToJSON(doc []byte) (js []byte, ok bool) {
 		return nil, false
 	}
 	if p.i == len(p.s) {
-		return []byte("null"), true
+		return append(dst, "null"...), true
 	}
 	n, ok := p.blockNode(p.col(), 0)
 	if !ok || !p.skipBlank() || p.i != len(p.s) {
 		return nil, false
 	}
-	var b bytes.Buffer
+	b := bytes.NewBuffer(dst)
 	b.Grow(len(doc))
-	n.writeJSON(&b)
+	n.writeJSON(b)
 	return b.Bytes(), true
 }
 

@@ -75,7 +75,7 @@ func TestFastYAMLToJSON(t *testing.T) {
 	}
 	for _, c := range fastYAMLCases {
 		t.Run(c.name, func(t *testing.T) {
-			js, took := fastYAMLToJSON([]byte(c.doc))
+			js, took := fastYAMLToJSON(nil, []byte(c.doc))
 			if took != c.take {
 				t.Fatalf("taken %v, want %v (%s)", took, c.take, js)
 			}
@@ -113,7 +113,7 @@ func FuzzFastYAMLToJSON(f *testing.F) {
 	}
 	f.Add([]byte(podYAML))
 	f.Fuzz(func(t *testing.T, doc []byte) {
-		if js, ok := fastYAMLToJSON(doc); ok {
+		if js, ok := fastYAMLToJSON(nil, doc); ok {
 			checkSameJSON(t, doc, js)
 		}
 	})
@@ -132,7 +132,7 @@ func BenchmarkYAMLToJSON(b *testing.B) {
 	b.Run("fast", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, ok := fastYAMLToJSON(doc); !ok {
+			if _, ok := fastYAMLToJSON(nil, doc); !ok {
 				b.Fatal("not taken")
 			}
 		}
