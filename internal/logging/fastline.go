@@ -1,6 +1,7 @@
 package logging
 
 import (
+	"encoding/binary"
 	"math"
 	"strconv"
 	"sync"
@@ -70,55 +71,77 @@ func (e *lineEncoder) encode(ent zapcore.Entry, fields []zapcore.Field) {
 
 // addKey is jsonEncoder.addKey for keys that need no escaping.
 func (e *lineEncoder) addKey(key string) {
-	e.separate()
-	e.buf = append(e.buf, '"')
-	e.appendSafe(key)
-	e.buf = append(e.buf, '"', ':')
+	e.buf = e.appendString(separate(e.buf), key)
+	e.buf = append(e.buf, ':')
 }
 
 // separate is jsonEncoder.addElementSeparator.
-func (e *lineEncoder) separate() {
-	if n := len(e.buf); n > 0 {
-		switch e.buf[n-1] {
+func separate(b []byte) []byte {
+	if n := len(b); n > 0 {
+		switch b[n-1] {
 		case '{', '[', ':', ',', ' ':
 		default:
-			e.buf = append(e.buf, ',')
+			b = append(b, ',')
 		}
 	}
+	return b
 }
 
-// appendSafe appends s if zap would write it unescaped: printable ASCII
-// other than '"' and '\\', and valid UTF-8. Else the line fails.
-func (e *lineEncoder) appendSafe(s string) {
+// appendString appends s quoted if zap would write it unescaped: printable
+// ASCII other than '"' and '\\', and valid UTF-8. Else the line fails.
+// It works on b, not e.buf, so as not to store the slice in the heap for
+// each byte.
+func (e *lineEncoder) appendString(b []byte, s string) []byte {
 	ascii := true
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c < 0x20 || c == '"' || c == '\\' {
-			e.failed = true
-			return
+	i := 0
+	// Eight bytes at a time while none is below 0x20, '"', '\\' or
+	// above 0x7f; such a word is left to the loop below.
+	for ; i+8 <= len(s); i += 8 {
+		x := binary.LittleEndian.Uint64([]byte(s[i : i+8]))
+		if (below(x, 0x20)|zeroByte(x^(ones*'"'))|zeroByte(x^(ones*'\\'))|x)&highBits != 0 {
+			break
 		}
-		ascii = ascii && c < utf8.RuneSelf
+	}
+	for ; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c == '"' || c == '\\':
+			e.failed = true
+			return b
+		case c >= utf8.RuneSelf:
+			ascii = false
+		}
 	}
 	if !ascii && !utf8.ValidString(s) {
 		e.failed = true
-		return
+		return b
 	}
-	e.buf = append(e.buf, s...)
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
+
+const (
+	ones     = 0x0101010101010101
+	highBits = 0x8080808080808080
+)
+
+// zeroByte has the high bit of some byte set if a byte of x is zero (and
+// of none if none is; it may mark more than the first).
+func zeroByte(x uint64) uint64 { return (x - ones) & ^x & highBits }
+
+// below has the high bit of some byte set if a byte of x below 0x80 is
+// below n, n <= 0x80, or possibly if some byte is above 0x7f.
+func below(x uint64, n byte) uint64 { return (x - ones*uint64(n)) & ^x & highBits }
 
 func (e *lineEncoder) AddString(key, val string) {
 	e.addKey(key)
-	e.buf = append(e.buf, '"')
-	e.appendSafe(val)
-	e.buf = append(e.buf, '"')
+	e.buf = e.appendString(e.buf, val)
 }
 
 func (e *lineEncoder) AddByteString(key string, val []byte) {
 	e.addKey(key)
-	e.buf = append(e.buf, '"')
-	// Not copied into a string: appendSafe keeps no reference to it.
-	e.appendSafe(unsafe.String(unsafe.SliceData(val), len(val)))
-	e.buf = append(e.buf, '"')
+	// Not copied into a string: appendString keeps no reference to it.
+	e.buf = e.appendString(e.buf, unsafe.String(unsafe.SliceData(val), len(val)))
 }
 
 func (e *lineEncoder) AddBool(key string, val bool) {
