@@ -153,12 +153,39 @@ func (e *lineEncoder) AddBool(key string, val bool) {
 // through jsonEncoder.AppendFloat64.
 func (e *lineEncoder) AddDuration(key string, val time.Duration) {
 	e.addKey(key)
+	if val >= 0 && val < 1e15 {
+		e.buf = appendSeconds(e.buf, val)
+		return
+	}
 	f := float64(val) / float64(time.Second)
 	if math.IsNaN(f) || math.IsInf(f, 0) { // cannot happen; zap quotes them
 		e.failed = true
 		return
 	}
 	e.buf = strconv.AppendFloat(e.buf, f, 'f', -1, 64)
+}
+
+// appendSeconds writes d in seconds as strconv's shortest 'f' format of
+// float64(d)/1e9 does, without its float arithmetic, for 0 <= d < 1e15:
+// the division is rounded to the double nearest d/1e9, a decimal of at
+// most 15 digits, which is then the shortest one that reads back as it.
+func appendSeconds(b []byte, d time.Duration) []byte {
+	b = strconv.AppendInt(b, int64(d/time.Second), 10)
+	frac := int64(d % time.Second)
+	if frac == 0 {
+		return b
+	}
+	var digits [10]byte
+	digits[0] = '.'
+	for i := 9; i > 0; i-- {
+		digits[i] = byte('0' + frac%10)
+		frac /= 10
+	}
+	n := 10
+	for digits[n-1] == '0' {
+		n--
+	}
+	return append(b, digits[:n]...)
 }
 
 func (e *lineEncoder) AddInt64(key string, val int64) {

@@ -111,6 +111,26 @@ func TestLineEncoderLikeZap(t *testing.T) {
 		t.Errorf("only %d of 20000 random lines were written by the line encoder", fast)
 	}
 
+	// Durations in seconds as zap writes them, around the bounds of the
+	// exact decimal path and the sizes of operations.
+	durations := []time.Duration{0, 1, -1, 999, time.Millisecond, 1e15 - 1, 1e15, 1e15 + 1, math.MaxInt64, math.MinInt64}
+	for range 200000 {
+		durations = append(durations, time.Duration(r.Int64N(1e15)), time.Duration(r.Int64N(1e10)), time.Duration(r.Int64N(1e6))*1000)
+	}
+	bare := encoderConfig() // fields only
+	bare.LevelKey, bare.TimeKey, bare.MessageKey = "", "", ""
+	for _, d := range durations {
+		var e lineEncoder
+		e.AddDuration("took", d)
+		want := zapcore.NewJSONEncoder(bare)
+		want.AddDuration("took", d)
+		buf, _ := want.EncodeEntry(zapcore.Entry{}, nil)
+		if w := strings.TrimSuffix(strings.TrimPrefix(buf.String(), "{"), "}\n"); string(e.buf) != w {
+			t.Fatalf("duration %d: got %s, want %s", d, e.buf, w)
+		}
+		buf.Free()
+	}
+
 	// The operation line of a storm is written by the line encoder.
 	var e lineEncoder
 	e.encode(zapcore.Entry{Level: zapcore.InfoLevel, Time: time.Now(), LoggerName: "operations", Message: "operation succeeded"},
