@@ -168,16 +168,21 @@ func (e *Executor) entries(name volume.UniqueName) []*entry {
 	return nil
 }
 
-// finishedKey is a key whose operation finished as the seq-th.
+// finishedKey is a key whose operation finished as the seq-th, and its
+// volume's bookkeeping (which lists it, so is kept while it is listed): a
+// pointer where a lookup by the volume's long name cost every finish.
 type finishedKey struct {
 	key Key
 	seq uint64
+	vol *volumeOps
 }
 
 // entry is a key's bookkeeping: a running operation, or the last failed one
 // while its backoff lasts.
 type entry struct {
-	key     Key
+	key Key
+	// vol is the volume's bookkeeping, which holds the entry.
+	vol     *volumeOps
 	op      *Operation
 	pending bool
 	started time.Time
@@ -286,8 +291,8 @@ func (e *Executor) Run(key Key, op *Operation) error {
 		en.key = key
 		e.failed--
 	} else {
-		en = &entry{key: key}
 		v := e.opsOf(key.Volume)
+		en = &entry{key: key, vol: v}
 		v.entries = append(v.entries, en)
 	}
 	en.op, en.pending, en.queued, en.timedOut, en.started = op, true, true, false, now
@@ -553,9 +558,9 @@ func (e *Executor) finish(en *entry, start time.Time, err error) (detached bool)
 	detached = en.timedOut
 	en.pending, en.ctx = false, nil
 	e.finished++
-	f := finishedKey{key: en.key, seq: e.finished}
+	v := en.vol
+	f := finishedKey{key: en.key, seq: e.finished, vol: v}
 	e.recent = append(e.recent, f)
-	v := e.byVolume[en.key.Volume] // the entry's: it holds the entry
 	v.recent = append(v.recent, f)
 	if err == nil || stale {
 		e.remove(v, en)
@@ -669,7 +674,7 @@ func (e *Executor) forgetFinished(mark uint64) {
 		n++
 		// f is the volume's oldest; shifted out, not sliced off, so the
 		// list keeps its room.
-		v := e.byVolume[f.key.Volume]
+		v := f.vol
 		last := len(v.recent) - 1
 		copy(v.recent, v.recent[1:])
 		v.recent[last] = finishedKey{}

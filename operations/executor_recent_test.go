@@ -85,7 +85,8 @@ func TestStartableForgetsFinishedLikeOracle(t *testing.T) {
 				}
 				var recent []finishedKey
 				for seq := mark + 1; seq <= uint64(len(finished)); seq++ {
-					recent = append(recent, finishedKey{key: finished[seq-1], seq: seq})
+					// vol: the volume's bookkeeping, the one in the map.
+					recent = append(recent, finishedKey{key: finished[seq-1], seq: seq, vol: e.byVolume[finished[seq-1].Volume]})
 				}
 				if !slices.Equal(e.recent, recent) {
 					t.Errorf("round %d: recent %v, want %v", round, e.recent, recent)
@@ -100,8 +101,11 @@ func TestStartableForgetsFinishedLikeOracle(t *testing.T) {
 					}
 				}
 				failed := 0
-				for _, v := range e.byVolume {
+				for name, v := range e.byVolume {
 					for _, en := range v.entries {
+						if en.vol != v {
+							t.Errorf("round %d: an entry of volume %s points to other bookkeeping", round, name)
+						}
 						if !en.pending {
 							failed++
 						}

@@ -6,18 +6,19 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
+	"github.com/volume-agent/volume-agent/internal/logging"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
 // BenchmarkOperationSucceeded measures the report of one successful pod
 // operation, the line every operation of a storm writes, through the
-// agent's JSON encoder at info level.
+// agent's logger at info level.
 func BenchmarkOperationSucceeded(b *testing.B) {
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel)
-	r := New(Options{Log: zap.New(core)})
+	log, stop := logging.New(zap.InfoLevel, io.Discard)
+	defer stop()
+	r := New(Options{Log: log.Named("operations")})
 	op := &operations.Operation{Name: operations.OpMountVolume, Target: operations.Target{
 		Volume: "kubernetes.io/empty-dir/0123456789-abcdef/scratch-0", Plugin: "kubernetes.io/empty-dir",
 		Pod: volume.PodInfo{PodRef: volume.PodRef{Namespace: "default", Name: "pod-0001", UID: "0123456789-abcdef"}},

@@ -28,13 +28,18 @@ const (
 // that flushes what is buffered and stops the flushing goroutine (call it
 // once, last).
 func New(level zapcore.LevelEnabler, w io.Writer) (*zap.Logger, func()) {
+	buf := &bufferedWriter{w: w}
+	core := &flushingCore{Core: zapcore.NewCore(zapcore.NewJSONEncoder(encoderConfig()), buf, level), ws: buf, fast: true}
+	log := zap.New(core, zap.AddCaller(), zap.AddStacktrace(zapcore.ErrorLevel), zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(w))))
+	return log, buf.stop
+}
+
+// encoderConfig is the lines' encoding; lineEncoder writes the same.
+func encoderConfig() zapcore.EncoderConfig {
 	enc := zap.NewProductionEncoderConfig()
 	enc.TimeKey = "time"
 	enc.EncodeTime = encodeTime
-	buf := &bufferedWriter{w: w}
-	core := &flushingCore{Core: zapcore.NewCore(zapcore.NewJSONEncoder(enc), buf, level), ws: buf}
-	log := zap.New(core, zap.AddCaller(), zap.AddStacktrace(zapcore.ErrorLevel), zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(w))))
-	return log, buf.stop
+	return enc
 }
 
 // bufferedWriter holds lines for at most FlushInterval. Unlike zap's
@@ -120,13 +125,17 @@ func (b *bufferedWriter) stop() {
 // problem is what an operator tails the log for, and what must not be lost
 // if the agent dies next. A pointer: Check hands it to every line's entry
 // as a Core, and a value would be copied to the heap for each.
+//
+// fast: the core writes common lines with its lineEncoder, not zap's
+// encoder; only the core New made, whose encoder has no fields of With.
 type flushingCore struct {
 	zapcore.Core
-	ws zapcore.WriteSyncer
+	ws   zapcore.WriteSyncer
+	fast bool
 }
 
 func (c *flushingCore) With(fields []zapcore.Field) zapcore.Core {
-	return &flushingCore{Core: c.Core.With(fields), ws: c.ws}
+	return &flushingCore{Core: c.Core.With(fields), ws: c.ws, fast: c.fast && len(fields) == 0}
 }
 
 func (c *flushingCore) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
@@ -137,11 +146,26 @@ func (c *flushingCore) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapco
 }
 
 func (c *flushingCore) Write(ent zapcore.Entry, fields []zapcore.Field) error {
-	if err := c.Core.Write(ent, fields); err != nil {
+	if err := c.write(ent, fields); err != nil {
 		return err
 	}
 	if ent.Level >= zapcore.WarnLevel {
 		return c.ws.Sync()
 	}
 	return nil
+}
+
+// write writes the line through the line encoder when it can, else
+// through zap's.
+func (c *flushingCore) write(ent zapcore.Entry, fields []zapcore.Field) error {
+	if !c.fast || ent.Caller.Defined || ent.Stack != "" || !fastFields(fields) {
+		return c.Core.Write(ent, fields)
+	}
+	e := lineEncoders.Get().(*lineEncoder)
+	defer e.free()
+	if e.encode(ent, fields); e.failed {
+		return c.Core.Write(ent, fields)
+	}
+	_, err := c.ws.Write(e.buf)
+	return err
 }

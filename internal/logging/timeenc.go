@@ -15,10 +15,14 @@ import (
 // the milliseconds change (a zone's offset changes on whole seconds), and
 // lines of the same millisecond share its string.
 func encodeTime(t time.Time, enc zapcore.PrimitiveArrayEncoder) {
+	enc.AppendString(timeText(t))
+}
+
+// timeText is t as encodeTime writes it.
+func timeText(t time.Time) string {
 	milli, loc := t.UnixMilli(), t.Location()
 	if m := lastMilli.Load(); m != nil && m.milli == milli && m.loc == loc {
-		enc.AppendString(m.text)
-		return
+		return m.text
 	}
 	sec := t.Unix()
 	c := lastSecond.Load()
@@ -33,7 +37,7 @@ func encodeTime(t time.Time, enc zapcore.PrimitiveArrayEncoder) {
 	b = append(b, c.zone...)
 	m := &formattedMilli{milli: milli, loc: loc, text: string(b)}
 	lastMilli.Store(m)
-	enc.AppendString(m.text)
+	return m.text
 }
 
 // formattedSecond is one second of one location, formatted up to its

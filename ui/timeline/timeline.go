@@ -189,6 +189,13 @@ func (r *Ring) Add(rec Record) {
 	r.seq++
 	rec.Seq = r.seq
 	r.overall.add(rec)
+	// The most recently updated key is often the one again (a pod's
+	// volumes are mounted one after another): it needs no lookup by its
+	// long name, nor moving to the front.
+	if kr := r.lru.next; kr != &r.lru && kr.key == k {
+		kr.ring.add(rec)
+		return
+	}
 	kr := r.keys[k]
 	if kr == nil {
 		kr = r.newKey(k)
