@@ -346,10 +346,15 @@ func mkdirParents(dir string) error {
 // locks the parent before it finds the directory not empty. In a teardown
 // storm, most of a pod's volumes find their siblings still there. On
 // filesystems that count otherwise (btrfs: 1) it says no, and rmdir
-// decides as before.
-func hasSubdirs(dir string) bool {
+// decides as before. missing reports that dir is not there (a sibling's
+// teardown removed it first): an rmdir would only fail.
+func hasSubdirs(dir string) (subdirs, missing bool) {
 	var st unix.Stat_t
-	return unix.Lstat(dir, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Nlink > 2
+	err := unix.Lstat(dir, &st)
+	if err != nil {
+		return false, errors.Is(err, unix.ENOENT)
+	}
+	return st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Nlink > 2, false
 }
 
 // RemoveEmptyDirs removes dir and then its parents while they are empty,
@@ -357,13 +362,26 @@ func hasSubdirs(dir string) bool {
 // is not empty is simply still in use.
 func RemoveEmptyDirs(dir, stop string) {
 	stop = filepath.Clean(stop)
-	below := stop + "/"
-	for d := filepath.Clean(dir); d != stop && strings.HasPrefix(d, below); d = filepath.Dir(d) {
-		if hasSubdirs(d) {
+	// Each parent of a clean path is the part before its last "/" (all
+	// the d below are strictly below stop, so never "/"): no Clean per
+	// level, nor a "stop/" to concatenate.
+	for d := filepath.Clean(dir); below(d, stop); d = d[:strings.LastIndexByte(d, '/')] {
+		subdirs, missing := hasSubdirs(d)
+		if subdirs {
 			return
+		}
+		if missing {
+			continue // as a failing rmdir would: its parent may be empty
 		}
 		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
 			return
 		}
 	}
+}
+
+// below reports whether clean path d is strictly below clean path stop
+// other than "/" (d != stop && strings.HasPrefix(d, stop+"/"), without
+// the concatenation).
+func below(d, stop string) bool {
+	return len(d) > len(stop)+1 && d[len(stop)] == '/' && d[:len(stop)] == stop
 }
