@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/mount-utils"
@@ -58,10 +59,11 @@ type TmpfsOptions struct {
 	Resize bool
 }
 
-// tmpfsData is the mount data of a new tmpfs: mode=0<octal>[,size=<bytes>],
-// built in one allocation (a storm mounts thousands).
-func tmpfsData(o TmpfsOptions) string {
-	b := make([]byte, 0, 48)
+// tmpfsData is the mount data of a new tmpfs,
+// mode=0<octal>[,size=<bytes>][,noswap], NUL-terminated for mount(2): one
+// allocation (a storm mounts thousands).
+func tmpfsData(o TmpfsOptions, noswap bool) []byte {
+	b := make([]byte, 0, 56)
 	b = append(b, "mode=0"...)
 	if perm := o.Mode.Perm(); perm != 0 {
 		b = strconv.AppendUint(b, uint64(perm), 8)
@@ -70,7 +72,10 @@ func tmpfsData(o TmpfsOptions) string {
 		b = append(b, ",size="...)
 		b = strconv.AppendInt(b, o.SizeBytes, 10)
 	}
-	return string(b)
+	if noswap {
+		b = append(b, ",noswap"...)
+	}
+	return append(b, 0)
 }
 
 // MountTmpfs mounts a new tmpfs at target, which must exist (or resizes
@@ -82,17 +87,35 @@ func (m *Mounter) MountTmpfs(target string, o TmpfsOptions) error {
 		}
 		return nil
 	}
-	data := tmpfsData(o)
 	var err error = unix.ENOSYS
 	if o.NoSwap {
-		err = unix.Mount("tmpfs", target, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data+",noswap")
+		err = mountTmpfs(target, tmpfsData(o, true))
 	}
 	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
 		// Kernels before 6.4 do not know noswap.
-		err = unix.Mount("tmpfs", target, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data)
+		err = mountTmpfs(target, tmpfsData(o, false))
 	}
 	if err != nil {
 		return &os.PathError{Op: "mount tmpfs", Path: target, Err: err}
+	}
+	return nil
+}
+
+// tmpfs names the source and the type of a tmpfs mount, NUL-terminated.
+var tmpfs = [...]byte{'t', 'm', 'p', 'f', 's', 0}
+
+// mountTmpfs is unix.Mount("tmpfs", target, "tmpfs", MS_NOSUID|MS_NODEV,
+// data) with data already NUL-terminated: one copy of a string (target)
+// where unix.Mount makes four, and builds data in a fifth.
+func mountTmpfs(target string, data []byte) error {
+	t, err := unix.BytePtrFromString(target)
+	if err != nil {
+		return err
+	}
+	_, _, errno := unix.Syscall6(unix.SYS_MOUNT, uintptr(unsafe.Pointer(&tmpfs[0])), uintptr(unsafe.Pointer(t)),
+		uintptr(unsafe.Pointer(&tmpfs[0])), unix.MS_NOSUID|unix.MS_NODEV, uintptr(unsafe.Pointer(&data[0])), 0)
+	if errno != 0 {
+		return errno
 	}
 	return nil
 }
