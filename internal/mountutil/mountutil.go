@@ -383,22 +383,32 @@ func hasSubdirs(dir string) (subdirs, missing bool) {
 // RemoveEmptyDirs removes dir and then its parents while they are empty,
 // stopping at (and never removing) stop. Errors are ignored: a directory that
 // is not empty is simply still in use.
+//
+// A directory that goes away under the climb (found, then gone; or gone
+// once this climb removed the one below it) was removed by another climb,
+// of a sibling volume torn down at the same time, which goes on up from
+// there with this climb's removals already done: this one stops instead
+// of racing it level by level (a failing lstat and rmdir each). Only
+// where dir itself is missing is it unknown whether it ever existed, and
+// the climb goes on.
 func RemoveEmptyDirs(dir, stop string) {
 	stop = filepath.Clean(stop)
+	removed := false // the level below, by this climb
 	// Each parent of a clean path is the part before its last "/" (all
 	// the d below are strictly below stop, so never "/"): no Clean per
 	// level, nor a "stop/" to concatenate.
 	for d := filepath.Clean(dir); below(d, stop); d = d[:strings.LastIndexByte(d, '/')] {
 		subdirs, missing := hasSubdirs(d)
-		if subdirs {
+		switch {
+		case subdirs, missing && removed:
 			return
-		}
-		if missing {
+		case missing:
 			continue // as a failing rmdir would: its parent may be empty
 		}
-		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
+		if err := unix.Rmdir(d); err != nil {
 			return
 		}
+		removed = true
 	}
 }
 
