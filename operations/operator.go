@@ -324,9 +324,13 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target) error {
 		return err
 	}
 	prev := podMount(av, t)
+	dir := o.Paths.PodVolumeDir(t.Pod.UID, t.Plugin, t.SpecName)
+	lone := o.onlyVolumesDir(t, prev, dir)
 	// Never tear a volume down under a sub-path bind mount of it.
-	if err := o.cleanSubPaths(t, prev); err != nil {
-		return err
+	if !lone {
+		if err := o.cleanSubPaths(t, prev); err != nil {
+			return err
+		}
 	}
 	req, log := withLog[plugins.TearDownRequest](o, t, OpUnmountVolume)
 	*req = plugins.TearDownRequest{
@@ -342,8 +346,31 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target) error {
 		return err
 	}
 	o.ASW.DeletePodMount(t.Volume, t.Pod.UID)
-	o.removePodDirs(t, o.Paths.PodVolumeDir(t.Pod.UID, t.Plugin, t.SpecName))
+	if lone {
+		// Nor a state file: only the volume's own operations write it.
+		o.removeVolumeDirs(dir)
+	} else {
+		o.removePodDirs(t, dir)
+	}
 	return nil
+}
+
+// onlyVolumesDir reports whether the pod's directory holds no directory but
+// "volumes": then neither sub-paths (volume-subpaths) nor state files
+// (volume-state) can be left of the volume, whatever a crash kept from
+// being recorded. One lstat of the pod's directory, by its link count (2
+// and one per subdirectory, see mountutil.RemoveEmptyDirs), settles what
+// took an lstat of each (and a Join to name it) per volume in a teardown
+// storm. It knows "volumes" is the one only while m, a set up volume, is
+// in it (at dir); otherwise, or when the count says anything else, it says
+// no and each is checked on its own.
+func (o *Operator) onlyVolumesDir(t *Target, m *cache.ActualPodMount, dir string) bool {
+	if m == nil || m.State != cache.Mounted || len(m.SubPaths) > 0 || m.SubPathsOutdated ||
+		t.Attributes.NoHostPath || t.Attributes.Block || m.MountPath != dir {
+		return false
+	}
+	var st unix.Stat_t
+	return unix.Lstat(o.Paths.PodDir(t.Pod.UID), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Nlink == 3
 }
 
 // PrepareSubPaths prepares the sub-paths of a pod's volume that its
@@ -420,8 +447,14 @@ func (o *Operator) removePodDirs(t *Target, podPath string) {
 		_ = unix.Unlink(state)
 		mountutil.RemoveEmptyDirs(filepath.Dir(state), pods)
 	}
+	o.removeVolumeDirs(podPath)
+}
+
+// removeVolumeDirs removes the directories above podPath that are now
+// empty, up to the pod directory itself once nothing is left.
+func (o *Operator) removeVolumeDirs(podPath string) {
 	o.dirs.forget(filepath.Dir(podPath))
-	mountutil.RemoveEmptyDirs(filepath.Dir(podPath), pods)
+	mountutil.RemoveEmptyDirs(filepath.Dir(podPath), o.Paths.PodsDir())
 }
 
 // UnmountDevice unmounts (unstages) a shared volume's device once no pod

@@ -252,15 +252,21 @@ func TestPrepareSubPathsNoCreateInAPIVolumes(t *testing.T) {
 // sub-path recorded and no sub-path directory for the pod on disk. One a
 // crash kept from being recorded (the directory exists) is still cleaned.
 func TestUnmountVolumeSubPathCleanupSkippedOnlyWhenNoneCanExist(t *testing.T) {
+	// The pod directory's link count stands for the lstat of each of its
+	// other directories (onlyVolumesDir): a state file left there is still
+	// removed, and the pod directory with it.
 	tests := []struct {
 		name      string
 		recorded  bool
 		onDisk    bool
+		state     bool
 		wantClean bool
 	}{
-		{"none recorded, none on disk", false, false, false},
-		{"none recorded, the pod's sub-path directory on disk", false, true, true},
-		{"recorded", true, false, true},
+		{"none recorded, none on disk", false, false, false, false},
+		{"none recorded, the pod's sub-path directory on disk", false, true, false, true},
+		{"none recorded, a state file on disk", false, false, true, false},
+		{"none recorded, both on disk", false, true, true, true},
+		{"recorded", true, false, false, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -275,11 +281,24 @@ func TestUnmountVolumeSubPathCleanupSkippedOnlyWhenNoneCanExist(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			state := w.paths.PodVolumeStateFile(opPod, w.pluginName, w.spec.Name)
+			if tc.state {
+				w.makeDir(t, filepath.Dir(state))
+				if err := os.WriteFile(state, []byte("{}"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
 			if err := w.op.UnmountVolume(t.Context(), w.unmountTarget()); err != nil {
 				t.Fatal(err)
 			}
 			if cleaned := slices.Contains(f.calls, "Clean"); cleaned != tc.wantClean {
 				t.Errorf("sub-paths cleaned: %v, want %v (calls %v)", cleaned, tc.wantClean, f.calls)
+			}
+			if _, err := os.Lstat(state); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("state file after unmount: %v, want it removed", err)
+			}
+			if _, err := os.Lstat(w.paths.PodDir(opPod)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("pod directory after unmount: %v, want it removed", err)
 			}
 		})
 	}

@@ -67,7 +67,7 @@ func (p Paths) PodsDir() string {
 }
 
 // PodDir is the pod's own directory.
-func (p Paths) PodDir(pod types.UID) string { return filepath.Join(p.Root, "pods", string(pod)) }
+func (p Paths) PodDir(pod types.UID) string { return p.podPath(pod, "") }
 
 // PodVolumesDir holds the pod's volumes, one directory per plugin.
 func (p Paths) PodVolumesDir(pod types.UID) string {
@@ -109,10 +109,49 @@ func (p Paths) podPluginPath(pod types.UID, dir, plugin, name string) string {
 	return b.String()
 }
 
+// podPath is filepath.Join(p.Root, "pods", pod, dir) (dir a plain element
+// or ""), in one allocation when the elements are plain: a teardown storm
+// checks these for every volume.
+func (p Paths) podPath(pod types.UID, dir string) string {
+	if !cleanRoot(p.Root) || !plainElement(string(pod)) {
+		return filepath.Join(p.Root, "pods", string(pod), dir)
+	}
+	n := len(p.Root) + len("/pods/") + len(pod)
+	if dir != "" {
+		n += 1 + len(dir)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	b.WriteString(p.Root)
+	b.WriteString("/pods/")
+	b.WriteString(string(pod))
+	if dir != "" {
+		b.WriteByte('/')
+		b.WriteString(dir)
+	}
+	return b.String()
+}
+
 // cleanRoot reports whether root is a path Join keeps as it is in front of
-// more elements: absolute, clean, and not "/".
+// more elements: absolute, clean, and not "/" (filepath.Clean(root) ==
+// root, by one scan for what Clean would change: every path built checks
+// it).
 func cleanRoot(root string) bool {
-	return len(root) > 1 && root[0] == '/' && filepath.Clean(root) == root
+	if len(root) < 2 || root[0] != '/' || root[len(root)-1] == '/' {
+		return false
+	}
+	// Each element (after a "/") must be neither empty, "." nor "..".
+	for i := 0; i < len(root); {
+		j := i + 1
+		for j < len(root) && root[j] != '/' {
+			j++
+		}
+		if e := root[i+1 : j]; e == "" || e == "." || e == ".." {
+			return false
+		}
+		i = j
+	}
+	return true
 }
 
 // plainElement reports whether Join keeps s as one element as it is.
@@ -134,7 +173,7 @@ func (p Paths) PodDevicePath(pod types.UID, plugin, specName string) string {
 
 // PodVolumeStateDir holds the state files of the pod's volumes.
 func (p Paths) PodVolumeStateDir(pod types.UID) string {
-	return filepath.Join(p.Root, "pods", string(pod), "volume-state")
+	return p.podPath(pod, "volume-state")
 }
 
 // PodVolumeStateFile records what tearing the pod's volume down needs.
@@ -201,7 +240,7 @@ func ValidatePathElement(s string) error {
 
 // PodSubPathsDir holds the sub-paths prepared for the pod's containers.
 func (p Paths) PodSubPathsDir(pod types.UID) string {
-	return filepath.Join(p.Root, "pods", string(pod), "volume-subpaths")
+	return p.podPath(pod, "volume-subpaths")
 }
 
 // VolumeSubPathsDir holds the sub-paths of one of the pod's volumes: one

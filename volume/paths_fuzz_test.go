@@ -97,3 +97,27 @@ func FuzzPodPluginPath(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCleanRoot checks the one-scan cleanRoot against its definition, and
+// the pod's own paths against filepath.Join.
+func FuzzCleanRoot(f *testing.F) {
+	for _, r := range []string{"/var/lib/volume-agent", "/", "", "/r/", "/r/../s", "//r", "/r/.", "/r/..", "/.r", "/r/...", "r", "/a//b", "/a/./b"} {
+		f.Add(r, "0b6c2f1e-7d1a")
+	}
+	f.Fuzz(func(t *testing.T, root, pod string) {
+		want := len(root) > 1 && root[0] == '/' && filepath.Clean(root) == root
+		if got := cleanRoot(root); got != want {
+			t.Errorf("cleanRoot(%q) = %v, want %v", root, got, want)
+		}
+		p, uid := Paths{Root: root}, types.UID(pod)
+		for got, want := range map[string]string{
+			p.PodDir(uid):            filepath.Join(root, "pods", pod),
+			p.PodSubPathsDir(uid):    filepath.Join(root, "pods", pod, "volume-subpaths"),
+			p.PodVolumeStateDir(uid): filepath.Join(root, "pods", pod, "volume-state"),
+		} {
+			if got != want {
+				t.Errorf("pod path of %q %q = %q, want %q", root, pod, got, want)
+			}
+		}
+	})
+}

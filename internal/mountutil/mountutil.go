@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/mount-utils"
@@ -58,10 +59,11 @@ type TmpfsOptions struct {
 	Resize bool
 }
 
-// tmpfsData is the mount data of a new tmpfs: mode=0<octal>[,size=<bytes>],
-// built in one allocation (a storm mounts thousands).
-func tmpfsData(o TmpfsOptions) string {
-	b := make([]byte, 0, 48)
+// tmpfsData is the mount data of a new tmpfs,
+// mode=0<octal>[,size=<bytes>][,noswap], NUL-terminated for mount(2): one
+// allocation (a storm mounts thousands).
+func tmpfsData(o TmpfsOptions, noswap bool) []byte {
+	b := make([]byte, 0, 56)
 	b = append(b, "mode=0"...)
 	if perm := o.Mode.Perm(); perm != 0 {
 		b = strconv.AppendUint(b, uint64(perm), 8)
@@ -70,7 +72,10 @@ func tmpfsData(o TmpfsOptions) string {
 		b = append(b, ",size="...)
 		b = strconv.AppendInt(b, o.SizeBytes, 10)
 	}
-	return string(b)
+	if noswap {
+		b = append(b, ",noswap"...)
+	}
+	return append(b, 0)
 }
 
 // MountTmpfs mounts a new tmpfs at target, which must exist (or resizes
@@ -82,17 +87,35 @@ func (m *Mounter) MountTmpfs(target string, o TmpfsOptions) error {
 		}
 		return nil
 	}
-	data := tmpfsData(o)
 	var err error = unix.ENOSYS
 	if o.NoSwap {
-		err = unix.Mount("tmpfs", target, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data+",noswap")
+		err = mountTmpfs(target, tmpfsData(o, true))
 	}
 	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
 		// Kernels before 6.4 do not know noswap.
-		err = unix.Mount("tmpfs", target, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data)
+		err = mountTmpfs(target, tmpfsData(o, false))
 	}
 	if err != nil {
 		return &os.PathError{Op: "mount tmpfs", Path: target, Err: err}
+	}
+	return nil
+}
+
+// tmpfs names the source and the type of a tmpfs mount, NUL-terminated.
+var tmpfs = [...]byte{'t', 'm', 'p', 'f', 's', 0}
+
+// mountTmpfs is unix.Mount("tmpfs", target, "tmpfs", MS_NOSUID|MS_NODEV,
+// data) with data already NUL-terminated: one copy of a string (target)
+// where unix.Mount makes four, and builds data in a fifth.
+func mountTmpfs(target string, data []byte) error {
+	t, err := unix.BytePtrFromString(target)
+	if err != nil {
+		return err
+	}
+	_, _, errno := unix.Syscall6(unix.SYS_MOUNT, uintptr(unsafe.Pointer(&tmpfs[0])), uintptr(unsafe.Pointer(t)),
+		uintptr(unsafe.Pointer(&tmpfs[0])), unix.MS_NOSUID|unix.MS_NODEV, uintptr(unsafe.Pointer(&data[0])), 0)
+	if errno != 0 {
+		return errno
 	}
 	return nil
 }
@@ -346,24 +369,52 @@ func mkdirParents(dir string) error {
 // locks the parent before it finds the directory not empty. In a teardown
 // storm, most of a pod's volumes find their siblings still there. On
 // filesystems that count otherwise (btrfs: 1) it says no, and rmdir
-// decides as before.
-func hasSubdirs(dir string) bool {
+// decides as before. missing reports that dir is not there (a sibling's
+// teardown removed it first): an rmdir would only fail.
+func hasSubdirs(dir string) (subdirs, missing bool) {
 	var st unix.Stat_t
-	return unix.Lstat(dir, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Nlink > 2
+	err := unix.Lstat(dir, &st)
+	if err != nil {
+		return false, errors.Is(err, unix.ENOENT)
+	}
+	return st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Nlink > 2, false
 }
 
 // RemoveEmptyDirs removes dir and then its parents while they are empty,
 // stopping at (and never removing) stop. Errors are ignored: a directory that
 // is not empty is simply still in use.
+//
+// A directory that goes away under the climb (found, then gone; or gone
+// once this climb removed the one below it) was removed by another climb,
+// of a sibling volume torn down at the same time, which goes on up from
+// there with this climb's removals already done: this one stops instead
+// of racing it level by level (a failing lstat and rmdir each). Only
+// where dir itself is missing is it unknown whether it ever existed, and
+// the climb goes on.
 func RemoveEmptyDirs(dir, stop string) {
 	stop = filepath.Clean(stop)
-	below := stop + "/"
-	for d := filepath.Clean(dir); d != stop && strings.HasPrefix(d, below); d = filepath.Dir(d) {
-		if hasSubdirs(d) {
+	removed := false // the level below, by this climb
+	// Each parent of a clean path is the part before its last "/" (all
+	// the d below are strictly below stop, so never "/"): no Clean per
+	// level, nor a "stop/" to concatenate.
+	for d := filepath.Clean(dir); below(d, stop); d = d[:strings.LastIndexByte(d, '/')] {
+		subdirs, missing := hasSubdirs(d)
+		switch {
+		case subdirs, missing && removed:
+			return
+		case missing:
+			continue // as a failing rmdir would: its parent may be empty
+		}
+		if err := unix.Rmdir(d); err != nil {
 			return
 		}
-		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
-			return
-		}
+		removed = true
 	}
+}
+
+// below reports whether clean path d is strictly below clean path stop
+// other than "/" (d != stop && strings.HasPrefix(d, stop+"/"), without
+// the concatenation).
+func below(d, stop string) bool {
+	return len(d) > len(stop)+1 && d[len(stop)] == '/' && d[:len(stop)] == stop
 }

@@ -633,3 +633,52 @@ func TestEnsureDirFileInTheWay(t *testing.T) {
 		t.Errorf("err = %v, want ENOTDIR", err)
 	}
 }
+
+// Sibling volumes torn down at once climb the same directories: a climb
+// that finds one gone under it stops, and the one that removed it goes on.
+// Whatever the interleaving, nothing empty is left, as with one climb per
+// volume after the other, and a directory another volume still holds is
+// kept.
+func TestRemoveEmptyDirsConcurrentSiblings(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		keep bool // a volume of another plugin stays
+	}{{"all go", false}, {"one stays", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			for round := range 200 {
+				stop := mkdir(t, filepath.Join(t.TempDir(), "pods"))
+				plugin := filepath.Join(stop, "uid", "volumes", "plugin")
+				var vols []string
+				for i := range 4 {
+					vols = append(vols, mkdir(t, filepath.Join(plugin, fmt.Sprint("v", i))))
+				}
+				kept := filepath.Join(stop, "uid", "volumes", "other", "v")
+				if tc.keep {
+					mkdir(t, kept)
+				}
+				var wg sync.WaitGroup
+				for _, v := range vols {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if err := unix.Rmdir(v); err != nil {
+							t.Error(err)
+						}
+						mountutil.RemoveEmptyDirs(plugin, stop)
+					}()
+				}
+				wg.Wait()
+				if _, err := os.Lstat(plugin); !errors.Is(err, os.ErrNotExist) {
+					t.Fatalf("round %d: the plugin's directory is left: %v", round, err)
+				}
+				_, err := os.Lstat(filepath.Join(stop, "uid"))
+				if gone := errors.Is(err, os.ErrNotExist); gone == tc.keep {
+					t.Fatalf("round %d: pod directory removed: %v, want %v (%v)", round, gone, !tc.keep, err)
+				}
+				if _, err := os.Lstat(stop); err != nil {
+					t.Fatalf("round %d: stop directory: %v", round, err)
+				}
+			}
+		})
+	}
+}

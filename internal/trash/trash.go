@@ -29,14 +29,8 @@ import (
 // retries, and the mount stays where it was found. When ctx ends first,
 // the rest stays in the trash for Empty.
 func RemoveAll(ctx context.Context, trashDir, dir, label string) error {
-	// Most volume directories are empty by the time they are removed: the
-	// one cheap syscall first, and no trash needed.
-	err := unix.Rmdir(dir)
-	if err == nil || errors.Is(err, unix.ENOENT) {
-		return nil
-	}
-	if !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) {
-		return &os.PathError{Op: "rmdir", Path: dir, Err: err}
+	if done, err := RemoveEmpty(dir); done {
+		return err
 	}
 	if err := os.Mkdir(trashDir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
@@ -48,7 +42,7 @@ func RemoveAll(ctx context.Context, trashDir, dir, label string) error {
 		}
 		return err
 	}
-	err = safefs.RemoveAll(ctx, in)
+	err := safefs.RemoveAll(ctx, in)
 	if err == nil {
 		return nil
 	}
@@ -61,6 +55,22 @@ func RemoveAll(ctx context.Context, trashDir, dir, label string) error {
 		return fmt.Errorf("%w (and putting what is left back failed, it stays in %s: %v)", err, in, rerr)
 	}
 	return err
+}
+
+// RemoveEmpty is the first step of RemoveAll: most volume directories are
+// empty by the time they are removed, and one rmdir removes them, with no
+// trash needed (nor its path or a label built). done reports that it
+// removed dir (or found it gone), or failed for another reason than
+// content (err); when it is false, dir has content for RemoveAll.
+func RemoveEmpty(dir string) (done bool, err error) {
+	err = unix.Rmdir(dir)
+	switch {
+	case err == nil || errors.Is(err, unix.ENOENT):
+		return true, nil
+	case errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST):
+		return false, nil
+	}
+	return true, &os.PathError{Op: "rmdir", Path: dir, Err: err}
 }
 
 // entryName is label (made one safe path element) and a random suffix:

@@ -160,14 +160,24 @@ func (p *Plugin) removeDir(ctx context.Context, req *plugins.TearDownRequest) er
 	if err := p.host.Mounter.Unmount(req.Dir); err != nil {
 		return err
 	}
-	label := string(req.Pod.UID) + "-" + filepath.Base(req.Dir)
-	err := trash.RemoveAll(ctx, p.host.Paths.TrashDir(), req.Dir, label)
+	err := p.remove(ctx, req)
 	if !errors.Is(err, unix.EBUSY) {
 		return err
 	}
 	if err := p.host.Mounter.UnmountAll(req.Dir); err != nil {
 		return err
 	}
+	return p.remove(ctx, req)
+}
+
+// remove is trash.RemoveAll of the volume's directory, with the trash's
+// path and the entry's label built only when it has content: most are
+// empty once unmounted.
+func (p *Plugin) remove(ctx context.Context, req *plugins.TearDownRequest) error {
+	if done, err := trash.RemoveEmpty(req.Dir); done {
+		return err
+	}
+	label := string(req.Pod.UID) + "-" + filepath.Base(req.Dir)
 	return trash.RemoveAll(ctx, p.host.Paths.TrashDir(), req.Dir, label)
 }
 

@@ -115,14 +115,14 @@ func (p *Plugin) TearDown(ctx context.Context, req *plugins.TearDownRequest) err
 	if err := p.removeDir(ctx, req); err != nil {
 		return err
 	}
-	if !mayBeLimited(req.Spec) {
+	// Without enforcement there is nothing to release, and the spec (cold
+	// in memory by the time a pod goes) is not even read.
+	im, pr := p.limits.Images(), p.limits.Projects()
+	if (im == nil && pr == nil) || !mayBeLimited(req.Spec) {
 		return nil
 	}
-	if im := p.limits.Images(); im != nil {
+	if im != nil {
 		return im.Release(disklimit.ImageKey(string(req.Pod.UID), filepath.Base(req.Dir)))
 	}
-	if pr := p.limits.Projects(); pr != nil {
-		return pr.Release(req.Dir)
-	}
-	return nil
+	return pr.Release(req.Dir)
 }
