@@ -298,6 +298,8 @@ type readiness struct {
 	ready map[types.UID]bool
 	// last is the desired snapshot of the last pass.
 	last *cache.DesiredSnapshot
+	// todo holds the pods a pass looks at (kept for the next).
+	todo map[types.UID]*cache.DesiredPod
 }
 
 // all looks at every pod: the simple version, which changed must agree
@@ -328,6 +330,11 @@ func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsho
 		r.all(dsw, asw, observe)
 		return
 	}
+	// A pod is looked at once per pass, however many of its volumes
+	// changed.
+	if r.todo == nil {
+		r.todo = map[types.UID]*cache.DesiredPod{}
+	}
 	if dsw != r.last {
 		kept := 0
 		for uid, p := range dsw.Pods {
@@ -335,8 +342,8 @@ func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsho
 			if ok {
 				kept++
 			}
-			if old != p {
-				r.check(uid, p, dsw, asw, observe)
+			if old != p && !r.ready[uid] {
+				r.todo[uid] = p
 			}
 		}
 		if kept < len(r.last.Pods) {
@@ -351,14 +358,22 @@ func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsho
 	volumeChanged := func(name volume.UniqueName) {
 		if dv := dsw.Volumes[name]; dv != nil {
 			for uid := range dv.Pods {
-				if p := dsw.Pods[uid]; p != nil {
-					r.check(uid, p, dsw, asw, observe)
+				if p := dsw.Pods[uid]; p != nil && !r.ready[uid] {
+					r.todo[uid] = p
 				}
 			}
 		}
 	}
 	chg.DSW.Each(volumeChanged)
 	chg.ASW.Each(volumeChanged)
+	for uid, p := range r.todo {
+		r.check(uid, p, dsw, asw, observe)
+	}
+	if len(r.todo) > 256 {
+		r.todo = nil // a map keeps its buckets: a storm's are not held
+	} else {
+		clear(r.todo)
+	}
 }
 
 func (r *readiness) check(uid types.UID, p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, observe func(*cache.DesiredPod)) {
