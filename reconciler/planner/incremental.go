@@ -22,9 +22,9 @@ import (
 //
 // The actions are returned sorted (sortActions). A pass in a storm has
 // thousands, of which a few changed: when the caller hands back the
-// slice the last pass returned and few volumes changed, the sorted list is
-// patched (see patch) instead of gathered and sorted again, which was most
-// of such a pass.
+// slice the last pass returned, the sorted list is patched (see patch)
+// instead of gathered and sorted again, which was most of such a pass;
+// patching sorts only the changed volumes' actions, however many.
 type Incremental struct {
 	// memo holds the actions of each volume that needs any.
 	memo  map[volume.UniqueName][]Action
@@ -59,7 +59,7 @@ func (p *Incremental) Plan(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.
 				changed = append(changed, name)
 			}
 		})
-		if len(buf) > 0 && len(buf) == len(p.last) && &buf[0] == &p.last[0] && 4*len(changed) <= len(buf) {
+		if len(buf) > 0 && len(buf) == len(p.last) && &buf[0] == &p.last[0] {
 			p.patched++
 			return p.keep(p.patch(buf, changed))
 		}
@@ -105,16 +105,22 @@ func (p *Incremental) patch(last []Action, changed []volume.UniqueName) []Action
 	}
 	add = sortActions(add)
 
-	kept := 0
+	// The kept actions move down in runs, one copy each.
+	kept, run := 0, 0 // last[run:i] is a run of kept actions not yet moved
 	for i := range last {
-		if isChanged[last[i].Volume] {
+		if !isChanged[last[i].Volume] {
 			continue
 		}
-		if kept != i {
-			last[kept] = last[i]
+		if kept != run {
+			copy(last[kept:], last[run:i])
 		}
-		kept++
+		kept += i - run
+		run = i + 1
 	}
+	if kept != run {
+		copy(last[kept:], last[run:])
+	}
+	kept += len(last) - run
 	if n := kept + len(add); n < len(last) {
 		clear(last[n:]) // what is no longer planned is not held either
 		last = last[:n]
