@@ -22,9 +22,9 @@ import (
 //
 // The actions are returned sorted (sortActions). A pass in a storm has
 // thousands, of which a few changed: when the caller hands back the
-// slice the last pass returned, the sorted list is patched (see patch)
-// instead of gathered and sorted again, which was most of such a pass;
-// patching sorts only the changed volumes' actions, however many.
+// slice the last pass returned and few volumes changed, the sorted list is
+// patched (see patch) instead of gathered and sorted again, which was most
+// of such a pass.
 type Incremental struct {
 	// memo holds the actions of each volume that needs any.
 	memo  map[volume.UniqueName][]Action
@@ -59,7 +59,7 @@ func (p *Incremental) Plan(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.
 				changed = append(changed, name)
 			}
 		})
-		if len(buf) > 0 && len(buf) == len(p.last) && &buf[0] == &p.last[0] {
+		if len(buf) > 0 && len(buf) == len(p.last) && &buf[0] == &p.last[0] && 4*len(changed) <= len(buf) {
 			p.patched++
 			return p.keep(p.patch(buf, changed))
 		}
