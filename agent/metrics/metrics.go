@@ -324,7 +324,8 @@ func (r *readiness) all(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, o
 // volumes' entries in both snapshots: a pod not yet ready is looked at
 // again when its entry changed (found by comparing the pods of the two
 // desired snapshots, only when the desired state changed at all: its
-// snapshot then copied every pod anyway) or one of its volumes did.
+// snapshot then copied every pod anyway) or one of its actual volumes
+// did.
 func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, chg reconciler.Changed, observe func(*cache.DesiredPod)) {
 	if chg.All || r.last == nil {
 		r.all(dsw, asw, observe)
@@ -364,7 +365,8 @@ func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsho
 			}
 		}
 	}
-	chg.DSW.Each(volumeChanged)
+	// The desired volumes that changed need no look of their own: what a
+	// pod's readiness reads of them changes only with the pod's entry.
 	chg.ASW.Each(volumeChanged)
 	for uid, p := range r.todo {
 		r.check(uid, p, dsw, asw, observe)

@@ -41,13 +41,13 @@ func TestReadinessChangedAgreesWithAll(t *testing.T) {
 				uid := uidOf(i)
 				ref := volume.PodRef{UID: uid, Namespace: "ns", Name: string(uid)}
 				name := volsOf(i)[rng.Intn(3)]
-				switch rng.Intn(6) {
+				switch rng.Intn(7) {
 				case 0, 1:
 					var vols []cache.PodVolume
 					for _, n := range volsOf(i) {
 						if rng.Intn(3) > 0 {
 							vols = append(vols, cache.PodVolume{Name: n, Plugin: "test", OuterName: string(n), Spec: spec,
-								SubPaths: subPaths[rng.Intn(2)]})
+								SubPaths: subPaths[rng.Intn(2)], Attributes: volume.Attributes{RequiresRemount: n == shared}})
 						}
 					}
 					var errs []*volume.PodVolumeError
@@ -70,6 +70,8 @@ func TestReadinessChangedAgreesWithAll(t *testing.T) {
 						cache.ActualPodMount{Pod: ref, SpecName: "v", State: state, SubPaths: subPaths[rng.Intn(2)]})
 				case 5:
 					asw.DeletePodMount(name, uid)
+				case 6:
+					dsw.RefreshPodVolume(name, uid)
 				}
 			}
 			chg := reconciler.Changed{DSW: dsw.TakeChanges(), ASW: asw.TakeChanges(), All: rng.Intn(20) == 0}
