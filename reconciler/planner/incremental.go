@@ -105,22 +105,16 @@ func (p *Incremental) patch(last []Action, changed []volume.UniqueName) []Action
 	}
 	add = sortActions(add)
 
-	// The kept actions move down in runs, one copy each.
-	kept, run := 0, 0 // last[run:i] is a run of kept actions not yet moved
+	kept := 0
 	for i := range last {
-		if !isChanged[last[i].Volume] {
+		if isChanged[last[i].Volume] {
 			continue
 		}
-		if kept != run {
-			copy(last[kept:], last[run:i])
+		if kept != i {
+			last[kept] = last[i]
 		}
-		kept += i - run
-		run = i + 1
+		kept++
 	}
-	if kept != run {
-		copy(last[kept:], last[run:])
-	}
-	kept += len(last) - run
 	if n := kept + len(add); n < len(last) {
 		clear(last[n:]) // what is no longer planned is not held either
 		last = last[:n]
