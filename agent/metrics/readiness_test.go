@@ -6,12 +6,15 @@ import (
 	"math/rand"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/reconciler"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -152,6 +155,41 @@ func BenchmarkReadinessPass(b *testing.B) {
 				} else {
 					r.changed(p.dsw, p.asw, p.chg, observe)
 				}
+			}
+		})
+	}
+}
+
+// The planned actions are counted by operation, however many operations a
+// pass has (more than fit the list's room) and in whatever order.
+func TestPlannedActionsCountedByOperation(t *testing.T) {
+	tests := []struct {
+		name string
+		ops  []operations.Op
+	}{
+		{"none", nil},
+		{"one operation", []operations.Op{"a", "a", "a"}},
+		{"interleaved", []operations.Op{"a", "b", "a", "c", "b", "a"}},
+		{"more than the room", []operations.Op{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "a", "j"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := New()
+			var actions []reconciler.Action
+			want := map[operations.Op]float64{}
+			for _, op := range tt.ops {
+				actions = append(actions, reconciler.Action{Op: op})
+				want[op]++
+			}
+			m.observePass(actions, time.Millisecond)
+			m.observePass(actions, time.Millisecond)
+			for op, n := range want {
+				if got := testutil.ToFloat64(m.actions.WithLabelValues(string(op))); got != 2*n {
+					t.Errorf("%s: counted %v, want %v", op, got, 2*n)
+				}
+			}
+			if got := testutil.CollectAndCount(m.actions); got != len(want) {
+				t.Errorf("%d series, want %d", got, len(want))
 			}
 		})
 	}
