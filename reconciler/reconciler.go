@@ -64,12 +64,13 @@ type ChangeObserver interface {
 }
 
 // Changed says in which volumes a pass's snapshots may differ from the
-// last pass's: those the caches listed since (a change made between the
-// lists and the snapshots is listed again next pass). All says any may
-// differ. Entries of pods (DesiredSnapshot.Pods) are not listed.
+// last pass's: those each cache listed since (a change made between the
+// lists and the snapshots is listed again next pass), or All. Full says
+// the pass planned every volume again (resync, adoption). Entries of pods
+// (DesiredSnapshot.Pods) are not listed.
 type Changed struct {
 	DSW, ASW cache.Changes
-	All      bool
+	Full     bool
 }
 
 // Options configures a Reconciler.
@@ -242,7 +243,7 @@ func (r *Reconciler) ReconcileOnce() []Action {
 			zap.Bool("sourcesReady", ready), zap.Duration("took", r.opts.Clock.Since(start)))
 	}
 	if o, ok := r.opts.Observer.(ChangeObserver); ok {
-		o.ReconciledChanged(dsw, asw, actions, r.opts.Clock.Since(start), Changed{DSW: dchg, ASW: achg, All: full || dchg.All || achg.All})
+		o.ReconciledChanged(dsw, asw, actions, r.opts.Clock.Since(start), Changed{DSW: dchg, ASW: achg, Full: full})
 	} else if r.opts.Observer != nil {
 		r.opts.Observer.Reconciled(dsw, asw, actions, r.opts.Clock.Since(start))
 	}

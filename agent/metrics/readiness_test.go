@@ -77,7 +77,7 @@ func TestReadinessChangedAgreesWithAll(t *testing.T) {
 					dsw.RefreshPodVolume(name, uid)
 				}
 			}
-			chg := reconciler.Changed{DSW: dsw.TakeChanges(), ASW: asw.TakeChanges(), All: rng.Intn(20) == 0}
+			chg := reconciler.Changed{DSW: dsw.TakeChanges(), ASW: asw.TakeChanges(), Full: rng.Intn(20) == 0}
 			ds, as := dsw.Snapshot(), asw.Snapshot()
 			var gotObs, wantObs []types.UID
 			inc.changed(ds, as, chg, func(p *cache.DesiredPod) { gotObs = append(gotObs, p.Pod.UID) })
