@@ -465,6 +465,18 @@ func (m multiObserver) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualS
 	}
 }
 
+var _ reconciler.ChangeObserver = multiObserver(nil)
+
+func (m multiObserver) ReconciledChanged(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, actions []reconciler.Action, took time.Duration, chg reconciler.Changed) {
+	for _, o := range m {
+		if co, ok := o.(reconciler.ChangeObserver); ok {
+			co.ReconciledChanged(dsw, asw, actions, took, chg)
+		} else {
+			o.Reconciled(dsw, asw, actions, took)
+		}
+	}
+}
+
 // readiness says whether the agent acts on a complete view of its sources.
 func (p *parts) readiness() (string, bool) {
 	if !p.source.HasSynced() {

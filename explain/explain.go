@@ -262,12 +262,15 @@ func PodReady(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.Actual
 		return false
 	}
 	for _, name := range p.Volumes {
-		dv := dsw.Volumes[name]
-		if dv == nil || dv.Pods[p.Pod.UID] == nil {
+		var dpv *cache.DesiredPodVolume
+		if dv := dsw.Volumes[name]; dv != nil {
+			dpv = dv.Pods[p.Pod.UID]
+		}
+		if dpv == nil {
 			return false
 		}
 		m, _ := asw.PodMount(name, p.Pod.UID)
-		if !cache.PodVolumeReady(dv.Pods[p.Pod.UID].SubPaths, m) {
+		if !cache.PodVolumeReady(dpv.SubPaths, m) {
 			return false
 		}
 	}

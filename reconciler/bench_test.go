@@ -49,7 +49,16 @@ func BenchmarkPassWhileBusy(b *testing.B) {
 // populator hands them in), every pass's mounts finish before the next
 // pass and are recorded in the ASW; then the pods leave in batches and
 // their unmounts are recorded the same way. One op is the whole storm.
-func BenchmarkStorm(b *testing.B) {
+func BenchmarkStorm(b *testing.B) { benchmarkStorm(b, 0) }
+
+// BenchmarkStormLimited is BenchmarkStorm with at most 64 operations
+// started per pass, as an executor with 64 workers does: the planned
+// actions pile up, and each pass changes a few of many.
+func BenchmarkStormLimited(b *testing.B) { benchmarkStorm(b, 64) }
+
+// benchmarkStorm runs the storm; a limit > 0 starts at most that many
+// operations per pass.
+func benchmarkStorm(b *testing.B, limit int) {
 	const pods, vols, batch = 1000, 4, 50
 	clk := clock.RealClock{}
 	type pod struct {
@@ -70,7 +79,7 @@ func BenchmarkStorm(b *testing.B) {
 	for b.Loop() {
 		dsw, asw := cache.NewDesiredStateOfWorld(clk), cache.NewActualStateOfWorld(clk)
 		h := &stormHandler{}
-		r := New(Options{DSW: dsw, ASW: asw, Executor: stormExecutor{}, Handler: h, Clock: clk})
+		r := New(Options{DSW: dsw, ASW: asw, Executor: stormExecutor{limit}, Handler: h, Clock: clk})
 		finish := func() {
 			for _, t := range h.started {
 				id := cache.VolumeIdentity{Name: t.Volume, Plugin: t.Plugin, Attributes: t.Attributes, Spec: t.Spec}
@@ -94,8 +103,9 @@ func BenchmarkStorm(b *testing.B) {
 			r.ReconcileOnce()
 			finish()
 		}
-		r.ReconcileOnce()
-		finish()
+		for r.ReconcileOnce(); len(h.started) > 0; r.ReconcileOnce() {
+			finish()
+		}
 		for i := 0; i < pods; i += batch {
 			dsw.Batch(func() {
 				for _, p := range all[i : i+batch] {
@@ -103,6 +113,9 @@ func BenchmarkStorm(b *testing.B) {
 				}
 			})
 			r.ReconcileOnce()
+			finish()
+		}
+		for r.ReconcileOnce(); len(h.started) > 0; r.ReconcileOnce() {
 			finish()
 		}
 		if n := len(r.ReconcileOnce()); n != 0 {
@@ -114,14 +127,15 @@ func BenchmarkStorm(b *testing.B) {
 	}
 }
 
-// stormExecutor starts every action at once.
-type stormExecutor struct{}
+// stormExecutor starts every action at once, or the first limit if
+// limit > 0.
+type stormExecutor struct{ limit int }
 
 func (stormExecutor) Mark() uint64 { return 0 }
-func (stormExecutor) Startable(cands []operations.Candidate, _ uint64) []bool {
+func (e stormExecutor) Startable(cands []operations.Candidate, _ uint64) []bool {
 	out := make([]bool, len(cands))
 	for i := range out {
-		out[i] = true
+		out[i] = e.limit <= 0 || i < e.limit
 	}
 	return out
 }

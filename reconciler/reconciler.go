@@ -55,6 +55,24 @@ type Observer interface {
 	Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, actions []Action, took time.Duration)
 }
 
+// ChangeObserver is an Observer that follows what changed: the reconciler
+// calls ReconciledChanged instead of Reconciled, so that it need not walk
+// every pod of the snapshots on every pass.
+type ChangeObserver interface {
+	Observer
+	ReconciledChanged(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, actions []Action, took time.Duration, chg Changed)
+}
+
+// Changed says in which volumes a pass's snapshots may differ from the
+// last pass's: those each cache listed since (a change made between the
+// lists and the snapshots is listed again next pass), or All. Full says
+// the pass planned every volume again (resync, adoption). Entries of pods
+// (DesiredSnapshot.Pods) are not listed.
+type Changed struct {
+	DSW, ASW cache.Changes
+	Full     bool
+}
+
 // Options configures a Reconciler.
 type Options struct {
 	DSW      *cache.DesiredStateOfWorld
@@ -224,7 +242,9 @@ func (r *Reconciler) ReconcileOnce() []Action {
 		r.opts.Log.Debug("reconciled", zap.Int("actions", len(actions)), zap.Int("started", started),
 			zap.Bool("sourcesReady", ready), zap.Duration("took", r.opts.Clock.Since(start)))
 	}
-	if r.opts.Observer != nil {
+	if o, ok := r.opts.Observer.(ChangeObserver); ok {
+		o.ReconciledChanged(dsw, asw, actions, r.opts.Clock.Since(start), Changed{DSW: dchg, ASW: achg, Full: full})
+	} else if r.opts.Observer != nil {
 		r.opts.Observer.Reconciled(dsw, asw, actions, r.opts.Clock.Since(start))
 	}
 	return actions

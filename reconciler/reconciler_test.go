@@ -262,3 +262,54 @@ func TestReconcilerMinIntervalFromLastPass(t *testing.T) {
 	default:
 	}
 }
+
+// changeRecorder is a ChangeObserver that keeps what it was told.
+type changeRecorder struct {
+	plain int
+	chg   []Changed
+}
+
+func (c *changeRecorder) Reconciled(*cache.DesiredSnapshot, *cache.ActualSnapshot, []Action, time.Duration) {
+	c.plain++
+}
+
+func (c *changeRecorder) ReconciledChanged(_ *cache.DesiredSnapshot, _ *cache.ActualSnapshot, _ []Action, _ time.Duration, chg Changed) {
+	c.chg = append(c.chg, chg)
+}
+
+// A ChangeObserver is told, with each pass, the volumes the caches listed
+// as changed since the last pass, or All (both on the first pass).
+func TestReconcilerTellsChangeObserverWhatChanged(t *testing.T) {
+	clk := clock.RealClock{}
+	dsw, asw := cache.NewDesiredStateOfWorld(clk), cache.NewActualStateOfWorld(clk)
+	name := volume.PodScopedName(emptydir.Name, "p1", "scratch")
+	spec := emptyDirSpec("scratch", v1.StorageMediumDefault)
+	obs := &changeRecorder{}
+	r := New(Options{DSW: dsw, ASW: asw, Executor: &fakeExecutor{}, Handler: &opHandler{}, Clock: clk, Observer: obs})
+	steps := []struct {
+		name          string
+		change        func()
+		all, inD, inA bool
+	}{
+		{"first pass", func() {}, true, false, false},
+		{"nothing changed", func() {}, false, false, false},
+		{"pod wants the volume", func() {
+			dsw.SetPod(volume.PodInfo{PodRef: rcRef("p1")}, []cache.PodVolume{{Name: name, Plugin: emptydir.Name, OuterName: "scratch", Spec: spec}}, nil, nil)
+		}, false, true, false},
+		{"volume mounted", func() {
+			asw.SetPodMount(cache.VolumeIdentity{Name: name, Plugin: emptydir.Name, Spec: spec}, cache.ActualPodMount{Pod: rcRef("p1"), State: cache.Mounted})
+		}, false, false, true},
+	}
+	for i, s := range steps {
+		s.change()
+		r.ReconcileOnce()
+		if len(obs.chg) != i+1 || obs.plain != 0 {
+			t.Fatalf("%s: told of %d passes with changes and %d without, want %d and 0", s.name, len(obs.chg), obs.plain, i+1)
+		}
+		c := obs.chg[i]
+		all := c.DSW.All && c.ASW.All
+		if all != s.all || (!all && (c.DSW.Has(name) != s.inD || c.ASW.Has(name) != s.inA)) {
+			t.Errorf("%s: told All %v, desired %v, actual %v; want %v, %v, %v", s.name, all, c.DSW.Has(name), c.ASW.Has(name), s.all, s.inD, s.inA)
+		}
+	}
+}
