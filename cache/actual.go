@@ -225,7 +225,38 @@ type aswShard struct {
 	// snapChanges lists the volumes changed since the last snapshot,
 	// which patches a copy of the one before instead of copying every
 	// entry anew.
-	snapChanges changelog.Log[volume.UniqueName]
+	snapChanges touched
+}
+
+// touched lists the volumes changed since the last snapshot, in order and
+// with repeats: patching a snapshot with a volume twice does no harm, and
+// appending to a slice the snapshot hands back is cheaper than the
+// set a changelog.Log keeps (a map insert per change was a tenth of
+// every ASW write in a storm).
+type touched struct {
+	names []volume.UniqueName
+	// all: past the limit, or nothing listed yet; every entry is copied.
+	all bool
+}
+
+func (t *touched) mark(name volume.UniqueName, limit int) {
+	if t.all {
+		return
+	}
+	if len(t.names) >= limit {
+		t.all, t.names = true, nil
+		return
+	}
+	t.names = append(t.names, name)
+}
+
+// take returns what was marked and starts a new list, which reuses
+// names' array: the caller is done with names before it lets go of the
+// shard's lock.
+func (t *touched) take() (all bool, names []volume.UniqueName) {
+	all, names = t.all, t.names
+	t.all, t.names = false, names[:0]
+	return all, names
 }
 
 // NewActualStateOfWorld returns an empty ASW.
@@ -233,6 +264,7 @@ func NewActualStateOfWorld(c clock.PassiveClock) *ActualStateOfWorld {
 	a := &ActualStateOfWorld{clock: c, seed: maphash.MakeSeed()}
 	for i := range a.shards {
 		a.shards[i].volumes = map[volume.UniqueName]*ActualVolume{}
+		a.shards[i].snapChanges.all = true
 	}
 	return a
 }
@@ -289,7 +321,7 @@ func (a *ActualStateOfWorld) updateWith(id VolumeIdentity, clone func(*ActualVol
 		}
 	}
 	sh.changes.Mark(id.Name, changeLimit(len(sh.volumes)))
-	sh.snapChanges.Mark(id.Name, changeLimit(len(sh.volumes)))
+	sh.snapChanges.mark(id.Name, changeLimit(len(sh.volumes)))
 	a.generation.Add(1)
 }
 
@@ -483,12 +515,12 @@ func (a *ActualStateOfWorld) Snapshot() *ActualSnapshot {
 	for i := range a.shards {
 		sh := &a.shards[i]
 		sh.mu.Lock()
-		all, names := sh.snapChanges.Take()
+		all, names := sh.snapChanges.take()
 		if all {
 			patch = false
 		}
 		if patch {
-			for name := range names {
+			for _, name := range names {
 				if v, ok := sh.volumes[name]; ok {
 					s.Volumes[name] = v
 				} else {
@@ -544,7 +576,7 @@ func (a *ActualStateOfWorld) AddReconstructed(vols []*ActualVolume) {
 			sh.reconstructed++
 		}
 		sh.changes.Mark(v.Name, changeLimit(len(sh.volumes)))
-		sh.snapChanges.Mark(v.Name, changeLimit(len(sh.volumes)))
+		sh.snapChanges.mark(v.Name, changeLimit(len(sh.volumes)))
 		// Counted under the shard's lock, as every change: a consumer
 		// that took the change then finds a newer snapshot.
 		a.generation.Add(1)
