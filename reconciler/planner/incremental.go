@@ -27,7 +27,12 @@ import (
 // of such a pass.
 type Incremental struct {
 	// memo holds the actions of each volume that needs any.
-	memo  map[volume.UniqueName][]Action
+	memo map[volume.UniqueName][]Action
+	// free holds the cleared slices of volumes that needed actions and
+	// need none now, for the next volumes that come to need some: in a
+	// storm every volume needs actions for a while, twice, and allocating
+	// a slice each time was a sixth of a storm's allocations.
+	free  [][]Action
 	opts  Options
 	valid bool
 	// last is the slice the last pass returned (nil if empty).
@@ -81,7 +86,7 @@ func (p *Incremental) keep(out []Action) []Action {
 	if len(p.memo) == 0 {
 		// A map keeps its buckets when emptied: an idle agent holds
 		// none of a storm's.
-		p.memo = nil
+		p.memo, p.free = nil, nil
 	}
 	return out
 }
@@ -137,7 +142,11 @@ func (p *Incremental) patch(last []Action, changed []volume.UniqueName) []Action
 
 // replan plans one volume again and records its actions.
 func (p *Incremental) replan(name volume.UniqueName, dsw *cache.DesiredSnapshot, dv *cache.DesiredVolume, av *cache.ActualVolume, opts Options) {
-	old := p.memo[name]
+	old, had := p.memo[name]
+	if !had && len(p.free) > 0 {
+		old = p.free[len(p.free)-1]
+		p.free = p.free[:len(p.free)-1]
+	}
 	actions := planVolume(old[:0], dsw, dv, av, opts)
 	switch {
 	case len(actions) > 0:
@@ -146,6 +155,16 @@ func (p *Incremental) replan(name volume.UniqueName, dsw *cache.DesiredSnapshot,
 		}
 		p.memo[name] = actions
 	case old != nil:
-		delete(p.memo, name)
+		if had {
+			delete(p.memo, name)
+		}
+		if len(p.free) < maxFree {
+			clear(old[:cap(old)])
+			p.free = append(p.free, old[:0])
+		}
 	}
 }
+
+// maxFree bounds the free slices kept while some volume needs actions (an
+// idle planner keeps none): a slice is a few Actions.
+const maxFree = 1024
