@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"slices"
 	"sort"
 
 	"github.com/volume-agent/volume-agent/cache"
@@ -96,30 +97,41 @@ func (p *Incremental) keep(out []Action) []Action {
 // actions now, sorted, from the back: each new action's place is found by
 // binary search and the actions after it move up in one copy, so each
 // Action moves at most twice.
+//
+// The changed volumes' actions are found by galloping search, per phase
+// (within which last is sorted by volume) and in the order of their
+// names, and what lies between is moved in one copy: a lookup of every
+// action's volume in a set, and moving the actions one by one, was most
+// of a pass with thousands of actions pending.
 func (p *Incremental) patch(last []Action, changed []volume.UniqueName) []Action {
 	if len(changed) == 0 {
 		return last
 	}
-	isChanged := make(map[volume.UniqueName]bool, len(changed))
+	slices.Sort(changed)
+	changed = slices.Compact(changed) // listed by both caches, or twice by one
 	var add []Action
 	for _, name := range changed {
-		if !isChanged[name] { // listed by both caches, or twice by one
-			isChanged[name] = true
-			add = append(add, p.memo[name]...)
-		}
+		add = append(add, p.memo[name]...)
 	}
 	add = sortActions(add)
 
-	kept := 0
-	for i := range last {
-		if isChanged[last[i].Volume] {
-			continue
+	kept, from := 0, 0 // last[:kept] are kept; last[from:] not looked at yet
+	for start := 0; start < len(last); {
+		ph := phase(last[start].Op)
+		end := start + gallop(last[start:], func(a *Action) bool { return phase(a.Op) > ph })
+		pos := start
+		for _, name := range changed {
+			lo := pos + gallop(last[pos:end], func(a *Action) bool { return a.Volume >= name })
+			hi := lo + gallop(last[lo:end], func(a *Action) bool { return a.Volume > name })
+			if lo < hi {
+				kept += copy(last[kept:], last[from:lo])
+				from = hi
+			}
+			pos = hi
 		}
-		if kept != i {
-			last[kept] = last[i]
-		}
-		kept++
+		start = end
 	}
+	kept += copy(last[kept:], last[from:])
 	if n := kept + len(add); n < len(last) {
 		clear(last[n:]) // what is no longer planned is not held either
 		last = last[:n]
@@ -138,6 +150,20 @@ func (p *Incremental) patch(last []Action, changed []volume.UniqueName) []Action
 		last[end] = *a
 	}
 	return last
+}
+
+// gallop returns the smallest index of s at which f holds, len(s) if
+// none, for an f that holds from some index on: it looks 1, 2, 4, ...
+// actions ahead, then searches the last step, so finding an index k costs
+// about 2 log k calls of f, however long s is.
+func gallop(s []Action, f func(*Action) bool) int {
+	lo, step := 0, 1 // f does not hold before lo
+	for lo+step <= len(s) && !f(&s[lo+step-1]) {
+		lo += step
+		step *= 2
+	}
+	hi := min(lo+step, len(s)) // f holds at hi-1, or hi == len(s)
+	return lo + sort.Search(hi-lo, func(x int) bool { return f(&s[lo+x]) })
 }
 
 // replan plans one volume again and records its actions.

@@ -227,7 +227,7 @@ func TestIncrementalPlanCatchesUpWithConcurrentChanges(t *testing.T) {
 }
 
 // TestPlannerHoldsNothingWhenIdle: once nothing is left to do, the planner
-// keeps no memo (a storm's thousands of entries would stay otherwise).
+// keeps no memo nor free slices (a storm's thousands of entries would stay otherwise).
 func TestPlannerHoldsNothingWhenIdle(t *testing.T) {
 	dsw, asw := benchWorld(100, false)
 	opts := Options{SourcesReady: true}
@@ -236,8 +236,8 @@ func TestPlannerHoldsNothingWhenIdle(t *testing.T) {
 		t.Fatalf("%d actions, %d memo entries; want 100 each", len(got), len(p.memo))
 	}
 	dsw, asw = benchWorld(100, true)
-	if got := p.Plan(nil, dsw, asw, opts, cache.Changes{All: true}, cache.Changes{}, false); len(got) != 0 || p.memo != nil {
-		t.Fatalf("%d actions, memo %v; want none and no memo", len(got), p.memo)
+	if got := p.Plan(nil, dsw, asw, opts, cache.Changes{All: true}, cache.Changes{}, false); len(got) != 0 || p.memo != nil || p.free != nil {
+		t.Fatalf("%d actions, memo %v, %d free slices; want none and no memo", len(got), p.memo, len(p.free))
 	}
 }
 
