@@ -38,6 +38,10 @@ type Incremental struct {
 	valid bool
 	// last is the slice the last pass returned (nil if empty).
 	last []Action
+	// changed and add are the last pass's buffers, cleared, for the
+	// next (a pass in a storm lists hundreds of volumes).
+	changed []volume.UniqueName
+	add     []Action
 	// patched counts the passes that patched the last result (tests).
 	patched int
 }
@@ -54,7 +58,14 @@ func (p *Incremental) Plan(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.
 		})
 		p.opts, p.valid = opts, true
 	} else {
-		var changed []volume.UniqueName
+		changed := p.changed[:0]
+		defer func() {
+			clear(changed)
+			p.changed = nil
+			if p.memo != nil { // not idle
+				p.changed = changed[:0]
+			}
+		}()
 		dchg.Each(func(name volume.UniqueName) {
 			p.replan(name, dsw, dsw.Volumes[name], asw.Volumes[name], opts)
 			changed = append(changed, name)
@@ -87,7 +98,7 @@ func (p *Incremental) keep(out []Action) []Action {
 	if len(p.memo) == 0 {
 		// A map keeps its buckets when emptied: an idle agent holds
 		// none of a storm's.
-		p.memo, p.free = nil, nil
+		p.memo, p.free, p.add = nil, nil, nil
 	}
 	return out
 }
@@ -109,11 +120,12 @@ func (p *Incremental) patch(last []Action, changed []volume.UniqueName) []Action
 	}
 	slices.Sort(changed)
 	changed = slices.Compact(changed) // listed by both caches, or twice by one
-	var add []Action
+	add := p.add[:0]
 	for _, name := range changed {
 		add = append(add, p.memo[name]...)
 	}
 	add = sortActions(add)
+	defer func() { clear(add); p.add = add[:0] }()
 
 	kept, from := 0, 0 // last[:kept] are kept; last[from:] not looked at yet
 	for start := 0; start < len(last); {

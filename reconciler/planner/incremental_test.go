@@ -236,7 +236,7 @@ func TestPlannerHoldsNothingWhenIdle(t *testing.T) {
 		t.Fatalf("%d actions, %d memo entries; want 100 each", len(got), len(p.memo))
 	}
 	dsw, asw = benchWorld(100, true)
-	if got := p.Plan(nil, dsw, asw, opts, cache.Changes{All: true}, cache.Changes{}, false); len(got) != 0 || p.memo != nil || p.free != nil {
+	if got := p.Plan(nil, dsw, asw, opts, cache.Changes{All: true}, cache.Changes{}, false); len(got) != 0 || p.memo != nil || p.free != nil || p.changed != nil || p.add != nil {
 		t.Fatalf("%d actions, memo %v, %d free slices; want none and no memo", len(got), p.memo, len(p.free))
 	}
 }
