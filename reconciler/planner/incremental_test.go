@@ -13,6 +13,7 @@ import (
 	clock "k8s.io/utils/clock/testing"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -226,7 +227,7 @@ func TestIncrementalPlanCatchesUpWithConcurrentChanges(t *testing.T) {
 }
 
 // TestPlannerHoldsNothingWhenIdle: once nothing is left to do, the planner
-// keeps no memo (a storm's thousands of entries would stay otherwise).
+// keeps no memo nor free slices (a storm's thousands of entries would stay otherwise).
 func TestPlannerHoldsNothingWhenIdle(t *testing.T) {
 	dsw, asw := benchWorld(100, false)
 	opts := Options{SourcesReady: true}
@@ -235,8 +236,8 @@ func TestPlannerHoldsNothingWhenIdle(t *testing.T) {
 		t.Fatalf("%d actions, %d memo entries; want 100 each", len(got), len(p.memo))
 	}
 	dsw, asw = benchWorld(100, true)
-	if got := p.Plan(nil, dsw, asw, opts, cache.Changes{All: true}, cache.Changes{}, false); len(got) != 0 || p.memo != nil {
-		t.Fatalf("%d actions, memo %v; want none and no memo", len(got), p.memo)
+	if got := p.Plan(nil, dsw, asw, opts, cache.Changes{All: true}, cache.Changes{}, false); len(got) != 0 || p.memo != nil || p.free != nil || p.changed != nil || p.add != nil {
+		t.Fatalf("%d actions, memo %v, %d free slices; want none and no memo", len(got), p.memo, len(p.free))
 	}
 }
 
@@ -287,5 +288,55 @@ func BenchmarkPassOnePodArrives(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestPlanVolumeMatchesEveryPhase holds planVolume, which skips walking a
+// volume's mounts for unmounts when planMounts found them all wanted, to
+// the plain sequence of the three phases, over random states.
+func TestPlanVolumeMatchesEveryPhase(t *testing.T) {
+	optionSets := []Options{{}, {SourcesReady: true}, {SourcesReady: true, OrphanCleanupAllowed: true}}
+	skipped, unmounted := 0, 0
+	for seed := range uint64(20) {
+		c := newChurn(seed, 12, 8)
+		for range 300 {
+			for range c.r.IntN(4) + 1 {
+				c.change()
+			}
+			dsw, asw := c.dsw.Snapshot(), c.asw.Snapshot()
+			for _, opts := range optionSets {
+				for _, name := range c.names {
+					dv, av := dsw.Volumes[name], asw.Volumes[name]
+					var want []Action
+					if opts.SourcesReady && av != nil {
+						want = planUnmounts(dsw, dv, av, opts.OrphanCleanupAllowed, want)
+					}
+					wantedMounts := -1
+					if dv != nil {
+						want, wantedMounts = planMounts(dv, av, opts.SourcesReady, want)
+					}
+					if opts.SourcesReady && av != nil {
+						if wantedMounts == len(av.Pods) && len(av.Pods) > 0 {
+							skipped++
+						}
+						want = planDeviceTeardown(dv != nil, av, opts.OrphanCleanupAllowed, want)
+					}
+					got := sortActions(planVolume(nil, dsw, dv, av, opts))
+					want = sortActions(want)
+					for _, a := range want {
+						if dv != nil && phase(a.Op) == operations.PhaseUnmount {
+							unmounted++
+						}
+					}
+					if (len(got) > 0 || len(want) > 0) && !reflect.DeepEqual(got, want) {
+						t.Fatalf("seed %d %s (%+v): planVolume differs:\ngot  %v\nwant %v", seed, name, opts, summarize(got), summarize(want))
+					}
+				}
+			}
+		}
+	}
+	// Both the skip and unmounts of wanted volumes must have come up.
+	if skipped < 100 || unmounted < 100 {
+		t.Fatalf("skipped %d walks, %d unmounts of wanted volumes: the test proves little", skipped, unmounted)
 	}
 }

@@ -77,14 +77,21 @@ func eachVolume(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, fn func(v
 // volume's actions depend on nothing else but the options and, for its
 // pods' mounts, on whether those pods are protected (protectedPod): the
 // incremental planner relies on it.
+//
+// The phases are planned mounts first (the order within a volume does not
+// matter: callers sort): planMounts already looks up every wanted pod's
+// mount, and when those are all the mounts there are, none is unwanted and
+// planUnmounts need not walk them again (one map walk per volume in every
+// pass of a storm).
 func planVolume(out []Action, dsw *cache.DesiredSnapshot, dv *cache.DesiredVolume, av *cache.ActualVolume, opts Options) []Action {
-	if opts.SourcesReady && av != nil {
-		out = planUnmounts(dsw, dv, av, opts.OrphanCleanupAllowed, out)
-	}
+	wantedMounts := -1
 	if dv != nil {
-		out = planMounts(dv, av, opts.SourcesReady, out)
+		out, wantedMounts = planMounts(dv, av, opts.SourcesReady, out)
 	}
 	if opts.SourcesReady && av != nil {
+		if wantedMounts != len(av.Pods) {
+			out = planUnmounts(dsw, dv, av, opts.OrphanCleanupAllowed, out)
+		}
 		out = planDeviceTeardown(dv != nil, av, opts.OrphanCleanupAllowed, out)
 	}
 	return out
@@ -193,34 +200,40 @@ func protectedPod(dsw *cache.DesiredSnapshot, uid types.UID) bool {
 // block volume: map the device, then map it for every pod). State
 // reconstructed after a restart is left alone until the sources are ready:
 // the first ready pass adopts what is in place, without any operation.
-func planMounts(dv *cache.DesiredVolume, av *cache.ActualVolume, ready bool, out []Action) []Action {
+// It also returns how many of the volume's actual pod mounts belong to pods
+// that want it, or -1 if it did not look at the pods.
+func planMounts(dv *cache.DesiredVolume, av *cache.ActualVolume, ready bool, out []Action) ([]Action, int) {
 	if !ready && av != nil && av.DeviceReconstructed {
-		return out
+		return out, -1
 	}
 	volumeAction := func(op operations.Op, reason string) Action {
 		return Action{Op: op, Target: operations.Target{Volume: dv.Name, Plugin: dv.Plugin, Attributes: dv.Attributes, Spec: dv.Spec, SpecName: dv.SpecName,
 			Waiting: podRefs(dv), DesiredSize: dv.DesiredSize}, Reason: reason}
 	}
 	if cache.AttachNeeded(dv.Attributes, av) {
-		return append(out, volumeAction(operations.OpVerifyAttached, "not attached"))
+		return append(out, volumeAction(operations.OpVerifyAttached, "not attached")), -1
 	}
 	if cache.DeviceMountNeeded(dv.Attributes, av) {
 		reason := "device not mounted"
 		if av != nil && av.DeviceState == cache.DeviceMountUncertain {
 			reason = "device mount uncertain"
 		}
-		return append(out, volumeAction(operations.ForMode(operations.OpMountDevice, dv.Attributes.Block), reason))
+		return append(out, volumeAction(operations.ForMode(operations.OpMountDevice, dv.Attributes.Block), reason)), -1
 	}
 	expand := cache.ExpansionNeeded(dv.DesiredSize, dv.Attributes, av)
 	if expand && dv.Attributes.DeviceMountable && !av.ExpandAfterPublish && !cache.AnyPodMounted(av) {
 		// Offline expansion: grow the staged filesystem before any pod
 		// gets it.
-		return append(out, volumeAction(operations.OpExpandVolume, expansionReason(dv, av)+" (before publishing)"))
+		return append(out, volumeAction(operations.OpExpandVolume, expansionReason(dv, av)+" (before publishing)")), -1
 	}
+	wantedMounts := 0
 	for uid, dp := range dv.Pods {
 		var m *cache.ActualPodMount
 		if av != nil {
 			m = av.Pods[uid]
+		}
+		if m != nil {
+			wantedMounts++
 		}
 		if !cache.PodMountNeeded(m, dp.ContentGeneration) {
 			if cache.SubPathsNeeded(dp.SubPaths, m, dp.ContentGeneration) {
@@ -251,7 +264,7 @@ func planMounts(dv *cache.DesiredVolume, av *cache.ActualVolume, ready bool, out
 	if expand {
 		out = append(out, volumeAction(operations.OpExpandVolume, expansionReason(dv, av)))
 	}
-	return out
+	return out, wantedMounts
 }
 
 func subPathsReason(dp *cache.DesiredPodVolume, m *cache.ActualPodMount) string {

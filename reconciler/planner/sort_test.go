@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"reflect"
 	"sort"
@@ -54,6 +55,30 @@ func TestSortActionsMatchesStableSort(t *testing.T) {
 		})
 		if got := sortActions(actions); len(got) != len(want) || (n > 0 && !reflect.DeepEqual(got, want)) {
 			t.Errorf("%d actions: sortActions differs from a stable sort", n)
+		}
+	}
+}
+
+// TestGallop: gallop finds the first action at which a monotone predicate
+// holds, for every length and answer, as a linear scan does.
+func TestGallop(t *testing.T) {
+	for n := range 70 {
+		s := make([]Action, n)
+		for k := range n + 1 {
+			for i := range s {
+				s[i].Reason = "before"
+				if i >= k {
+					s[i].Reason = "after"
+				}
+			}
+			calls := 0
+			got := gallop(s, func(a *Action) bool { calls++; return a.Reason == "after" })
+			if got != k {
+				t.Fatalf("len %d, first at %d: gallop says %d", n, k, got)
+			}
+			if limit := 2*bits.Len(uint(k+1)) + 2; calls > limit {
+				t.Fatalf("len %d, first at %d: %d calls, want at most %d", n, k, calls, limit)
+			}
 		}
 	}
 }
