@@ -604,6 +604,12 @@ func preparePodSpec(spec *corev1.PodSpec) error {
 	if spec.RestartPolicy == "" {
 		spec.RestartPolicy = corev1.RestartPolicyAlways
 	}
+	if spec.SecurityContext == nil && spec.TerminationGracePeriodSeconds == nil {
+		// Both in one allocation, as most manifests set neither (not
+		// shared between pods: a pod's fields are its own).
+		d := &podSpecDefaults{gracePeriod: corev1.DefaultTerminationGracePeriodSeconds}
+		spec.SecurityContext, spec.TerminationGracePeriodSeconds = &d.securityContext, &d.gracePeriod
+	}
 	if spec.SecurityContext == nil {
 		spec.SecurityContext = &corev1.PodSecurityContext{}
 	}
@@ -611,6 +617,11 @@ func preparePodSpec(spec *corev1.PodSpec) error {
 		spec.TerminationGracePeriodSeconds = ptr(int64(corev1.DefaultTerminationGracePeriodSeconds))
 	}
 	return nil
+}
+
+type podSpecDefaults struct {
+	securityContext corev1.PodSecurityContext
+	gracePeriod     int64
 }
 
 func countSources(vs *corev1.VolumeSource) int {
