@@ -382,6 +382,11 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 // from besides the pod.
 func (p *Populator) envInputs(pod *v1.Pod, node Node) envInputs {
 	in := envInputs{NodeName: node.Name, HostIPs: node.HostIPs, Allocatable: p.opts.NodeAllocatable}
+	if !expandsSubPaths(pod) {
+		// Nothing builds an environment: the lookups, two allocations
+		// per pod, are never called.
+		return in
+	}
 	objs := p.opts.EnvObjects
 	in.ConfigMap = func(name string) (*v1.ConfigMap, error) {
 		if objs == nil {
@@ -396,6 +401,30 @@ func (p *Populator) envInputs(pod *v1.Pod, node Node) envInputs {
 		return objs.Secret(pod.Namespace, name)
 	}
 	return in
+}
+
+// expandsSubPaths reports whether a container of the pod mounts a
+// subPathExpr, the only use of an environment here.
+func expandsSubPaths(pod *v1.Pod) bool {
+	some := func(mounts []v1.VolumeMount) bool {
+		return slices.ContainsFunc(mounts, func(m v1.VolumeMount) bool { return m.SubPathExpr != "" })
+	}
+	for i := range pod.Spec.InitContainers {
+		if some(pod.Spec.InitContainers[i].VolumeMounts) {
+			return true
+		}
+	}
+	for i := range pod.Spec.Containers {
+		if some(pod.Spec.Containers[i].VolumeMounts) {
+			return true
+		}
+	}
+	for i := range pod.Spec.EphemeralContainers {
+		if some(pod.Spec.EphemeralContainers[i].VolumeMounts) {
+			return true
+		}
+	}
+	return false
 }
 
 // withSubPaths gives a resolved volume the sub-paths the pod's containers

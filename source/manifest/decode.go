@@ -170,7 +170,7 @@ func isJSON(data []byte) bool {
 // value is not JSON, so the file must be YAML starting with a flow mapping.
 func (p *parser) parseJSON(data []byte, res *parsed) (fallback bool, err error) {
 	// Most files are one object: decoded whole, without splitting first.
-	if obj, gvk, ok := p.fastDecode(data); ok {
+	if obj, gvk, ok := p.fastDecode(data, sliceHint{}); ok {
 		return false, p.add(obj, gvk, location{doc: 1, line: lineAt(data, 0)}, res, true)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -187,7 +187,7 @@ func (p *parser) parseJSON(data []byte, res *parsed) (fallback bool, err error) 
 			return false, fmt.Errorf("document %d: invalid JSON: %v", doc, err)
 		}
 		loc := location{doc: doc, line: lineAt(data, start)}
-		if err := p.decodeDocument(raw, loc, res, true); err != nil {
+		if err := p.decodeDocument(raw, sliceHint{}, loc, res, true); err != nil {
 			return false, err
 		}
 	}
@@ -219,9 +219,9 @@ func (p *parser) parseYAML(data []byte, res *parsed) error {
 		}
 	}()
 	return splitYAML(data, func(text []byte, line int) error {
-		js, ok := []byte(nil), false
+		js, ok, hint := []byte(nil), false, sliceHint{}
 		if !p.decoderOnly {
-			if js, ok = fastYAMLToJSON((*buf)[:0], text); ok {
+			if js, hint, ok = fastYAMLToJSONHint((*buf)[:0], text); ok {
 				*buf = js
 			}
 		}
@@ -244,7 +244,7 @@ func (p *parser) parseYAML(data []byte, res *parsed) error {
 			return nil
 		}
 		doc++
-		return p.decodeDocument(js, location{doc: doc, line: line}, res, true)
+		return p.decodeDocument(js, hint, location{doc: doc, line: line}, res, true)
 	})
 }
 
@@ -296,12 +296,13 @@ func splitYAML(data []byte, fn func(doc []byte, line int) error) error {
 
 // decodeDocument decodes one JSON document, or an item of a v1 List (top
 // false), and adds what it holds to res. Errors returned are fatal for the
-// file.
-func (p *parser) decodeDocument(js []byte, loc location, res *parsed, top bool) error {
+// file. hint is what the YAML said about the document's slices, if it was
+// YAML.
+func (p *parser) decodeDocument(js []byte, hint sliceHint, loc location, res *parsed, top bool) error {
 	if t := bytes.TrimLeft(js, " \t\r\n"); len(t) == 0 || t[0] != '{' {
 		return fmt.Errorf("%s: not an object", loc)
 	}
-	if obj, gvk, ok := p.fastDecode(js); ok {
+	if obj, gvk, ok := p.fastDecode(js, hint); ok {
 		return p.add(obj, gvk, loc, res, top)
 	}
 	obj, gvk, err := decoder.Decode(js, nil, nil)
@@ -347,7 +348,7 @@ func (p *parser) add(obj runtime.Object, gvk schema.GroupVersionKind, loc locati
 		for i := range list.Items {
 			iloc := loc
 			iloc.item = i + 1
-			if err := p.decodeDocument(list.Items[i].Raw, iloc, res, false); err != nil {
+			if err := p.decodeDocument(list.Items[i].Raw, sliceHint{}, iloc, res, false); err != nil {
 				return err
 			}
 		}
@@ -603,6 +604,12 @@ func preparePodSpec(spec *corev1.PodSpec) error {
 	if spec.RestartPolicy == "" {
 		spec.RestartPolicy = corev1.RestartPolicyAlways
 	}
+	if spec.SecurityContext == nil && spec.TerminationGracePeriodSeconds == nil {
+		// Both in one allocation, as most manifests set neither (not
+		// shared between pods: a pod's fields are its own).
+		d := &podSpecDefaults{gracePeriod: corev1.DefaultTerminationGracePeriodSeconds}
+		spec.SecurityContext, spec.TerminationGracePeriodSeconds = &d.securityContext, &d.gracePeriod
+	}
 	if spec.SecurityContext == nil {
 		spec.SecurityContext = &corev1.PodSecurityContext{}
 	}
@@ -610,6 +617,11 @@ func preparePodSpec(spec *corev1.PodSpec) error {
 		spec.TerminationGracePeriodSeconds = ptr(int64(corev1.DefaultTerminationGracePeriodSeconds))
 	}
 	return nil
+}
+
+type podSpecDefaults struct {
+	securityContext corev1.PodSecurityContext
+	gracePeriod     int64
 }
 
 func countSources(vs *corev1.VolumeSource) int {

@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -422,5 +423,45 @@ func TestSplitYAML(t *testing.T) {
 	}
 	if len(lines) != 3 || lines[0] != 1 || lines[1] != 2 || lines[2] != 4 {
 		t.Errorf("lines = %v", lines)
+	}
+}
+
+// TestPodSpecDefaults: securityContext and terminationGracePeriodSeconds
+// are defaulted whichever of them a pod sets, a set one is kept, and no
+// two pods share what was filled in.
+func TestPodSpecDefaults(t *testing.T) {
+	grace := int64(5)
+	sc := &corev1.PodSecurityContext{FSGroup: &grace}
+	tests := []struct {
+		name      string
+		sc        *corev1.PodSecurityContext
+		grace     *int64
+		wantSC    *corev1.PodSecurityContext
+		wantGrace int64
+	}{
+		{"neither", nil, nil, &corev1.PodSecurityContext{}, 30},
+		{"securityContext set", sc, nil, sc, 30},
+		{"grace period set", nil, &grace, &corev1.PodSecurityContext{}, 5},
+		{"both set", sc, &grace, sc, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var specs [2]corev1.PodSpec
+			for i := range specs {
+				specs[i] = corev1.PodSpec{SecurityContext: tt.sc, TerminationGracePeriodSeconds: tt.grace}
+				if err := preparePodSpec(&specs[i]); err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(specs[i].SecurityContext, tt.wantSC) || specs[i].TerminationGracePeriodSeconds == nil || *specs[i].TerminationGracePeriodSeconds != tt.wantGrace {
+					t.Fatalf("securityContext %+v, grace period %v", specs[i].SecurityContext, specs[i].TerminationGracePeriodSeconds)
+				}
+			}
+			if tt.sc == nil && specs[0].SecurityContext == specs[1].SecurityContext {
+				t.Fatal("two pods share a defaulted securityContext")
+			}
+			if tt.grace == nil && specs[0].TerminationGracePeriodSeconds == specs[1].TerminationGracePeriodSeconds {
+				t.Fatal("two pods share a defaulted grace period")
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	kjson "sigs.k8s.io/json"
@@ -21,7 +22,10 @@ import (
 // warning, with the same object; anything else (escapes in those keys,
 // another order, an unknown or duplicate field, a syntax error, trailing
 // data) is left to the decoder, so messages stay the decoder's.
-func (p *parser) fastDecode(js []byte) (runtime.Object, schema.GroupVersionKind, bool) {
+//
+// hint pre-sizes a pod's slices (FuzzParse and TestSliceHint compare the
+// outcome with the decoder's, which has no hint).
+func (p *parser) fastDecode(js []byte, hint sliceHint) (runtime.Object, schema.GroupVersionKind, bool) {
 	if p.decoderOnly {
 		return nil, schema.GroupVersionKind{}, false
 	}
@@ -40,6 +44,9 @@ func (p *parser) fastDecode(js []byte) (runtime.Object, schema.GroupVersionKind,
 	obj, err := scheme.New(gvk)
 	if err != nil {
 		return nil, schema.GroupVersionKind{}, false
+	}
+	if pod, ok := obj.(*corev1.Pod); ok {
+		hint.presize(pod)
 	}
 	if jsonv2.Unmarshal(js, obj, strictV2) == nil {
 		return obj, gvk, true

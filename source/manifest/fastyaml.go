@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // fastYAMLToJSON converts the plain YAML that tools and people write for
@@ -22,28 +24,78 @@ import (
 //
 // The JSON is appended to dst, so the caller can reuse one buffer.
 func fastYAMLToJSON(dst, doc []byte) (js []byte, ok bool) {
+	js, _, ok = fastYAMLToJSONHint(dst, doc)
+	return js, ok
+}
+
+// fastYAMLToJSONHint is fastYAMLToJSON that also reads the slice sizes
+// of a pod off the tree, for decoding.
+func fastYAMLToJSONHint(dst, doc []byte) (js []byte, hint sliceHint, ok bool) {
 	for _, c := range doc {
 		if c >= 0x7f || (c < 0x20 && c != '\n') {
-			return nil, false
+			return nil, hint, false
 		}
 	}
 	p := scanners.Get().(*yamlScanner)
 	defer p.release()
 	p.s = doc
 	if !p.skipBlank() {
-		return nil, false
+		return nil, hint, false
 	}
 	if p.i == len(p.s) {
-		return append(dst, "null"...), true
+		return append(dst, "null"...), hint, true
 	}
 	n, ok := p.blockNode(p.col(), 0)
 	if !ok || !p.skipBlank() || p.i != len(p.s) {
-		return nil, false
+		return nil, hint, false
 	}
 	b := bytes.NewBuffer(dst)
 	b.Grow(len(doc))
 	n.writeJSON(b)
-	return b.Bytes(), true
+	return b.Bytes(), hintOf(&n), true
+}
+
+// sliceHint holds the lengths of spec.volumes and spec.containers of a
+// document that may be a pod, where they are sequences with items (0:
+// absent, empty or not known): decoding then allocates each slice at its
+// size instead of growing it (a third of the allocations v2 makes for a
+// pod). A missing key must still decode as nil, so only a key that is
+// there gets a slice.
+type sliceHint struct{ volumes, containers int }
+
+func hintOf(n *yamlNode) sliceHint {
+	spec := n.get("spec")
+	return sliceHint{volumes: spec.get("volumes").seqLen(), containers: spec.get("containers").seqLen()}
+}
+
+// presize gives a pod about to be decoded slices of the sizes h says.
+// Decoding overwrites them, as the key is in the document.
+func (h sliceHint) presize(pod *corev1.Pod) {
+	if h.volumes > 0 {
+		pod.Spec.Volumes = make([]corev1.Volume, 0, h.volumes)
+	}
+	if h.containers > 0 {
+		pod.Spec.Containers = make([]corev1.Container, 0, h.containers)
+	}
+}
+
+// get returns the value of key in a mapping, nil if n is nil, not a
+// mapping or has no such key.
+func (n *yamlNode) get(key string) *yamlNode {
+	if n == nil || n.kind != yamlMap {
+		return nil
+	}
+	if i, found := slices.BinarySearch(n.keys, key); found {
+		return &n.items[i]
+	}
+	return nil
+}
+
+func (n *yamlNode) seqLen() int {
+	if n == nil || n.kind != yamlSeq {
+		return 0
+	}
+	return len(n.items)
 }
 
 // maxYAMLDepth bounds nesting; deeper documents take the library's path.

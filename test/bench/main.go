@@ -587,15 +587,16 @@ func saveProfile(debugAddr, kind string, d time.Duration, path string) error {
 }
 
 // counters are a few of the agent's cumulative metrics: GC cycles,
-// reconciler passes, and heap allocations (objects and bytes).
-type counters struct{ gc, passes, mallocs, allocBytes float64 }
+// reconciler passes, and heap allocations (objects and bytes); and the heap
+// in use at the time (live objects and garbage not yet swept).
+type counters struct{ gc, passes, mallocs, allocBytes, heapInuse float64 }
 
 var counterNames = []string{"go_gc_duration_seconds_count", "volume_agent_reconcile_duration_seconds_count",
-	"go_memstats_mallocs_total", "go_memstats_alloc_bytes_total"}
+	"go_memstats_mallocs_total", "go_memstats_alloc_bytes_total", "go_memstats_heap_inuse_bytes"}
 
 // readCounters scrapes the agent's counters (NaN for one not found).
 func readCounters(metricsAddr string) counters {
-	v := []float64{math.NaN(), math.NaN(), math.NaN(), math.NaN()}
+	v := []float64{math.NaN(), math.NaN(), math.NaN(), math.NaN(), math.NaN()}
 	if resp, err := http.Get("http://" + metricsAddr + "/metrics"); err == nil {
 		sc := bufio.NewScanner(resp.Body)
 		sc.Buffer(nil, 1<<20)
@@ -610,13 +611,13 @@ func readCounters(metricsAddr string) counters {
 		}
 		resp.Body.Close()
 	}
-	return counters{v[0], v[1], v[2], v[3]}
+	return counters{v[0], v[1], v[2], v[3], v[4]}
 }
 
 // since describes what the agent did since c0, for n volumes.
 func (c counters) since(c0 counters, n int) string {
-	return fmt.Sprintf("%.0f GC cycles, %.0f passes, %.0f allocations and %.1f KB per volume",
-		c.gc-c0.gc, c.passes-c0.passes, (c.mallocs-c0.mallocs)/float64(n), (c.allocBytes-c0.allocBytes)/float64(n)/1000)
+	return fmt.Sprintf("%.0f GC cycles, %.0f passes, %.0f allocations and %.1f KB per volume; heap in use %.1f MiB",
+		c.gc-c0.gc, c.passes-c0.passes, (c.mallocs-c0.mallocs)/float64(n), (c.allocBytes-c0.allocBytes)/float64(n)/1000, c.heapInuse/(1<<20))
 }
 
 func freeAddr() string {
