@@ -70,8 +70,8 @@ type Ring struct {
 	keys    map[key]*keyRing
 	// lru is a circular list of keyRings, most recently updated first.
 	lru keyRing
-	// spare are keyRings made in a block, for new keys: a storm starts
-	// thousands of pods, each a new key. They are never freed (a key
+	// spare are keyRings made in a block, for new keys, with their first
+	// buffers: a storm starts thousands of pods, each a new key. They are never freed (a key
 	// forgotten hands its keyRing to the next one), so a block costs
 	// nothing its keyRings would not.
 	spare []keyRing
@@ -246,6 +246,12 @@ func (r *Ring) newKey(k key) *keyRing {
 	} else {
 		if len(r.spare) == 0 {
 			r.spare = make([]keyRing, min(64, r.opts.Keys-len(r.keys)))
+			// Their first buffers too, in one block: they live as long.
+			n := min(firstBuf, r.opts.PerKey)
+			recs := make([]Record, n*len(r.spare))
+			for i := range r.spare {
+				r.spare[i].ring.buf = recs[i*n : i*n : (i+1)*n]
+			}
 		}
 		kr, r.spare = &r.spare[0], r.spare[1:]
 		kr.ring.size = r.opts.PerKey
