@@ -9,6 +9,7 @@
 package pathcall
 
 import (
+	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -21,13 +22,8 @@ const bufLen = 256
 // cString copies s and a NUL into buf, or reports that it cannot: s is
 // too long, or holds a NUL (unix then answers EINVAL).
 func cString(buf *[bufLen]byte, s string) bool {
-	if len(s) >= bufLen {
+	if len(s) >= bufLen || strings.IndexByte(s, 0) >= 0 {
 		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return false
-		}
 	}
 	copy(buf[:], s)
 	buf[len(s)] = 0
