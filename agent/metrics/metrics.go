@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -61,9 +62,12 @@ type Metrics struct {
 	// opObservers caches operationDuration's histogram of each label set:
 	// the vector's lookup hashes and checks the three labels on every
 	// operation of a storm. The vector never deletes a series, so the
-	// cached one is the one WithLabelValues returns.
-	opMu        sync.RWMutex
-	opObservers map[opLabels]prometheus.Observer
+	// cached one is the one WithLabelValues returns. The map is never
+	// changed once published (a new label set publishes a copy): reading
+	// it writes nothing, where a read lock's count moved between the
+	// cores of the workers on every operation.
+	opMu        sync.Mutex // serialises publishing
+	opObservers atomic.Pointer[map[opLabels]prometheus.Observer]
 }
 
 type opLabels struct{ op, plugin, result string }
@@ -116,7 +120,6 @@ func New() *Metrics {
 			Namespace: namespace, Name: "api_volume_over_budget_total",
 			Help: "API-volume set ups refused because the content did not fit the pod's or the node's byte budget, by scope (pod, node).",
 		}, []string{"scope"}),
-		opObservers: map[opLabels]prometheus.Observer{},
 	}
 	m.Registry.MustRegister(
 		collectors.NewGoCollector(),
@@ -215,16 +218,21 @@ func (m *Metrics) OperationFinished(_ operations.Key, op *operations.Operation, 
 }
 
 func (m *Metrics) operationObserver(l opLabels) prometheus.Observer {
-	m.opMu.RLock()
-	o := m.opObservers[l]
-	m.opMu.RUnlock()
-	if o != nil {
-		return o
+	if p := m.opObservers.Load(); p != nil {
+		if o := (*p)[l]; o != nil {
+			return o
+		}
 	}
-	o = m.operationDuration.WithLabelValues(l.op, l.plugin, l.result)
+	o := m.operationDuration.WithLabelValues(l.op, l.plugin, l.result)
 	m.opMu.Lock()
-	m.opObservers[l] = o
-	m.opMu.Unlock()
+	defer m.opMu.Unlock()
+	next := map[opLabels]prometheus.Observer{l: o}
+	if p := m.opObservers.Load(); p != nil {
+		for k, v := range *p {
+			next[k] = v
+		}
+	}
+	m.opObservers.Store(&next)
 	return o
 }
 

@@ -96,3 +96,16 @@ func BenchmarkOperationFinished(b *testing.B) {
 		m.OperationFinished(op.Key(), op, time.Millisecond, nil, 0)
 	}
 }
+
+// BenchmarkOperationFinishedParallel is the same from every P at once, as
+// the executor's workers observe operations.
+func BenchmarkOperationFinishedParallel(b *testing.B) {
+	m := New()
+	op := &operations.Operation{Name: operations.OpMountVolume, Target: operations.Target{Plugin: "kubernetes.io/empty-dir"}}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			m.OperationFinished(op.Key(), op, time.Millisecond, nil, 0)
+		}
+	})
+}

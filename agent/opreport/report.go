@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/volume-agent/volume-agent/internal/logging"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/volume"
@@ -30,6 +31,7 @@ import (
 // ready within its timeout.
 type Reporter struct {
 	log         *zap.Logger
+	direct      *logging.Direct // log's lines without zap's Check, when it can
 	events      events.Recorder
 	now         func() time.Time
 	waitWarning time.Duration
@@ -77,8 +79,9 @@ func New(o Options) *Reporter {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	log := o.Log.WithOptions(zap.WithCaller(false), zap.AddStacktrace(zapcore.FatalLevel))
 	return &Reporter{
-		log:    o.Log.WithOptions(zap.WithCaller(false), zap.AddStacktrace(zapcore.FatalLevel)),
+		log: log, direct: logging.DirectOf(log),
 		events: o.Events, now: o.Now, waitWarning: o.WaitWarning,
 		lastErr: map[operations.Key]string{}, waits: map[operations.Key]*wait{},
 	}
@@ -91,6 +94,10 @@ func (r *Reporter) OperationFinished(key operations.Key, op *operations.Operatio
 	switch {
 	case err == nil:
 		r.forget(key)
+		if r.direct != nil {
+			r.succeeded(key, op, took)
+			return
+		}
 		// Checked first: the fields are built only for a line written.
 		if ce := r.log.Check(zap.InfoLevel, "operation succeeded"); ce != nil {
 			ce.Write(lineFields(key, op, took)...)
@@ -137,6 +144,31 @@ func lineFields(key operations.Key, op *operations.Operation, took time.Duration
 	l.fields[0] = zap.Inline(&l.line)
 	return l.fields[:]
 }
+
+// succeeded writes the success line through r.direct, which keeps no
+// field: its fields are reused, and the line costs no allocation.
+func (r *Reporter) succeeded(key operations.Key, op *operations.Operation, took time.Duration) {
+	if !r.direct.Enabled(zap.InfoLevel) {
+		return
+	}
+	l := reusedLines.Get().(*reusedLine)
+	l.line = opLine{key: key, op: op, took: took}
+	r.direct.Write(zap.InfoLevel, "operation succeeded", l.fields[:])
+	l.line = opLine{} // holds no operation while pooled
+	reusedLines.Put(l)
+}
+
+// reusedLine is lineFields' allocation, pooled for r.direct.
+type reusedLine struct {
+	line   opLine
+	fields [1]zap.Field
+}
+
+var reusedLines = sync.Pool{New: func() any {
+	l := &reusedLine{}
+	l.fields[0] = zap.Inline(&l.line)
+	return l
+}}
 
 // opLine is what every line about an operation says first.
 type opLine struct {

@@ -3,6 +3,7 @@ package opreport
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/volume-agent/volume-agent/internal/logging"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/status/events"
 	"github.com/volume-agent/volume-agent/volume"
@@ -220,5 +222,42 @@ func TestOperationLineJSON(t *testing.T) {
 				t.Errorf("%v, %v: logged\n%s\nwant\n%s", ref, err, got.String(), want.String())
 			}
 		}
+	}
+}
+
+// Through the agent's logger, a success line written by the direct path
+// is byte for byte the line zap's Check and Write give (times aside), and
+// the direct path is taken; observers and other cores get lines from zap.
+func TestDirectLineLikeZap(t *testing.T) {
+	times := regexp.MustCompile(`"time":"[^"]*"`)
+	long := strings.Repeat("n", 253)
+	for _, ref := range []volume.PodRef{
+		{Namespace: "ns", Name: "pod", UID: "uid-1"},
+		{Namespace: strings.Repeat("s", 63), Name: long, UID: "uid-2"},
+		{Namespace: "ns", Name: `q"uote\ünï`, UID: "uid-3"},
+		{},
+	} {
+		op := &operations.Operation{Name: operations.OpMountVolume, Target: operations.Target{Volume: "p/v", Plugin: "p", Pod: volume.PodInfo{PodRef: ref}}}
+		var lines [2]strings.Builder
+		for i, direct := range []bool{true, false} {
+			log, stop := logging.New(zap.InfoLevel, &lines[i])
+			r := New(Options{Log: log.Named("operations"), Events: &fakeRecorder{}})
+			if r.direct == nil {
+				t.Fatal("the agent's logger gets no direct path")
+			}
+			if !direct {
+				r.direct = nil
+			}
+			r.OperationFinished(op.Key(), op, 1500*time.Millisecond, nil, 0)
+			stop()
+		}
+		got, want := times.ReplaceAllString(lines[0].String(), "T"), times.ReplaceAllString(lines[1].String(), "T")
+		if got != want || !strings.Contains(want, `"msg":"operation succeeded"`) {
+			t.Errorf("%v: direct line\n%s\nwant\n%s", ref, got, want)
+		}
+	}
+	core, _ := observer.New(zap.DebugLevel)
+	if New(Options{Log: zap.New(core)}).direct != nil {
+		t.Error("an observer's logger gets the direct path")
 	}
 }

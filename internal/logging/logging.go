@@ -9,6 +9,7 @@
 package logging
 
 import (
+	"fmt"
 	"io"
 	"sync"
 	"time"
@@ -29,8 +30,9 @@ const (
 // once, last).
 func New(level zapcore.LevelEnabler, w io.Writer) (*zap.Logger, func()) {
 	buf := &bufferedWriter{w: w}
-	core := &flushingCore{Core: zapcore.NewCore(zapcore.NewJSONEncoder(encoderConfig()), buf, level), ws: buf, fast: true}
-	log := zap.New(core, zap.AddCaller(), zap.AddStacktrace(zapcore.ErrorLevel), zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(w))))
+	errOut := zapcore.Lock(zapcore.AddSync(w))
+	core := &flushingCore{Core: zapcore.NewCore(zapcore.NewJSONEncoder(encoderConfig()), buf, level), ws: buf, fast: true, errOut: errOut}
+	log := zap.New(core, zap.AddCaller(), zap.AddStacktrace(zapcore.ErrorLevel), zap.ErrorOutput(errOut))
 	return log, buf.stop
 }
 
@@ -130,12 +132,13 @@ func (b *bufferedWriter) stop() {
 // encoder; only the core New made, whose encoder has no fields of With.
 type flushingCore struct {
 	zapcore.Core
-	ws   zapcore.WriteSyncer
-	fast bool
+	ws     zapcore.WriteSyncer
+	fast   bool
+	errOut zapcore.WriteSyncer // the logger's ErrorOutput
 }
 
 func (c *flushingCore) With(fields []zapcore.Field) zapcore.Core {
-	return &flushingCore{Core: c.Core.With(fields), ws: c.ws, fast: c.fast && len(fields) == 0}
+	return &flushingCore{Core: c.Core.With(fields), ws: c.ws, fast: c.fast && len(fields) == 0, errOut: c.errOut}
 }
 
 func (c *flushingCore) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
@@ -168,4 +171,42 @@ func (c *flushingCore) write(ent zapcore.Entry, fields []zapcore.Field) error {
 	}
 	_, err := c.ws.Write(e.buf)
 	return err
+}
+
+// Direct writes lines straight to the core of a logger New made, as the
+// logger's Check and CheckedEntry.Write would with no caller and no stack
+// trace, without their pooled entry and annotation: every operation of a
+// storm writes a line. Unlike a zap core in general (zap's test observer
+// keeps them), it keeps no field after Write returns, so a caller may
+// reuse what they point to.
+type Direct struct {
+	core *flushingCore
+	name string
+}
+
+// DirectOf is a Direct for log's lines, or nil if log's core is not one
+// New made (a test observer, hooks, a tee): those get lines through log.
+// log must add no caller and no stack trace at the levels written.
+func DirectOf(log *zap.Logger) *Direct {
+	c, ok := log.Core().(*flushingCore)
+	if !ok || !c.fast {
+		return nil
+	}
+	return &Direct{core: c, name: log.Name()}
+}
+
+// Enabled reports whether lines at lvl are written.
+func (d *Direct) Enabled(lvl zapcore.Level) bool { return d.core.Enabled(lvl) }
+
+// Write writes a line at lvl (below DPanicLevel, which zap may act on),
+// if enabled; a write error goes to the error output as zap reports it.
+func (d *Direct) Write(lvl zapcore.Level, msg string, fields []zapcore.Field) {
+	if lvl >= zapcore.DPanicLevel || !d.core.Enabled(lvl) {
+		return
+	}
+	ent := zapcore.Entry{LoggerName: d.name, Time: time.Now(), Level: lvl, Message: msg}
+	if err := d.core.Write(ent, fields); err != nil {
+		_, _ = fmt.Fprintf(d.core.errOut, "%v write error: %v\n", ent.Time, err)
+		_ = d.core.errOut.Sync()
+	}
 }

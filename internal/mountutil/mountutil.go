@@ -19,6 +19,8 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/mount-utils"
 	"k8s.io/utils/exec"
+
+	"github.com/volume-agent/volume-agent/internal/pathcall"
 )
 
 // Mounter performs mounts. It is safe for concurrent use.
@@ -209,7 +211,7 @@ func (m *Mounter) Unmount(target string) error {
 // was one. umount(2) answers EINVAL for a path that is not a mount point,
 // which makes a separate mount-point check unnecessary.
 func (m *Mounter) unmountOnce(target string) (bool, error) {
-	err := unix.Unmount(target, 0)
+	err := pathcall.Unmount(target, 0)
 	switch {
 	case err == nil:
 		return true, nil
@@ -372,12 +374,11 @@ func mkdirParents(dir string) error {
 // decides as before. missing reports that dir is not there (a sibling's
 // teardown removed it first): an rmdir would only fail.
 func hasSubdirs(dir string) (subdirs, missing bool) {
-	var st unix.Stat_t
-	err := unix.Lstat(dir, &st)
+	isDir, nlink, err := pathcall.Links(dir)
 	if err != nil {
 		return false, errors.Is(err, unix.ENOENT)
 	}
-	return st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Nlink > 2, false
+	return isDir && nlink > 2, false
 }
 
 // RemoveEmptyDirs removes dir and then its parents while they are empty,
@@ -405,7 +406,7 @@ func RemoveEmptyDirs(dir, stop string) {
 		case missing:
 			continue // as a failing rmdir would: its parent may be empty
 		}
-		if err := unix.Rmdir(d); err != nil {
+		if err := pathcall.Rmdir(d); err != nil {
 			return
 		}
 		removed = true

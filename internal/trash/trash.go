@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/volume-agent/volume-agent/internal/pathcall"
 	"github.com/volume-agent/volume-agent/internal/safefs"
 )
 
@@ -63,7 +64,7 @@ func RemoveAll(ctx context.Context, trashDir, dir, label string) error {
 // removed dir (or found it gone), or failed for another reason than
 // content (err); when it is false, dir has content for RemoveAll.
 func RemoveEmpty(dir string) (done bool, err error) {
-	err = unix.Rmdir(dir)
+	err = pathcall.Rmdir(dir)
 	switch {
 	case err == nil || errors.Is(err, unix.ENOENT):
 		return true, nil

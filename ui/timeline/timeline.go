@@ -70,8 +70,8 @@ type Ring struct {
 	keys    map[key]*keyRing
 	// lru is a circular list of keyRings, most recently updated first.
 	lru keyRing
-	// spare are keyRings made in a block, for new keys: a storm starts
-	// thousands of pods, each a new key. They are never freed (a key
+	// spare are keyRings made in a block, for new keys, with their first
+	// buffers: a storm starts thousands of pods, each a new key. They are never freed (a key
 	// forgotten hands its keyRing to the next one), so a block costs
 	// nothing its keyRings would not.
 	spare []keyRing
@@ -90,8 +90,8 @@ type keyRing struct {
 }
 
 // ring is a circular buffer of at most size records. Its buffer grows
-// with the records it gets: most pods have a few operations (one mount per
-// volume), and a buffer of size records for each of thousands of pods
+// with the records it gets (from firstBuf): most pods have a few operations
+// (a mount and an unmount per volume), and a buffer of size records for each of thousands of pods
 // would be most of the agent's memory.
 type ring struct {
 	buf  []Record
@@ -100,24 +100,34 @@ type ring struct {
 	full bool
 }
 
-func (r *ring) add(rec Record) {
+// firstBuf is a key's first buffer: a pod with up to four volumes mounts
+// and unmounts them all without growing it (growing was most of what
+// recording cost a storm's teardown).
+const firstBuf = 8
+
+// slot returns where the next record goes: a new one at the end while the
+// ring is not full, else the oldest one's. The caller fills it in, so a
+// record is written once in each ring rather than copied on its way.
+func (r *ring) slot() *Record {
 	if !r.full {
 		if len(r.buf) == cap(r.buf) {
-			grown := make([]Record, len(r.buf), min(max(4, 2*cap(r.buf)), r.size))
+			grown := make([]Record, len(r.buf), min(max(firstBuf, 2*cap(r.buf)), r.size))
 			copy(grown, r.buf)
 			r.buf = grown
 		}
-		r.buf = append(r.buf, rec)
+		r.buf = r.buf[:len(r.buf)+1]
+		s := &r.buf[len(r.buf)-1]
 		if len(r.buf) == r.size {
 			r.next, r.full = 0, true
 		}
-		return
+		return s
 	}
-	r.buf[r.next] = rec
+	s := &r.buf[r.next]
 	r.next++
 	if r.next == len(r.buf) {
 		r.next = 0
 	}
+	return s
 }
 
 // reset empties the ring, keeping its buffer.
@@ -162,48 +172,66 @@ func (r *Ring) OperationFinished(k operations.Key, op *operations.Operation, too
 		return
 	}
 	end := r.opts.Now()
-	rec := Record{Start: end.Add(-took), End: end, Op: op.Name, Volume: k.Volume, Outcome: Succeeded, RetryIn: retryIn}
+	var errText string
+	outcome := Succeeded
+	if err != nil {
+		outcome, errText = Failed, err.Error()
+		if volume.IsUncertain(err) {
+			outcome = Uncertain
+		}
+	}
+	var pod volume.PodRef
+	if k.Pod != "" {
+		pod = op.Pod.PodRef
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec := r.slot(pod.UID, k.Volume)
+	*rec = Record{Seq: r.seq, Start: end.Add(-took), End: end, Op: op.Name, Volume: k.Volume, Pod: pod, Outcome: outcome, Error: errText, RetryIn: retryIn}
 	if op.Spec != nil {
 		rec.SpecName = op.Spec.Name
 	}
-	if k.Pod != "" {
-		rec.Pod = op.Pod.PodRef
-	}
-	if err != nil {
-		rec.Outcome, rec.Error = Failed, err.Error()
-		if volume.IsUncertain(err) {
-			rec.Outcome = Uncertain
-		}
-	}
-	r.Add(rec)
+	r.copyToKey(rec)
 }
 
 // Add records rec (its Seq is set here).
 func (r *Ring) Add(rec Record) {
-	k := key{pod: rec.Pod.UID}
-	if k.pod == "" {
-		k.volume = rec.Volume
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.seq++
+	s := r.slot(rec.Pod.UID, rec.Volume)
 	rec.Seq = r.seq
-	r.overall.add(rec)
+	*s = rec
+	r.copyToKey(s)
+}
+
+// slot numbers a new record and returns its slot in the overall ring,
+// making the record's key the most recently updated: copyToKey then puts
+// the filled-in record in the key's ring. r.mu is held.
+func (r *Ring) slot(pod types.UID, vol volume.UniqueName) *Record {
+	k := key{pod: pod}
+	if k.pod == "" {
+		k.volume = vol
+	}
+	r.seq++
 	// The most recently updated key is often the one again (a pod's
 	// volumes are mounted one after another): it needs no lookup by its
 	// long name, nor moving to the front.
-	if kr := r.lru.next; kr != &r.lru && kr.key == k {
-		kr.ring.add(rec)
-		return
+	if kr := r.lru.next; kr == &r.lru || kr.key != k {
+		kr = r.keys[k]
+		if kr == nil {
+			kr = r.newKey(k)
+		} else {
+			kr.unlink()
+		}
+		r.pushFront(kr)
 	}
-	kr := r.keys[k]
-	if kr == nil {
-		kr = r.newKey(k)
-	} else {
-		kr.unlink()
-	}
-	kr.ring.add(rec)
-	r.pushFront(kr)
+	return r.overall.slot()
+}
+
+// copyToKey copies rec into the ring of the most recently updated key, its
+// own (see slot).
+func (r *Ring) copyToKey(rec *Record) {
+	*r.lru.next.ring.slot() = *rec
 }
 
 // newKey returns an unlinked keyRing for k, reusing the least recently
@@ -218,6 +246,12 @@ func (r *Ring) newKey(k key) *keyRing {
 	} else {
 		if len(r.spare) == 0 {
 			r.spare = make([]keyRing, min(64, r.opts.Keys-len(r.keys)))
+			// Their first buffers too, in one block: they live as long.
+			n := min(firstBuf, r.opts.PerKey)
+			recs := make([]Record, n*len(r.spare))
+			for i := range r.spare {
+				r.spare[i].ring.buf = recs[i*n : i*n : (i+1)*n]
+			}
 		}
 		kr, r.spare = &r.spare[0], r.spare[1:]
 		kr.ring.size = r.opts.PerKey
