@@ -28,7 +28,11 @@ func liveDump(a *ActualStateOfWorld) (string, bool) {
 // past its limit): each snapshot must equal what the ASW held when it was
 // taken, and must still equal it after every later write.
 func TestActualSnapshotOracle(t *testing.T) {
-	for seed := range uint64(2) {
+	seeds := uint64(2)
+	if testing.Short() {
+		seeds = 1
+	}
+	for seed := range seeds {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 30))
 			a, clk := newASW()
@@ -89,6 +93,9 @@ func TestActualSnapshotOracle(t *testing.T) {
 						}
 						snaps = append(snaps, taken{s, dump, recon})
 					}
+				}
+				if phase != 3 && phase != 5 {
+					continue // earlier snapshots are checked after the long phase and at the end
 				}
 				for i, tk := range snaps {
 					if got := dumpActual(tk.s); got != tk.dump {
