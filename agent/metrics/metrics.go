@@ -346,12 +346,12 @@ func (r *readiness) all(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, o
 
 // changed is all, given the volumes in which the snapshots may differ
 // from the last pass's (the desired ones' list is not needed, so a storm
-// of pods too big to list does not make it look at every pod). A pod's readiness follows its own entry and its
-// volumes' entries in both snapshots: a pod not yet ready is looked at
-// again when its entry changed (found by comparing the pods of the two
-// desired snapshots, only when the desired state changed at all: its
-// snapshot then copied every pod anyway) or one of its actual volumes
-// did.
+// of pods too big to list does not make it look at every pod). A pod's
+// readiness follows its own entry and its volumes' entries in both
+// snapshots: a pod not yet ready is looked at again when its entry
+// changed (found by comparing the pods of the two desired snapshots, only
+// when the desired state changed at all: its snapshot then copied every
+// pod anyway) or one of its actual volumes did.
 func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, chg reconciler.Changed, observe func(*cache.DesiredPod)) {
 	if chg.Full || chg.ASW.All || r.last == nil {
 		r.all(dsw, asw, observe)
