@@ -195,6 +195,12 @@ type entry struct {
 	// ctx is the running operation's context until the watch passes it
 	// its deadline or the operation finishes.
 	ctx *opContext
+	// ctx1 is the first operation's context, in place: most entries see
+	// one operation (a success drops the entry), and one of its own cost
+	// each an allocation. An entry kept for its backoff gives the next
+	// one a new context (its deadline says it was used), so a context an
+	// earlier operation leaked never comes back to life.
+	ctx1 opContext
 
 	lastErr     error
 	lastErrTime time.Time
@@ -337,8 +343,11 @@ func (e *Executor) worker() {
 // execute runs one operation. It reports whether the worker was detached
 // because the operation outlived its timeout.
 func (e *Executor) execute(en *entry) (detached bool) {
-	ctx := &opContext{}
 	e.mu.Lock()
+	ctx := &en.ctx1
+	if !ctx.deadline.IsZero() {
+		ctx = &opContext{}
+	}
 	en.queued = false
 	start := e.opts.Clock.Now()
 	en.started = start

@@ -110,6 +110,11 @@ type Target struct {
 	// MountPath is the pod's recorded mount (a block volume's access
 	// point), for unmount_volume and unmap_volume.
 	MountPath string
+
+	// room is where withLog puts the plugin's request and logger: a
+	// *logged[R] allocated with the Operation (Operator.Operation), or
+	// nil (withLog allocates them).
+	room any
 }
 
 // Key is the executor key of an operation on t.
@@ -125,17 +130,27 @@ func (o *Operator) logger(t *Target, op Op) plugins.Log {
 	return &opLog{base: o.Log, fields: targetFields{t, op}}
 }
 
-// withLog allocates a plugin request of type R together with the logger the
+// withLog returns a plugin request of type R together with the logger the
 // plugin gets: handing it over costs nothing more, and the logger encodes
 // nothing until a line is written. A lazily encoded zap logger still cost
 // every operation of a storm four allocations, for lines most plugins never
-// write.
+// write. They are in the room the operation was allocated with, if it has
+// room for an R (Operator.Operation), else allocated here: a request of its
+// own cost each set up and tear down an allocation of a third of a KB.
 func withLog[R any](o *Operator, t *Target, op Op) (*R, plugins.Log) {
-	w := &struct {
-		req R
-		log opLog
-	}{log: opLog{base: o.Log, fields: targetFields{t, op}}}
+	w, ok := t.room.(*logged[R])
+	if !ok {
+		w = new(logged[R])
+	}
+	t.room = nil // used once, even by a body run again
+	w.log = opLog{base: o.Log, fields: targetFields{t, op}}
 	return &w.req, &w.log
+}
+
+// logged is a plugin request and its logger, in one allocation.
+type logged[R any] struct {
+	req R
+	log opLog
 }
 
 // opLog writes lines about one operation: base's lines with the target's
