@@ -144,6 +144,11 @@ type volumeOps struct {
 	// one key at a time, and a slice of their own cost an allocation each.
 	entries1 [1]*entry
 	recent1  [1]finishedKey
+	// entry1 is the volume's first entry itself, used once (entry1Used):
+	// a storm's volumes see one operation each while their bookkeeping
+	// lasts, and an entry of its own cost each an allocation.
+	entry1     entry
+	entry1Used bool
 }
 
 func (v *volumeOps) empty() bool { return len(v.entries) == 0 && len(v.recent) == 0 }
@@ -298,7 +303,13 @@ func (e *Executor) Run(key Key, op *Operation) error {
 		e.failed--
 	} else {
 		v := e.opsOf(key.Volume)
-		en = &entry{key: key, vol: v}
+		if v.entry1Used {
+			en = &entry{key: key, vol: v}
+		} else {
+			v.entry1Used = true
+			en = &v.entry1
+			en.key, en.vol = key, v
+		}
 		v.entries = append(v.entries, en)
 	}
 	en.op, en.pending, en.queued, en.timedOut, en.started = op, true, true, false, now
