@@ -86,6 +86,8 @@ func BenchmarkEmptyDirCycle(b *testing.B) {
 			}
 		}
 		wg.Wait()
+		// The planner's next pass forgets what finished, as in a storm.
+		e.Startable(nil, e.Mark())
 	}
 	b.ReportAllocs()
 	for b.Loop() {

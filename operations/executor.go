@@ -144,6 +144,11 @@ type volumeOps struct {
 	// one key at a time, and a slice of their own cost an allocation each.
 	entries1 [1]*entry
 	recent1  [1]finishedKey
+	// entry1 is the volume's first entry itself, used once (entry1Used):
+	// a storm's volumes see one operation each while their bookkeeping
+	// lasts, and an entry of its own cost each an allocation.
+	entry1     entry
+	entry1Used bool
 }
 
 func (v *volumeOps) empty() bool { return len(v.entries) == 0 && len(v.recent) == 0 }
@@ -195,6 +200,12 @@ type entry struct {
 	// ctx is the running operation's context until the watch passes it
 	// its deadline or the operation finishes.
 	ctx *opContext
+	// ctx1 is the first operation's context, in place: most entries see
+	// one operation (a success drops the entry), and one of its own cost
+	// each an allocation. An entry kept for its backoff gives the next
+	// one a new context (its deadline says it was used), so a context an
+	// earlier operation leaked never comes back to life.
+	ctx1 opContext
 
 	lastErr     error
 	lastErrTime time.Time
@@ -292,7 +303,13 @@ func (e *Executor) Run(key Key, op *Operation) error {
 		e.failed--
 	} else {
 		v := e.opsOf(key.Volume)
-		en = &entry{key: key, vol: v}
+		if v.entry1Used {
+			en = &entry{key: key, vol: v}
+		} else {
+			v.entry1Used = true
+			en = &v.entry1
+			en.key, en.vol = key, v
+		}
 		v.entries = append(v.entries, en)
 	}
 	en.op, en.pending, en.queued, en.timedOut, en.started = op, true, true, false, now
@@ -337,8 +354,11 @@ func (e *Executor) worker() {
 // execute runs one operation. It reports whether the worker was detached
 // because the operation outlived its timeout.
 func (e *Executor) execute(en *entry) (detached bool) {
-	ctx := &opContext{}
 	e.mu.Lock()
+	ctx := &en.ctx1
+	if !ctx.deadline.IsZero() {
+		ctx = &opContext{}
+	}
 	en.queued = false
 	start := e.opts.Clock.Now()
 	en.started = start

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/status/events"
 )
 
@@ -159,5 +160,23 @@ func (o *Operator) Operation(op Op, t Target) *Operation {
 	if k == nil {
 		return nil
 	}
+	switch op {
+	case OpMountVolume:
+		return withRoom[plugins.SetUpRequest](Operation{Name: op, Target: t, body: k.Body, operator: o})
+	case OpUnmountVolume:
+		return withRoom[plugins.TearDownRequest](Operation{Name: op, Target: t, body: k.Body, operator: o})
+	}
 	return &Operation{Name: op, Target: t, body: k.Body, operator: o}
+}
+
+// withRoom returns op allocated together with the room for the request
+// (and logger) of type R its body hands its plugin (see withLog): the
+// kinds of a storm's every volume cost one allocation less.
+func withRoom[R any](op Operation) *Operation {
+	w := &struct {
+		op   Operation
+		room logged[R]
+	}{op: op}
+	w.op.room = &w.room
+	return &w.op
 }

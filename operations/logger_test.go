@@ -92,3 +92,61 @@ var (
 	benchRequest *plugins.SetUpRequest
 	benchLog     plugins.Log
 )
+
+// The room an operation of a storm's kinds is allocated with (withRoom) is
+// an oracle's fast path: the request and logger withLog takes from it are
+// those it allocates for a bare target (the simple version), zero and
+// writing the same lines, and the room serves one request only.
+func TestOperationRoomLikeWithLog(t *testing.T) {
+	var got, want strings.Builder
+	cfg := zap.NewProductionEncoderConfig()
+	cfg.TimeKey = ""
+	newLog := func(w io.Writer) *zap.Logger {
+		return zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(cfg), zapcore.AddSync(w), zap.InfoLevel))
+	}
+	target := Target{Volume: "plugin/v", Plugin: "plugin", SpecName: "v",
+		Pod: volume.PodInfo{PodRef: volume.PodRef{Namespace: "ns", Name: "p", UID: "uid-1"}}}
+	check := func(op Op, room bool, take func(*Operator, *Target) (zero bool, log plugins.Log)) {
+		t.Helper()
+		fast := (&Operator{Log: newLog(&got)}).Operation(op, target)
+		if (fast.Target.room != nil) != room {
+			t.Fatalf("%s: operation allocated with room %T, want room: %v", op, fast.Target.room, room)
+		}
+		bare := target
+		for i := range 2 { // the second from a fresh allocation
+			zero, log := take(&Operator{Log: newLog(&got)}, &fast.Target)
+			wantZero, wantLog := take(&Operator{Log: newLog(&want)}, &bare)
+			if !zero || !wantZero {
+				t.Errorf("%s #%d: request not zero", op, i)
+			}
+			log.Info("line", zap.Int("n", i))
+			wantLog.Info("line", zap.Int("n", i))
+			if fast.Target.room != nil {
+				t.Errorf("%s #%d: room %T kept after use", op, i, fast.Target.room)
+			}
+		}
+		if got.String() != want.String() {
+			t.Errorf("%s: logged\n%s\nwant\n%s", op, got.String(), want.String())
+		}
+		got.Reset()
+		want.Reset()
+	}
+	setUp := func(o *Operator, t *Target) (bool, plugins.Log) {
+		req, log := withLog[plugins.SetUpRequest](o, t, OpMountVolume)
+		zero := req.VolumeName == "" && req.Log == nil && req.Dir == ""
+		req.VolumeName = "dirty" // a second request must not see it
+		return zero, log
+	}
+	tearDown := func(o *Operator, t *Target) (bool, plugins.Log) {
+		req, log := withLog[plugins.TearDownRequest](o, t, OpUnmountVolume)
+		zero := *req == plugins.TearDownRequest{}
+		req.Dir = "dirty"
+		return zero, log
+	}
+	check(OpMountVolume, true, setUp)
+	check(OpUnmountVolume, true, tearDown)
+	// A room of the other request's type is not taken for it, and kinds
+	// whose bodies take none get none.
+	check(OpMountVolume, true, tearDown)
+	check(OpMountDevice, false, setUp)
+}

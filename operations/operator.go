@@ -16,6 +16,7 @@ import (
 	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/internal/blockpin"
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/pathcall"
 	"github.com/volume-agent/volume-agent/internal/subpath"
 	"github.com/volume-agent/volume-agent/plugins"
 	"github.com/volume-agent/volume-agent/status/events"
@@ -110,6 +111,11 @@ type Target struct {
 	// MountPath is the pod's recorded mount (a block volume's access
 	// point), for unmount_volume and unmap_volume.
 	MountPath string
+
+	// room is where withLog puts the plugin's request and logger: a
+	// *logged[R] allocated with the Operation (Operator.Operation), or
+	// nil (withLog allocates them).
+	room any
 }
 
 // Key is the executor key of an operation on t.
@@ -125,17 +131,27 @@ func (o *Operator) logger(t *Target, op Op) plugins.Log {
 	return &opLog{base: o.Log, fields: targetFields{t, op}}
 }
 
-// withLog allocates a plugin request of type R together with the logger the
+// withLog returns a plugin request of type R together with the logger the
 // plugin gets: handing it over costs nothing more, and the logger encodes
 // nothing until a line is written. A lazily encoded zap logger still cost
 // every operation of a storm four allocations, for lines most plugins never
-// write.
+// write. They are in the room the operation was allocated with, if it has
+// room for an R (Operator.Operation), else allocated here: a request of its
+// own cost each set up and tear down an allocation of a third of a KB.
 func withLog[R any](o *Operator, t *Target, op Op) (*R, plugins.Log) {
-	w := &struct {
-		req R
-		log opLog
-	}{log: opLog{base: o.Log, fields: targetFields{t, op}}}
+	w, ok := t.room.(*logged[R])
+	if !ok {
+		w = new(logged[R])
+	}
+	t.room = nil // used once, even by a body run again
+	w.log = opLog{base: o.Log, fields: targetFields{t, op}}
 	return &w.req, &w.log
+}
+
+// logged is a plugin request and its logger, in one allocation.
+type logged[R any] struct {
+	req R
+	log opLog
 }
 
 // opLog writes lines about one operation: base's lines with the target's
@@ -276,7 +292,8 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 		err = p.SetUp(ctx, req)
 	} else {
 		parent := filepath.Dir(req.Dir)
-		made := o.dirs.ensure(o.Paths.PodsDir(), parent)
+		pods, _ := o.podPrefixes(req.Dir, t.Pod.UID)
+		made := o.dirs.ensure(pods, parent)
 		err = p.SetUp(ctx, req)
 		if err != nil && !volume.IsUncertain(err) {
 			o.dirs.undo(parent, made)
@@ -348,7 +365,7 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target) error {
 	o.ASW.DeletePodMount(t.Volume, t.Pod.UID)
 	if lone {
 		// Nor a state file: only the volume's own operations write it.
-		o.removeVolumeDirs(dir)
+		o.removeVolumeDirs(t, dir)
 	} else {
 		o.removePodDirs(t, dir)
 	}
@@ -369,8 +386,25 @@ func (o *Operator) onlyVolumesDir(t *Target, m *cache.ActualPodMount, dir string
 		t.Attributes.NoHostPath || t.Attributes.Block || m.MountPath != dir {
 		return false
 	}
-	var st unix.Stat_t
-	return unix.Lstat(o.Paths.PodDir(t.Pod.UID), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Nlink == 3
+	_, pod := o.podPrefixes(dir, t.Pod.UID)
+	isDir, nlink, err := pathcall.Links(pod)
+	return err == nil && isDir && nlink == 3
+}
+
+// podPrefixes returns o.Paths.PodsDir() and o.Paths.PodDir(uid), taken
+// from dir, a directory of the pod's the paths built, when it begins with
+// them: a storm built them anew for every volume, an allocation each. A
+// clean path's prefix that ends before a "/" is clean too, so when dir
+// starts with <root>/pods/<uid>/ literally, those prefixes are what
+// filepath.Join makes of their elements; otherwise they are built.
+func (o *Operator) podPrefixes(dir string, uid types.UID) (pods, pod string) {
+	root := o.Paths.Root
+	r, n := len(root)+len("/pods"), len(root)+len("/pods/")+len(uid)
+	if root != "" && uid != "" && len(dir) > n && dir[n] == '/' && dir[:len(root)] == root &&
+		dir[len(root):r+1] == "/pods/" && dir[r+1:n] == string(uid) && filepath.Clean(dir) == dir {
+		return dir[:r], dir[:n]
+	}
+	return o.Paths.PodsDir(), o.Paths.PodDir(uid)
 }
 
 // PrepareSubPaths prepares the sub-paths of a pod's volume that its
@@ -436,7 +470,7 @@ func exists(path string) bool {
 // its path in the pod (podPath: mount point or block access point)
 // that are now empty, up to the pod directory itself once nothing is left.
 func (o *Operator) removePodDirs(t *Target, podPath string) {
-	pods := o.Paths.PodsDir()
+	pods, _ := o.podPrefixes(podPath, t.Pod.UID)
 	// Plugins that keep state remove their file themselves; remove it in
 	// case one did not, then its directories once empty. Most plugins keep
 	// none: when the pod has no state directory at all, that is one lstat
@@ -447,14 +481,16 @@ func (o *Operator) removePodDirs(t *Target, podPath string) {
 		_ = unix.Unlink(state)
 		mountutil.RemoveEmptyDirs(filepath.Dir(state), pods)
 	}
-	o.removeVolumeDirs(podPath)
+	o.removeVolumeDirs(t, podPath)
 }
 
 // removeVolumeDirs removes the directories above podPath that are now
 // empty, up to the pod directory itself once nothing is left.
-func (o *Operator) removeVolumeDirs(podPath string) {
-	o.dirs.forget(filepath.Dir(podPath))
-	mountutil.RemoveEmptyDirs(filepath.Dir(podPath), o.Paths.PodsDir())
+func (o *Operator) removeVolumeDirs(t *Target, podPath string) {
+	parent := filepath.Dir(podPath)
+	o.dirs.forget(parent)
+	pods, _ := o.podPrefixes(podPath, t.Pod.UID)
+	mountutil.RemoveEmptyDirs(parent, pods)
 }
 
 // UnmountDevice unmounts (unstages) a shared volume's device once no pod

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/volume-agent/volume-agent/internal/mountutil"
+	"github.com/volume-agent/volume-agent/internal/pathcall"
 )
 
 // podDirs makes the directories above pods' volume directories
@@ -80,7 +81,7 @@ func (d *podDirs) ensure(root, dir string) (top string) {
 		}
 		end += 1 + len(c)
 		p := dir[:end] // root and the elements up to c
-		err := unix.Mkdir(p, 0o750)
+		err := pathcall.Mkdir(p, 0o750)
 		switch {
 		case err == nil:
 			if top == "" {

@@ -317,7 +317,7 @@ func (m *Mounter) MountRefs(path string) ([]string, error) {
 // whether it created dir: a directory made just now cannot be a mount point,
 // which saves callers a check.
 func EnsureDir(dir string, mode os.FileMode) (created bool, err error) {
-	err = os.Mkdir(dir, mode)
+	err = mkdir(dir, mode)
 	if err == nil {
 		return true, nil
 	}
@@ -328,7 +328,7 @@ func EnsureDir(dir string, mode os.FileMode) (created bool, err error) {
 		if err := mkdirParents(filepath.Dir(dir)); err != nil {
 			return false, err
 		}
-		err = os.Mkdir(dir, mode)
+		err = mkdir(dir, mode)
 		if err == nil {
 			return true, nil
 		}
@@ -337,6 +337,23 @@ func EnsureDir(dir string, mode os.FileMode) (created bool, err error) {
 		}
 	}
 	return false, err
+}
+
+// mkdir is os.Mkdir without allocating the path's C string (see
+// internal/pathcall): a storm makes every volume's directory.
+func mkdir(dir string, mode os.FileMode) error {
+	if mode&^fs.ModePerm != 0 {
+		return os.Mkdir(dir, mode) // os maps the special bits
+	}
+	for {
+		err := pathcall.Mkdir(dir, uint32(mode))
+		switch {
+		case err == nil:
+			return nil
+		case err != unix.EINTR:
+			return &os.PathError{Op: "mkdir", Path: dir, Err: err}
+		}
+	}
 }
 
 // mkdirParents creates dir and its missing parents with mode 0750. Unlike

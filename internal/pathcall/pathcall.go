@@ -1,5 +1,5 @@
-// Package pathcall makes the path system calls of a teardown (umount2,
-// rmdir, a link count) as golang.org/x/sys/unix does, without allocating
+// Package pathcall makes the path system calls of a storm (umount2,
+// rmdir, a link count, mkdir) as golang.org/x/sys/unix does, without allocating
 // each path's C string: a storm tears down thousands of volumes with a few
 // such calls each, and the copies were most of their user-side cost and
 // garbage. A path is copied into a buffer on the stack instead (the
@@ -59,6 +59,16 @@ func Rmdir(path string) error {
 		return unix.Rmdir(path)
 	}
 	_, _, e := unix.Syscall(unix.SYS_UNLINKAT, uintptr(atFDCWD), uintptr(unsafe.Pointer(&buf[0])), unix.AT_REMOVEDIR)
+	return errno(e)
+}
+
+// Mkdir is unix.Mkdir.
+func Mkdir(path string, mode uint32) error {
+	var buf [bufLen]byte
+	if !cString(&buf, path) {
+		return unix.Mkdir(path, mode)
+	}
+	_, _, e := unix.Syscall(unix.SYS_MKDIRAT, uintptr(atFDCWD), uintptr(unsafe.Pointer(&buf[0])), uintptr(mode))
 	return errno(e)
 }
 

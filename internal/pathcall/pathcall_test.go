@@ -61,6 +61,17 @@ func TestLikeUnix(t *testing.T) {
 		if err, werr := Unmount(pa[i], 0), unix.Unmount(pb[i], 0); !sameErr(err, werr) {
 			t.Errorf("Unmount(%q) = %v, unix says %v", pa[i], err, werr)
 		}
+		// The path itself (there, or below a missing or a file), then a
+		// new sibling, made in both trees alike (the empty path has none:
+		// both trees share the working directory).
+		for _, suffix := range []string{"", ".new"} {
+			if suffix != "" && pa[i] == "" {
+				continue
+			}
+			if err, werr := Mkdir(pa[i]+suffix, 0o750), unix.Mkdir(pb[i]+suffix, 0o750); !sameErr(err, werr) {
+				t.Errorf("Mkdir(%q) = %v, unix says %v", pa[i]+suffix, err, werr)
+			}
+		}
 	}
 	for i := range pa { // last: it removes what it can
 		if err, werr := Rmdir(pa[i]), unix.Rmdir(pb[i]); !sameErr(err, werr) {
@@ -101,10 +112,12 @@ func sameErr(a, b error) bool {
 func TestNoAllocations(t *testing.T) {
 	dir := t.TempDir()
 	missing := filepath.Join(dir, "missing")
+	below := filepath.Join(missing, "below")
 	if n := testing.AllocsPerRun(100, func() {
 		_, _, _ = Links(dir)
 		_ = Rmdir(missing)
 		_ = Unmount(missing, 0)
+		_ = Mkdir(below, 0o750)
 	}); n != 0 {
 		t.Errorf("%v allocations", n)
 	}
