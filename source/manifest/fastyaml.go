@@ -758,10 +758,25 @@ func yamlPlainString(s string, flow bool) bool {
 	if s == "" || notPlainStart[s[0]] || (len(s) <= 5 && yaml11First[s[0]] && yaml11Words[s]) {
 		return false
 	}
-	if strings.Contains(s, " #") || strings.Contains(s, ": ") || strings.HasSuffix(s, ":") {
-		return false
+	// One pass for " #", ": " and (in flow context) flow indicators; none
+	// can be at s[0], which notPlainStart refused.
+	for i := 1; i < len(s); i++ {
+		switch s[i] {
+		case '#':
+			if s[i-1] == ' ' {
+				return false
+			}
+		case ':':
+			if i+1 == len(s) || s[i+1] == ' ' {
+				return false // also a trailing ":"
+			}
+		case ',', '[', ']', '{', '}':
+			if flow {
+				return false
+			}
+		}
 	}
-	return !flow || !strings.ContainsAny(s, ",[]{}")
+	return true
 }
 
 // quantityLike reports whether s is a string that starts with a digit but
