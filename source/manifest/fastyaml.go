@@ -53,10 +53,7 @@ func fastYAMLToJSONHint(dst, doc []byte) (js []byte, hint sliceHint, ok bool) {
 	if !ok || !p.skipBlank() || p.i != len(p.s) {
 		return nil, hint, false
 	}
-	b := bytes.NewBuffer(dst)
-	b.Grow(len(doc))
-	p.writeJSON(b, &n)
-	return b.Bytes(), p.hintOf(&n), true
+	return p.appendJSON(slices.Grow(dst, len(doc)), &n), p.hintOf(&n), true
 }
 
 // sliceHint holds the lengths of spec.volumes and spec.containers of a
@@ -162,54 +159,56 @@ func (p *yamlScanner) entries(n *yamlNode) []yamlEntry {
 	return p.nodes[n.first : n.first+n.n]
 }
 
-func (p *yamlScanner) writeJSON(b *bytes.Buffer, n *yamlNode) {
+func (p *yamlScanner) appendJSON(b []byte, n *yamlNode) []byte {
 	switch n.kind {
 	case yamlNull:
-		b.WriteString("null")
+		b = append(b, "null"...)
 	case yamlTrue:
-		b.WriteString("true")
+		b = append(b, "true"...)
 	case yamlFalse:
-		b.WriteString("false")
+		b = append(b, "false"...)
 	case yamlNumber:
-		b.WriteString(p.str(n))
+		b = append(b, p.str(n)...)
 	case yamlString:
-		writeJSONString(b, p.str(n))
+		b = appendJSONString(b, p.str(n))
 	case yamlSeq:
-		b.WriteByte('[')
+		b = append(b, '[')
 		for i := range p.entries(n) {
 			if i > 0 {
-				b.WriteByte(',')
+				b = append(b, ',')
 			}
-			p.writeJSON(b, &p.nodes[int(n.first)+i].node)
+			b = p.appendJSON(b, &p.nodes[int(n.first)+i].node)
 		}
-		b.WriteByte(']')
+		b = append(b, ']')
 	case yamlMap:
 		// Keys are sorted (collection sorts them).
-		b.WriteByte('{')
+		b = append(b, '{')
 		for i := range p.entries(n) {
 			if i > 0 {
-				b.WriteByte(',')
+				b = append(b, ',')
 			}
 			e := &p.nodes[int(n.first)+i]
-			writeJSONString(b, p.str(&e.key))
-			b.WriteByte(':')
-			p.writeJSON(b, &e.node)
+			b = appendJSONString(b, p.str(&e.key))
+			b = append(b, ':')
+			b = p.appendJSON(b, &e.node)
 		}
-		b.WriteByte('}')
+		b = append(b, '}')
 	}
+	return b
 }
 
-// writeJSONString writes s (printable ASCII: fastYAMLToJSON admits nothing
-// else) as a JSON string.
-func writeJSONString(b *bytes.Buffer, s string) {
-	if strings.IndexByte(s, '"') < 0 && strings.IndexByte(s, '\\') < 0 {
-		b.WriteByte('"')
-		b.WriteString(s)
-		b.WriteByte('"')
-		return
+// appendJSONString appends s (printable ASCII: fastYAMLToJSON admits
+// nothing else) as a JSON string.
+func appendJSONString(b []byte, s string) []byte {
+	for i := range len(s) {
+		if s[i] == '"' || s[i] == '\\' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
 	}
-	q, _ := json.Marshal(s)
-	b.Write(q)
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // yamlScanner reads one document. i is the offset, line the offset where
@@ -720,6 +719,20 @@ var yaml11Words = map[string]bool{
 	"null": true, "Null": true, "NULL": true,
 }
 
+// isYAML11Word is yaml11Words[s] without hashing s (FuzzYAMLPlainString
+// compares the two).
+func isYAML11Word(s string) bool {
+	switch s {
+	case "y", "Y", "yes", "Yes", "YES",
+		"n", "N", "no", "No", "NO",
+		"on", "On", "ON", "off", "Off", "OFF",
+		"true", "True", "TRUE", "false", "False", "FALSE",
+		"null", "Null", "NULL":
+		return true
+	}
+	return false
+}
+
 // byteSet is a set of bytes, for tests per character on the hot path.
 type byteSet [256]bool
 
@@ -755,7 +768,7 @@ func yamlPlainString(s string, flow bool) bool {
 	if quantityLike(s) {
 		return true
 	}
-	if s == "" || notPlainStart[s[0]] || (len(s) <= 5 && yaml11First[s[0]] && yaml11Words[s]) {
+	if s == "" || notPlainStart[s[0]] || (len(s) <= 5 && yaml11First[s[0]] && isYAML11Word(s)) {
 		return false
 	}
 	// One pass for " #", ": " and (in flow context) flow indicators; none

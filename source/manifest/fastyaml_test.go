@@ -73,6 +73,9 @@ func TestFastYAMLToJSON(t *testing.T) {
 		if len(w) > 5 { // yamlPlainString looks up only strings this short
 			t.Fatalf("yaml11Words: %q is longer than 5 bytes", w)
 		}
+		if !isYAML11Word(w) {
+			t.Fatalf("isYAML11Word(%q) is false", w)
+		}
 	}
 	for _, c := range fastYAMLCases {
 		t.Run(c.name, func(t *testing.T) {
