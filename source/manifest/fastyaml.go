@@ -3,6 +3,7 @@ package manifest
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -36,6 +37,9 @@ func fastYAMLToJSONHint(dst, doc []byte) (js []byte, hint sliceHint, ok bool) {
 			return nil, hint, false
 		}
 	}
+	if len(doc) > math.MaxInt32 {
+		return nil, hint, false
+	}
 	p := scanners.Get().(*yamlScanner)
 	defer p.release()
 	p.s = doc
@@ -49,10 +53,7 @@ func fastYAMLToJSONHint(dst, doc []byte) (js []byte, hint sliceHint, ok bool) {
 	if !ok || !p.skipBlank() || p.i != len(p.s) {
 		return nil, hint, false
 	}
-	b := bytes.NewBuffer(dst)
-	b.Grow(len(doc))
-	n.writeJSON(b)
-	return b.Bytes(), hintOf(&n), true
+	return p.appendJSON(slices.Grow(dst, len(doc)), &n), p.hintOf(&n), true
 }
 
 // sliceHint holds the lengths of spec.volumes and spec.containers of a
@@ -63,9 +64,9 @@ func fastYAMLToJSONHint(dst, doc []byte) (js []byte, hint sliceHint, ok bool) {
 // there gets a slice.
 type sliceHint struct{ volumes, containers int }
 
-func hintOf(n *yamlNode) sliceHint {
-	spec := n.get("spec")
-	return sliceHint{volumes: spec.get("volumes").seqLen(), containers: spec.get("containers").seqLen()}
+func (p *yamlScanner) hintOf(n *yamlNode) sliceHint {
+	spec := p.get(n, "spec")
+	return sliceHint{volumes: p.get(spec, "volumes").seqLen(), containers: p.get(spec, "containers").seqLen()}
 }
 
 // presize gives a pod about to be decoded slices of the sizes h says.
@@ -81,12 +82,15 @@ func (h sliceHint) presize(pod *corev1.Pod) {
 
 // get returns the value of key in a mapping, nil if n is nil, not a
 // mapping or has no such key.
-func (n *yamlNode) get(key string) *yamlNode {
+func (p *yamlScanner) get(n *yamlNode, key string) *yamlNode {
 	if n == nil || n.kind != yamlMap {
 		return nil
 	}
-	if i, found := slices.BinarySearch(n.keys, key); found {
-		return &n.items[i]
+	entries := p.entries(n)
+	if i, found := slices.BinarySearchFunc(entries, key, func(e yamlEntry, key string) int {
+		return strings.Compare(p.str(&e.key), key)
+	}); found {
+		return &entries[i].node
 	}
 	return nil
 }
@@ -95,7 +99,7 @@ func (n *yamlNode) seqLen() int {
 	if n == nil || n.kind != yamlSeq {
 		return 0
 	}
-	return len(n.items)
+	return int(n.n)
 }
 
 // maxYAMLDepth bounds nesting; deeper documents take the library's path.
@@ -118,60 +122,93 @@ const (
 	yamlSeq
 )
 
+// yamlNode holds no pointers but offsets into its scanner, so building
+// a tree costs no write barriers and its memory no GC scanning: with
+// strings and slices in the nodes, barriers and clearing them took a
+// third of the conversion while the GC was marking, as in a storm.
 type yamlNode struct {
-	kind  yamlKind
-	text  string     // yamlString, yamlNumber
-	keys  []string   // yamlMap
-	items []yamlNode // yamlMap (values, by key) and yamlSeq
+	kind yamlKind
+	// quoted says the text is in the scanner's unq, not the document.
+	quoted bool
+	// start and end delimit the text of a yamlString or yamlNumber.
+	start, end int32
+	// first and n delimit the entries of a yamlMap or yamlSeq in the
+	// scanner's nodes; a mapping's are sorted by key.
+	first, n int32
 }
 
-func (n *yamlNode) writeJSON(b *bytes.Buffer) {
+// yamlEntry is an entry of a collection: a mapping's key (a yamlString)
+// and value, or a sequence's item (the key is zero).
+type yamlEntry struct {
+	key, node yamlNode
+}
+
+// str is the text of n, sharing the document's or the scanner's memory:
+// valid until the scanner is released.
+func (p *yamlScanner) str(n *yamlNode) string {
+	if n.quoted {
+		if n.start == n.end {
+			return ""
+		}
+		return unsafe.String(&p.unq[n.start], n.end-n.start)
+	}
+	return p.text(int(n.start), int(n.end))
+}
+
+func (p *yamlScanner) entries(n *yamlNode) []yamlEntry {
+	return p.nodes[n.first : n.first+n.n]
+}
+
+func (p *yamlScanner) appendJSON(b []byte, n *yamlNode) []byte {
 	switch n.kind {
 	case yamlNull:
-		b.WriteString("null")
+		b = append(b, "null"...)
 	case yamlTrue:
-		b.WriteString("true")
+		b = append(b, "true"...)
 	case yamlFalse:
-		b.WriteString("false")
+		b = append(b, "false"...)
 	case yamlNumber:
-		b.WriteString(n.text)
+		b = append(b, p.str(n)...)
 	case yamlString:
-		writeJSONString(b, n.text)
+		b = appendJSONString(b, p.str(n))
 	case yamlSeq:
-		b.WriteByte('[')
-		for i := range n.items {
+		b = append(b, '[')
+		for i := range p.entries(n) {
 			if i > 0 {
-				b.WriteByte(',')
+				b = append(b, ',')
 			}
-			n.items[i].writeJSON(b)
+			b = p.appendJSON(b, &p.nodes[int(n.first)+i].node)
 		}
-		b.WriteByte(']')
+		b = append(b, ']')
 	case yamlMap:
 		// Keys are sorted (collection sorts them).
-		b.WriteByte('{')
-		for i := range n.keys {
+		b = append(b, '{')
+		for i := range p.entries(n) {
 			if i > 0 {
-				b.WriteByte(',')
+				b = append(b, ',')
 			}
-			writeJSONString(b, n.keys[i])
-			b.WriteByte(':')
-			n.items[i].writeJSON(b)
+			e := &p.nodes[int(n.first)+i]
+			b = appendJSONString(b, p.str(&e.key))
+			b = append(b, ':')
+			b = p.appendJSON(b, &e.node)
 		}
-		b.WriteByte('}')
+		b = append(b, '}')
 	}
+	return b
 }
 
-// writeJSONString writes s (printable ASCII: fastYAMLToJSON admits nothing
-// else) as a JSON string.
-func writeJSONString(b *bytes.Buffer, s string) {
-	if strings.IndexByte(s, '"') < 0 && strings.IndexByte(s, '\\') < 0 {
-		b.WriteByte('"')
-		b.WriteString(s)
-		b.WriteByte('"')
-		return
+// appendJSONString appends s (printable ASCII: fastYAMLToJSON admits
+// nothing else) as a JSON string.
+func appendJSONString(b []byte, s string) []byte {
+	for i := range len(s) {
+		if s[i] == '"' || s[i] == '\\' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
 	}
-	q, _ := json.Marshal(s)
-	b.Write(q)
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // yamlScanner reads one document. i is the offset, line the offset where
@@ -180,68 +217,34 @@ type yamlScanner struct {
 	s    []byte
 	i    int
 	line int
-	// keys and items are a stack of the entries of the collections being
-	// read: a collection pushes its entries above those of the ones around
-	// it and, once complete, copies them out at their final size (into
-	// the arenas below, not one allocation per doubling).
-	keys  []string
-	items []yamlNode
-	// keyArena and itemArena hold the collections copied out, in chunks
-	// the whole tree shares (it lives no longer than the document), so a
-	// pod's dozens of collections cost a few allocations, not two each.
-	keyArena  []string
-	itemArena []yamlNode
-	// keysCarved and itemsCarved count the entries carved, for release.
-	keysCarved, itemsCarved int
+	// stack holds the entries of the collections being read: a
+	// collection pushes its entries above those of the ones around it and,
+	// once complete, moves them to nodes, where they stay together.
+	stack []yamlEntry
+	// nodes holds the entries of completed collections; the tree lives no
+	// longer than the document, so one slice serves all of it.
+	nodes []yamlEntry
+	// unq holds the text of quoted scalars, without quotes and escapes.
+	unq []byte
 }
 
-// scanners keeps scanners with their stacks and arenas between documents:
-// the tree of one is dead once its JSON is written, so the next can use
-// the same memory and a pod costs no allocation for it.
+// scanners keeps scanners with their slices between documents: the tree
+// of one is dead once its JSON is written, so the next can use the same
+// memory and a pod costs no allocation for it.
 var scanners = sync.Pool{New: func() any { return new(yamlScanner) }}
 
-// maxKeptEntries bounds the stacks and arenas a pooled scanner keeps, so a
-// huge document does not pin its memory.
+// maxKeptEntries bounds the entries a pooled scanner keeps, so a huge
+// document does not pin its memory.
 const maxKeptEntries = 4096
 
-// release clears what points into the document and the tree, and returns
-// the scanner to the pool with an arena as large as this document needed.
+// release returns the scanner to the pool. Nothing in it points into the
+// document but s, so nothing needs clearing.
 func (p *yamlScanner) release() {
-	p.keyArena = keep(p.keyArena, p.keysCarved)
-	p.itemArena = keep(p.itemArena, p.itemsCarved)
-	clear(p.keys[:cap(p.keys)])
-	clear(p.items[:cap(p.items)])
-	if cap(p.keys) > maxKeptEntries || cap(p.items) > maxKeptEntries {
+	if cap(p.stack) > maxKeptEntries || cap(p.nodes) > maxKeptEntries || cap(p.unq) > maxKeptEntries*16 {
 		return
 	}
-	*p = yamlScanner{keys: p.keys[:0], items: p.items[:0], keyArena: p.keyArena, itemArena: p.itemArena}
+	*p = yamlScanner{stack: p.stack[:0], nodes: p.nodes[:0], unq: p.unq[:0]}
 	scanners.Put(p)
-}
-
-// keep empties an arena for the next document; if this one needed more
-// than its last chunk (carved entries in all), the next gets one chunk
-// of that size.
-func keep[T any](arena []T, carved int) []T {
-	clear(arena[:cap(arena)])
-	switch {
-	case carved > maxKeptEntries:
-		return nil
-	case carved > cap(arena):
-		return make([]T, 0, carved)
-	}
-	return arena[:0]
-}
-
-// carve copies src into the arena and returns the copy, at its size. Each
-// chunk is twice the last (the first 16), so a small document wastes
-// little and a big one takes few chunks.
-func carve[T any](arena *[]T, src []T) []T {
-	if cap(*arena)-len(*arena) < len(src) {
-		*arena = make([]T, 0, max(16, 2*cap(*arena), len(src)))
-	}
-	start := len(*arena)
-	*arena = append(*arena, src...)
-	return (*arena)[start:len(*arena):len(*arena)]
 }
 
 // text is the document's bytes from start to end as a string that shares
@@ -254,31 +257,40 @@ func (p *yamlScanner) text(start, end int) string {
 	return unsafe.String(&p.s[start], end-start)
 }
 
-// collection copies the entries pushed since base (keys since keyBase; a
-// sequence has none) out of the stack into n and pops them. A mapping's
-// entries are sorted by key, the order json.Marshal writes a map's in.
-func (p *yamlScanner) collection(n *yamlNode, keyBase, base int) {
-	if keys, items := p.keys[keyBase:], p.items[base:]; len(keys) > 0 {
+// plain is a yamlString or yamlNumber node of the document's bytes from
+// start to end.
+func plain(kind yamlKind, start, end int) yamlNode {
+	return yamlNode{kind: kind, start: int32(start), end: int32(end)}
+}
+
+// hasKey reports whether the entries pushed since base include key k.
+func (p *yamlScanner) hasKey(base int, k *yamlNode) bool {
+	ks := p.str(k)
+	for i := base; i < len(p.stack); i++ {
+		if p.str(&p.stack[i].key) == ks {
+			return true
+		}
+	}
+	return false
+}
+
+// collection moves the entries pushed since base out of the stack into
+// n. A mapping's entries are sorted by key, the order json.Marshal writes
+// a map's in.
+func (p *yamlScanner) collection(n *yamlNode, base int) {
+	entries := p.stack[base:]
+	if n.kind == yamlMap {
 		// Insertion sort: keys are few, and unique (checked as read,
 		// at the same quadratic cost).
-		for i := 1; i < len(keys); i++ {
-			for j := i; j > 0 && keys[j] < keys[j-1]; j-- {
-				keys[j], keys[j-1] = keys[j-1], keys[j]
-				items[j], items[j-1] = items[j-1], items[j]
+		for i := 1; i < len(entries); i++ {
+			for j := i; j > 0 && p.str(&entries[j].key) < p.str(&entries[j-1].key); j-- {
+				entries[j], entries[j-1] = entries[j-1], entries[j]
 			}
 		}
 	}
-	if len(p.items) > base {
-		n.items = carve(&p.itemArena, p.items[base:])
-		p.itemsCarved += len(n.items)
-		clear(p.items[base:])
-		p.items = p.items[:base]
-	}
-	if len(p.keys) > keyBase {
-		n.keys = carve(&p.keyArena, p.keys[keyBase:])
-		p.keysCarved += len(n.keys)
-		p.keys = p.keys[:keyBase]
-	}
+	n.first, n.n = int32(len(p.nodes)), int32(len(entries))
+	p.nodes = append(p.nodes, entries...)
+	p.stack = p.stack[:base]
 }
 
 func (p *yamlScanner) col() int { return p.i - p.line }
@@ -357,65 +369,66 @@ func (p *yamlScanner) blockNode(indent, depth int) (yamlNode, bool) {
 
 // key reads a mapping key ("name:" followed by a space or line end) if one
 // starts here, leaving the position after the colon.
-func (p *yamlScanner) key() (key string, isKey, ok bool) {
+func (p *yamlScanner) key() (key yamlNode, isKey, ok bool) {
 	start := p.i
 	switch {
 	case p.at('"') || p.at('\''):
 		s, ok := p.quoted()
 		if !ok {
-			return "", false, false
+			return yamlNode{}, false, false
 		}
 		for p.at(' ') {
 			p.i++
 		}
 		if p.at(':') && (p.i+1 == len(p.s) || p.s[p.i+1] == ' ' || p.s[p.i+1] == '\n') {
 			if p.i-start > maxSimpleKey {
-				return "", false, false
+				return yamlNode{}, false, false
 			}
 			p.i++
 			return s, true, true
 		}
 		p.i = start
-		return "", false, true
+		return yamlNode{}, false, true
 	default:
 		end := p.i
 		for end < len(p.s) && p.s[end] != '\n' {
 			if p.s[end] == ':' && (end+1 == len(p.s) || p.s[end+1] == ' ' || p.s[end+1] == '\n') {
 				k := strings.TrimRight(p.text(p.i, end), " ")
 				if end-p.i > maxSimpleKey || !yamlPlainString(k, false) {
-					return "", false, false
+					return yamlNode{}, false, false
 				}
+				n := plain(yamlString, p.i, p.i+len(k))
 				p.i = end + 1
-				return k, true, true
+				return n, true, true
 			}
 			if p.s[end] == '#' && end > p.i && p.s[end-1] == ' ' {
 				break
 			}
 			end++
 		}
-		return "", false, true
+		return yamlNode{}, false, true
 	}
 }
 
 // blockMap reads a block mapping whose first key, k, has just been read.
-func (p *yamlScanner) blockMap(k string, indent, depth int) (yamlNode, bool) {
+func (p *yamlScanner) blockMap(k yamlNode, indent, depth int) (yamlNode, bool) {
 	n := yamlNode{kind: yamlMap}
-	keyBase, base := len(p.keys), len(p.items)
+	base := len(p.stack)
 	for {
-		if slices.Contains(p.keys[keyBase:], k) {
+		if p.hasKey(base, &k) {
 			return yamlNode{}, false
 		}
 		v, ok := p.mapValue(indent, depth)
 		if !ok {
 			return yamlNode{}, false
 		}
-		p.keys, p.items = append(p.keys, k), append(p.items, v)
+		p.stack = append(p.stack, yamlEntry{key: k, node: v})
 		if !p.skipBlank() {
 			return yamlNode{}, false
 		}
 		switch c := p.col(); {
 		case p.i == len(p.s) || c < indent:
-			p.collection(&n, keyBase, base)
+			p.collection(&n, base)
 			return n, true
 		case c > indent || p.seqDash():
 			return yamlNode{}, false
@@ -475,7 +488,7 @@ func (p *yamlScanner) inlineValue(depth int) (yamlNode, bool) {
 
 func (p *yamlScanner) blockSeq(indent, depth int) (yamlNode, bool) {
 	n := yamlNode{kind: yamlSeq}
-	keyBase, base := len(p.keys), len(p.items)
+	base := len(p.stack)
 	for {
 		if !p.seqDash() {
 			return yamlNode{}, false
@@ -502,7 +515,7 @@ func (p *yamlScanner) blockSeq(indent, depth int) (yamlNode, bool) {
 				return yamlNode{}, false
 			}
 		}
-		p.items = append(p.items, item)
+		p.stack = append(p.stack, yamlEntry{node: item})
 		if !p.skipBlank() {
 			return yamlNode{}, false
 		}
@@ -510,7 +523,7 @@ func (p *yamlScanner) blockSeq(indent, depth int) (yamlNode, bool) {
 		// sequence was a mapping's value, at its key's column.
 		switch c := p.col(); {
 		case p.i == len(p.s) || c < indent || (c == indent && !p.seqDash()):
-			p.collection(&n, keyBase, base)
+			p.collection(&n, base)
 			return n, true
 		case c > indent:
 			return yamlNode{}, false
@@ -529,17 +542,17 @@ func (p *yamlScanner) flowNode(depth int) (yamlNode, bool) {
 		closer, n.kind = '}', yamlMap
 	}
 	p.i++
-	keyBase, base := len(p.keys), len(p.items)
+	base := len(p.stack)
 	for first := true; ; first = false {
 		if !p.skipBlank() || p.i == len(p.s) {
 			return yamlNode{}, false
 		}
 		if p.at(closer) {
-			if !first && n.kind == yamlSeq && len(p.items) == base {
+			if !first && n.kind == yamlSeq && len(p.stack) == base {
 				return yamlNode{}, false
 			}
 			p.i++
-			p.collection(&n, keyBase, base)
+			p.collection(&n, base)
 			return n, true
 		}
 		if !first {
@@ -553,7 +566,7 @@ func (p *yamlScanner) flowNode(depth int) (yamlNode, bool) {
 			}
 		}
 		if n.kind == yamlMap {
-			var k string
+			var k yamlNode
 			keyStart := p.i
 			switch {
 			case p.at('"') || p.at('\''):
@@ -567,15 +580,16 @@ func (p *yamlScanner) flowNode(depth int) (yamlNode, bool) {
 				for p.i < len(p.s) && !flowKeyEnd[p.s[p.i]] {
 					p.i++
 				}
-				k = strings.TrimRight(p.text(start, p.i), " ")
-				if !yamlPlainString(k, true) {
+				ks := strings.TrimRight(p.text(start, p.i), " ")
+				if !yamlPlainString(ks, true) {
 					return yamlNode{}, false
 				}
+				k = plain(yamlString, start, start+len(ks))
 			}
 			for p.at(' ') {
 				p.i++
 			}
-			if !p.at(':') || p.i+1 == len(p.s) || p.s[p.i+1] != ' ' || p.i-keyStart > maxSimpleKey || slices.Contains(p.keys[keyBase:], k) {
+			if !p.at(':') || p.i+1 == len(p.s) || p.s[p.i+1] != ' ' || p.i-keyStart > maxSimpleKey || p.hasKey(base, &k) {
 				return yamlNode{}, false
 			}
 			p.i++
@@ -586,14 +600,14 @@ func (p *yamlScanner) flowNode(depth int) (yamlNode, bool) {
 			if !ok {
 				return yamlNode{}, false
 			}
-			p.keys, p.items = append(p.keys, k), append(p.items, v)
+			p.stack = append(p.stack, yamlEntry{key: k, node: v})
 			continue
 		}
 		v, ok := p.flowValue(depth)
 		if !ok {
 			return yamlNode{}, false
 		}
-		p.items = append(p.items, v)
+		p.stack = append(p.stack, yamlEntry{node: v})
 	}
 }
 
@@ -608,8 +622,7 @@ func (p *yamlScanner) flowValue(depth int) (yamlNode, bool) {
 // context a plain one ends at ",", "]" or "}" too.
 func (p *yamlScanner) scalar(flow bool) (yamlNode, bool) {
 	if p.at('"') || p.at('\'') {
-		s, ok := p.quoted()
-		return yamlNode{kind: yamlString, text: s}, ok
+		return p.quoted()
 	}
 	start := p.i
 	for p.i < len(p.s) {
@@ -639,42 +652,43 @@ func (p *yamlScanner) scalar(flow bool) (yamlNode, bool) {
 	case s == "false" || s == "False" || s == "FALSE":
 		return yamlNode{kind: yamlFalse}, true
 	case plainInteger(s):
-		return yamlNode{kind: yamlNumber, text: s}, true
+		return plain(yamlNumber, start, start+len(s)), true
 	case yamlPlainString(s, flow):
-		return yamlNode{kind: yamlString, text: s}, true
+		return plain(yamlString, start, start+len(s)), true
 	}
 	return yamlNode{}, false
 }
 
-// quoted reads a one-line single- or double-quoted scalar. Double-quoted
-// escapes other than \" and \\ are left to the library.
-func (p *yamlScanner) quoted() (string, bool) {
+// quoted reads a one-line single- or double-quoted scalar into unq.
+// Double-quoted escapes other than \" and \\ are left to the library.
+func (p *yamlScanner) quoted() (yamlNode, bool) {
 	q := p.s[p.i]
 	p.i++
-	var b []byte
+	n := yamlNode{kind: yamlString, quoted: true, start: int32(len(p.unq))}
 	for p.i < len(p.s) {
 		c := p.s[p.i]
 		switch {
 		case c == '\n':
-			return "", false
+			return yamlNode{}, false
 		case c == q && q == '\'' && p.i+1 < len(p.s) && p.s[p.i+1] == '\'':
-			b = append(b, '\'')
+			p.unq = append(p.unq, '\'')
 			p.i += 2
 		case c == q:
 			p.i++
-			return string(b), true
+			n.end = int32(len(p.unq))
+			return n, true
 		case c == '\\' && q == '"':
 			if p.i+1 == len(p.s) || (p.s[p.i+1] != '"' && p.s[p.i+1] != '\\') {
-				return "", false
+				return yamlNode{}, false
 			}
-			b = append(b, p.s[p.i+1])
+			p.unq = append(p.unq, p.s[p.i+1])
 			p.i += 2
 		default:
-			b = append(b, c)
+			p.unq = append(p.unq, c)
 			p.i++
 		}
 	}
-	return "", false
+	return yamlNode{}, false
 }
 
 // plainInteger reports whether s is a decimal integer that YAML 1.1 and
@@ -703,6 +717,20 @@ var yaml11Words = map[string]bool{
 	"on": true, "On": true, "ON": true, "off": true, "Off": true, "OFF": true,
 	"true": true, "True": true, "TRUE": true, "false": true, "False": true, "FALSE": true,
 	"null": true, "Null": true, "NULL": true,
+}
+
+// isYAML11Word is yaml11Words[s] without hashing s (FuzzYAMLPlainString
+// compares the two).
+func isYAML11Word(s string) bool {
+	switch s {
+	case "y", "Y", "yes", "Yes", "YES",
+		"n", "N", "no", "No", "NO",
+		"on", "On", "ON", "off", "Off", "OFF",
+		"true", "True", "TRUE", "false", "False", "FALSE",
+		"null", "Null", "NULL":
+		return true
+	}
+	return false
 }
 
 // byteSet is a set of bytes, for tests per character on the hot path.
@@ -740,13 +768,28 @@ func yamlPlainString(s string, flow bool) bool {
 	if quantityLike(s) {
 		return true
 	}
-	if s == "" || notPlainStart[s[0]] || (len(s) <= 5 && yaml11First[s[0]] && yaml11Words[s]) {
+	if s == "" || notPlainStart[s[0]] || (len(s) <= 5 && yaml11First[s[0]] && isYAML11Word(s)) {
 		return false
 	}
-	if strings.Contains(s, " #") || strings.Contains(s, ": ") || strings.HasSuffix(s, ":") {
-		return false
+	// One pass for " #", ": " and (in flow context) flow indicators; none
+	// can be at s[0], which notPlainStart refused.
+	for i := 1; i < len(s); i++ {
+		switch s[i] {
+		case '#':
+			if s[i-1] == ' ' {
+				return false
+			}
+		case ':':
+			if i+1 == len(s) || s[i+1] == ' ' {
+				return false // also a trailing ":"
+			}
+		case ',', '[', ']', '{', '}':
+			if flow {
+				return false
+			}
+		}
 	}
-	return !flow || !strings.ContainsAny(s, ",[]{}")
+	return true
 }
 
 // quantityLike reports whether s is a string that starts with a digit but

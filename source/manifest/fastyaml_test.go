@@ -3,6 +3,7 @@ package manifest
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 
 	"sigs.k8s.io/yaml"
@@ -71,6 +72,9 @@ func TestFastYAMLToJSON(t *testing.T) {
 	for w := range yaml11Words {
 		if len(w) > 5 { // yamlPlainString looks up only strings this short
 			t.Fatalf("yaml11Words: %q is longer than 5 bytes", w)
+		}
+		if !isYAML11Word(w) {
+			t.Fatalf("isYAML11Word(%q) is false", w)
 		}
 	}
 	for _, c := range fastYAMLCases {
@@ -146,4 +150,21 @@ func podManifestForBench() []byte {
 		}
 	}
 	panic("no bench pod case")
+}
+
+// FuzzYAMLPlainString holds yamlPlainString's one pass to the checks it
+// replaced, written plainly.
+func FuzzYAMLPlainString(f *testing.F) {
+	for _, s := range []string{"a", "a #b", "a#b", "a: b", "a:b", "a:", "a,b", "a[b]", "{a}", "1Mi", "yes", "-a", "a :", "ab  #"} {
+		f.Add(s, false)
+		f.Add(s, true)
+	}
+	f.Fuzz(func(t *testing.T, s string, flow bool) {
+		want := quantityLike(s) || (s != "" && !notPlainStart[s[0]] && !(len(s) <= 5 && yaml11First[s[0]] && yaml11Words[s]) &&
+			!strings.Contains(s, " #") && !strings.Contains(s, ": ") && !strings.HasSuffix(s, ":") &&
+			(!flow || !strings.ContainsAny(s, ",[]{}")))
+		if got := yamlPlainString(s, flow); got != want {
+			t.Fatalf("yamlPlainString(%q, %v) = %v, want %v", s, flow, got, want)
+		}
+	})
 }
