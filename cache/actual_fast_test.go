@@ -138,4 +138,3 @@ func BenchmarkASWMountUnmount(b *testing.B) {
 		}
 	}
 }
-
