@@ -430,7 +430,9 @@ func (a *ActualStateOfWorld) SetPodMount(id VolumeIdentity, m ActualPodMount) {
 }
 
 // volumeMount is a volume's entry and one pod's mount allocated together:
-// SetPodMount makes both, and most volumes in a storm have one pod.
+// SetPodMount makes both, and most volumes in a storm have one pod. A
+// mount that outlives its entry (another pod's mount replaced the entry)
+// keeps the old entry's memory with it: one entry per mount at most.
 type volumeMount struct {
 	v ActualVolume
 	m ActualPodMount
