@@ -161,7 +161,8 @@ func (d *DesiredStateOfWorld) SetPod(pod volume.PodInfo, vols []PodVolume, errs 
 }
 
 // SetPodWithContainers is SetPod that also records what the pod's
-// containers mount.
+// containers mount. It neither writes nor keeps vols (the populator keeps
+// it as the pod's last resolutions).
 func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []PodVolume, errs []*volume.PodVolumeError, unresolved []string, containers []volume.Container) bool {
 	now := d.clock.Now()
 	d.mu.Lock()

@@ -124,9 +124,10 @@ type podState struct {
 	pod  *v1.Pod
 	deps []dep
 	// resolved keeps the last good resolution of each of the pod's volumes
-	// (OuterName is the pod's volume name): the sticky rule. A slice, not
-	// a map: it is made for every pod synced and read only when a volume
-	// fails to resolve.
+	// (OuterName is the pod's volume name): the sticky rule. It is the
+	// slice handed to the DSW, sub-paths included (cleared when reused),
+	// not a map: it is made for every pod synced and read only when a
+	// volume fails to resolve.
 	resolved []cache.PodVolume
 	errs     []*volume.PodVolumeError
 	notices  []notice
@@ -315,7 +316,7 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 		prev, pinned = st.resolved, st.pinned
 	}
 	// Sized for every volume of the pod: one allocation each.
-	next := &podState{pod: pod, resolved: make([]cache.PodVolume, 0, len(pod.Spec.Volumes))}
+	next := &podState{pod: pod}
 
 	vols := make([]cache.PodVolume, 0, len(pod.Spec.Volumes))
 	var unresolved []string
@@ -338,7 +339,6 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 			}
 			pv, verr := r.resolve(pod, info, vol, use)
 			if verr == nil {
-				next.resolved = append(next.resolved, pv)
 				vols = append(vols, withSubPaths(pv, mounts.subPaths[vol.Name]))
 				continue
 			}
@@ -351,13 +351,14 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 			}
 			if i := slices.IndexFunc(prev, func(pv cache.PodVolume) bool { return pv.OuterName == vol.Name }); i >= 0 {
 				old := prev[i]
-				next.resolved = append(next.resolved, old)
+				old.SubPaths = nil // the pod's mounts now say which
 				vols = append(vols, withSubPaths(old, mounts.subPaths[vol.Name]))
 			} else {
 				unresolved = append(unresolved, vol.Name)
 			}
 		}
 	}
+	next.resolved = vols
 	next.errs = append(next.errs, mounts.errs...)
 	next.deps = r.deps
 	sort.Strings(unresolved)
