@@ -68,7 +68,7 @@ func TestActualFastPathsOracle(t *testing.T) {
 			}
 			pods := []string{"p1", "p2", "p3"}
 			ops := 0
-			for range 4000 {
+			for range 2500 {
 				id := ids[rng.IntN(len(ids))]
 				if rng.IntN(8) == 0 {
 					id = VolumeIdentity{Name: id.Name} // an identity that knows nothing

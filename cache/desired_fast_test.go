@@ -31,7 +31,11 @@ func dumpDesiredFull(s *DesiredSnapshot) string {
 func TestDesiredDedupeOracle(t *testing.T) {
 	saved := dedupeScanMax
 	t.Cleanup(func() { dedupeScanMax = saved })
-	for seed := range uint64(3) {
+	seeds := uint64(3)
+	if testing.Short() {
+		seeds = 1
+	}
+	for seed := range seeds {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 30))
 			scan, sclk := newDSW()
@@ -39,7 +43,7 @@ func TestDesiredDedupeOracle(t *testing.T) {
 			pvs := []PodVolume{localPV(newPV("a", "1Gi"), ""), localPV(newPV("b", "1Gi"), ""), localPV(newPV("c", "2Gi"), "")}
 			pvs[2].Attributes.RequiresRemount = true
 			pods := []string{"p1", "p2", "p3", "p4"}
-			for op := range 3000 {
+			for op := range 1500 {
 				uid := pods[rng.IntN(len(pods))]
 				var vols []PodVolume
 				if rng.IntN(8) != 0 {
