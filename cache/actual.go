@@ -112,7 +112,13 @@ type ActualVolume struct {
 
 // empty reports whether nothing is left to undo for the volume.
 func (v *ActualVolume) empty() bool {
-	return len(v.Pods) == 0 && !v.DeviceState.MayBeMounted() &&
+	return len(v.Pods) == 0 && v.released()
+}
+
+// released reports whether nothing but pods' mounts is left to undo for
+// the volume.
+func (v *ActualVolume) released() bool {
+	return !v.DeviceState.MayBeMounted() &&
 		(v.AttachState == "" || v.AttachState == NotAttached || v.AttachState == AttachNotNeeded)
 }
 
@@ -212,6 +218,10 @@ type ActualStateOfWorld struct {
 	// snapPeak is the most volumes a snapshot held since the last full
 	// copy.
 	snapPeak int
+
+	// simple has SetPodMount and DeletePodMount take the simple versions
+	// of their fast paths (tests).
+	simple bool
 }
 
 const aswShards = 32
@@ -289,7 +299,7 @@ func (a *ActualStateOfWorld) updateWith(id VolumeIdentity, clone func(*ActualVol
 	defer sh.mu.Unlock()
 	var v *ActualVolume
 	if old, ok := sh.volumes[id.Name]; ok {
-		if old.hasReconstructed() {
+		if sh.reconstructed > 0 && old.hasReconstructed() {
 			sh.reconstructed--
 		}
 		v = clone(old)
@@ -320,8 +330,13 @@ func (a *ActualStateOfWorld) updateWith(id VolumeIdentity, clone func(*ActualVol
 			sh.reconstructed++
 		}
 	}
-	sh.changes.Mark(id.Name, changeLimit(len(sh.volumes)))
-	sh.snapChanges.mark(id.Name, changeLimit(len(sh.volumes)))
+	a.marked(sh, id.Name)
+}
+
+// marked records a change of the volume's entry; the caller holds sh.mu.
+func (a *ActualStateOfWorld) marked(sh *aswShard, name volume.UniqueName) {
+	sh.changes.Mark(name, changeLimit(len(sh.volumes)))
+	sh.snapChanges.mark(name, changeLimit(len(sh.volumes)))
 	a.generation.Add(1)
 }
 
@@ -362,6 +377,69 @@ func (a *ActualStateOfWorld) SetDeviceState(id VolumeIdentity, state DeviceMount
 // SetPodMount records a pod's mount (state Mounted or MountUncertain).
 func (a *ActualStateOfWorld) SetPodMount(id VolumeIdentity, m ActualPodMount) {
 	m.Since = a.clock.Now()
+	if a.simple {
+		a.setPodMountSimple(id, m)
+		return
+	}
+	// The fast path of setPodMountSimple, which it must agree with
+	// (TestActualFastPathsOracle): the new entry and its mount are one
+	// allocation, and the Pods map is made for its size.
+	sh := a.shard(id.Name)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	old, ok := sh.volumes[id.Name]
+	if !ok && id.Plugin == "" {
+		return // nothing known about it and nothing to record
+	}
+	e := &volumeMount{}
+	v := &e.v
+	oldRecon := false
+	if ok {
+		oldRecon = sh.reconstructed > 0 && old.hasReconstructed()
+		*v = *old
+		v.Pods = make(map[types.UID]*ActualPodMount, len(old.Pods)+1)
+		for k, p := range old.Pods {
+			v.Pods[k] = p
+		}
+		if v.Spec == nil && id.Spec != nil {
+			v.Spec, v.Attributes = id.Spec, id.Attributes // see updateWith
+		}
+		if prev, had := old.Pods[m.Pod.UID]; had && prev.State == m.State {
+			m.Since = prev.Since
+		} else if !had {
+			v.ResizeBlocked = "" // see setPodMountSimple
+		}
+	} else {
+		*v = ActualVolume{
+			Name: id.Name, Plugin: id.Plugin, Attributes: id.Attributes, Spec: id.Spec,
+			DeviceState: DeviceNotMounted, Pods: make(map[types.UID]*ActualPodMount, 1),
+		}
+	}
+	e.m = m
+	v.Pods[m.Pod.UID] = &e.m
+	if oldRecon {
+		sh.reconstructed--
+	}
+	// Reconstructed state comes only from the mount set here or from what
+	// the old entry held.
+	if (oldRecon || m.Reconstructed) && v.hasReconstructed() {
+		sh.reconstructed++
+	}
+	sh.volumes[id.Name] = v
+	a.marked(sh, id.Name)
+}
+
+// volumeMount is a volume's entry and one pod's mount allocated together:
+// SetPodMount makes both, and most volumes in a storm have one pod. A
+// mount that outlives its entry (another pod's mount replaced the entry)
+// keeps the old entry's memory with it: one entry per mount at most.
+type volumeMount struct {
+	v ActualVolume
+	m ActualPodMount
+}
+
+// setPodMountSimple is SetPodMount through update.
+func (a *ActualStateOfWorld) setPodMountSimple(id VolumeIdentity, m ActualPodMount) {
 	a.update(id, func(v *ActualVolume) {
 		old, ok := v.Pods[m.Pod.UID]
 		if ok && old.State == m.State {
@@ -392,10 +470,55 @@ func (a *ActualStateOfWorld) SetSubPaths(name volume.UniqueName, pod types.UID, 
 }
 
 // DeletePodMount records that the pod's mount is gone.
+func (a *ActualStateOfWorld) DeletePodMount(name volume.UniqueName, pod types.UID) {
+	if a.simple {
+		a.deletePodMountSimple(name, pod)
+		return
+	}
+	// The fast path of deletePodMountSimple, which it must agree with
+	// (TestActualFastPathsOracle): in a teardown most volumes lose their
+	// last pod and go, and are not copied first; a pod that has no mount
+	// changes nothing and is not marked.
+	sh := a.shard(name)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	old, ok := sh.volumes[name]
+	if !ok {
+		return
+	}
+	_, had := old.Pods[pod]
+	if !had && !old.empty() {
+		return
+	}
+	oldRecon := sh.reconstructed > 0 && old.hasReconstructed()
+	if oldRecon {
+		sh.reconstructed--
+	}
+	if len(old.Pods) == 0 || (len(old.Pods) == 1 && had && old.released()) {
+		delete(sh.volumes, name)
+		a.marked(sh, name)
+		return
+	}
+	v := old.cloneShared()
+	v.ResizeBlocked = ""
+	v.Pods = make(map[types.UID]*ActualPodMount, len(old.Pods)-1)
+	for uid, m := range old.Pods {
+		if uid != pod {
+			v.Pods[uid] = m
+		}
+	}
+	if oldRecon && v.hasReconstructed() {
+		sh.reconstructed++
+	}
+	sh.volumes[name] = v
+	a.marked(sh, name)
+}
+
+// deletePodMountSimple is DeletePodMount through updateWith.
 //
 // The volume's Pods map is copied only when other pods are left: in a
 // teardown most volumes lose their last pod and go.
-func (a *ActualStateOfWorld) DeletePodMount(name volume.UniqueName, pod types.UID) {
+func (a *ActualStateOfWorld) deletePodMountSimple(name volume.UniqueName, pod types.UID) {
 	a.updateWith(VolumeIdentity{Name: name}, (*ActualVolume).cloneShared, func(v *ActualVolume) {
 		if _, ok := v.Pods[pod]; !ok {
 			return

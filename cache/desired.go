@@ -161,7 +161,8 @@ func (d *DesiredStateOfWorld) SetPod(pod volume.PodInfo, vols []PodVolume, errs 
 }
 
 // SetPodWithContainers is SetPod that also records what the pod's
-// containers mount.
+// containers mount. It neither writes nor keeps vols (the populator keeps
+// it as the pod's last resolutions).
 func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []PodVolume, errs []*volume.PodVolumeError, unresolved []string, containers []volume.Container) bool {
 	now := d.clock.Now()
 	d.mu.Lock()
@@ -173,21 +174,72 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 
 	// Group the pod's volumes by unique name: two pod volumes may resolve to
 	// the same volume (two names for one claim).
-	wanted := make(map[volume.UniqueName]*DesiredPodVolume, len(vols))
 	names := make([]volume.UniqueName, 0, len(vols))
 	// The pod's entries and their outer names come from one allocation
 	// each, not one per volume: a storm sets thousands of pods. An entry
 	// that gets a second outer name has its own slice then (cap 1).
+	// entries[i] is vols[i]'s entry when vols[i] is the first with its
+	// name; the others' entries stay zero (OuterNames nil).
 	entries, outer := make([]DesiredPodVolume, len(vols)), make([]string, len(vols))
+	// A pod with a few volumes finds an earlier one by looking through
+	// them (the first match is the first with the name), which costs
+	// less than a map (TestDesiredDedupeOracle).
+	var first map[volume.UniqueName]int
+	if len(vols) > dedupeScanMax {
+		first = make(map[volume.UniqueName]int, len(vols))
+	}
 	for i := range vols {
 		pv := &vols[i]
-		if dp, ok := wanted[pv.Name]; ok {
+		j := -1
+		if first != nil {
+			if k, ok := first[pv.Name]; ok {
+				j = k
+			} else {
+				first[pv.Name] = i
+			}
+		} else {
+			for k := range i {
+				if vols[k].Name == pv.Name {
+					j = k
+					break
+				}
+			}
+		}
+		if j >= 0 {
+			dp := &entries[j]
 			dp.OuterNames = append(dp.OuterNames, pv.OuterName)
 			dp.SubPaths = append(dp.SubPaths, pv.SubPaths...)
 			continue
 		}
+		outer[i] = pv.OuterName
+		entries[i] = DesiredPodVolume{Pod: pod, OuterNames: outer[i : i+1 : i+1], Spec: pv.Spec, SubPaths: slices.Clone(pv.SubPaths)}
+		names = append(names, pv.Name)
+	}
+	slices.Sort(names)
+
+	if old != nil {
+		// Both lists are sorted and without repeats.
+		k := 0
+		for _, name := range old.Volumes {
+			for k < len(names) && names[k] < name {
+				k++
+			}
+			if k == len(names) || names[k] != name {
+				d.removePodFromVolume(name, pod.UID)
+				changed = true
+			}
+		}
+	}
+	var fresh []DesiredVolume // the volumes' new entries, allocated together
+	for i := range vols {
+		dp := &entries[i]
+		if dp.OuterNames == nil {
+			continue // merged into an earlier entry
+		}
+		pv := &vols[i]
+		v := d.volumes[pv.Name]
 		since, gen := now, uint64(0)
-		if v, ok := d.volumes[pv.Name]; ok {
+		if v != nil {
 			if existing, ok := v.Pods[pod.UID]; ok {
 				since, gen = existing.Since, existing.ContentGeneration
 			}
@@ -198,32 +250,9 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 			d.contentSeq++
 			gen = d.contentSeq
 		}
-		outer[i] = pv.OuterName
-		entries[i] = DesiredPodVolume{Pod: pod, OuterNames: outer[i : i+1 : i+1], Spec: pv.Spec, SubPaths: slices.Clone(pv.SubPaths),
-			ContentGeneration: gen, Since: since}
-		wanted[pv.Name] = &entries[i]
-		names = append(names, pv.Name)
-	}
-	slices.Sort(names)
-
-	if old != nil {
-		for _, name := range old.Volumes {
-			if _, keep := wanted[name]; !keep {
-				d.removePodFromVolume(name, pod.UID)
-				changed = true
-			}
-		}
-	}
-	var fresh []DesiredVolume // the volumes' new entries, allocated together
-	for i := range vols {
-		pv := &vols[i]
-		dp := wanted[pv.Name]
-		if dp == nil {
-			continue // already merged into an earlier entry
-		}
-		delete(wanted, pv.Name)
+		dp.Since, dp.ContentGeneration = since, gen
 		volume.SortSubPaths(dp.SubPaths)
-		if d.setPodVolume(pv, dp, &fresh, len(vols)-i) {
+		if d.setPodVolume(v, pv, dp, &fresh, len(vols)-i) {
 			changed = true
 		}
 	}
@@ -245,11 +274,16 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 	return true
 }
 
-// setPodVolume adds or replaces one pod's use of a volume; it reports whether
-// anything changed. A new entry for the volume is appended to *fresh, made
-// with room for left entries the first time.
-func (d *DesiredStateOfWorld) setPodVolume(pv *PodVolume, dp *DesiredPodVolume, fresh *[]DesiredVolume, left int) bool {
-	v, ok := d.volumes[pv.Name]
+// dedupeScanMax is the most volumes of a pod SetPodWithContainers looks
+// through for an earlier one with the same name; above, it keeps a map.
+var dedupeScanMax = 16
+
+// setPodVolume adds or replaces one pod's use of a volume, whose entry is v
+// (nil if none); it reports whether anything changed. A new entry for the
+// volume is appended to *fresh, made with room for left entries the first
+// time.
+func (d *DesiredStateOfWorld) setPodVolume(v *DesiredVolume, pv *PodVolume, dp *DesiredPodVolume, fresh *[]DesiredVolume, left int) bool {
+	ok := v != nil
 	if ok {
 		if cur, ok := v.Pods[dp.Pod.UID]; ok && sameSpec(cur.Spec, dp.Spec) && slices.Equal(cur.OuterNames, dp.OuterNames) &&
 			volume.SameSubPaths(cur.SubPaths, dp.SubPaths) && samePodInfo(cur.Pod, dp.Pod) && v.Plugin == pv.Plugin && v.Attributes == pv.Attributes &&

@@ -124,8 +124,11 @@ type podState struct {
 	pod  *v1.Pod
 	deps []dep
 	// resolved keeps the last good resolution of each of the pod's volumes
-	// (by the pod's volume name): the sticky rule.
-	resolved map[string]cache.PodVolume
+	// (OuterName is the pod's volume name): the sticky rule. It is the
+	// slice handed to the DSW, sub-paths included (cleared when reused),
+	// not a map: it is made for every pod synced and read only when a
+	// volume fails to resolve.
+	resolved []cache.PodVolume
 	errs     []*volume.PodVolumeError
 	notices  []notice
 	// pending: a plugin could not answer yet (plugins.ErrNotReady), or a
@@ -307,13 +310,13 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 	}
 	info := podInfo(pod)
 	r := &resolver{store: p.opts.Source, plugins: p.opts.Plugins, node: node}
-	var prev map[string]cache.PodVolume
+	var prev []cache.PodVolume
 	var pinned map[mountKey]string
 	if st != nil {
 		prev, pinned = st.resolved, st.pinned
 	}
 	// Sized for every volume of the pod: one allocation each.
-	next := &podState{pod: pod, resolved: make(map[string]cache.PodVolume, len(pod.Spec.Volumes))}
+	next := &podState{pod: pod}
 
 	vols := make([]cache.PodVolume, 0, len(pod.Spec.Volumes))
 	var unresolved []string
@@ -336,7 +339,6 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 			}
 			pv, verr := r.resolve(pod, info, vol, use)
 			if verr == nil {
-				next.resolved[vol.Name] = pv
 				vols = append(vols, withSubPaths(pv, mounts.subPaths[vol.Name]))
 				continue
 			}
@@ -347,14 +349,16 @@ func (p *Populator) syncPod(pod *v1.Pod, node Node, force bool) {
 			} else {
 				next.errs = append(next.errs, verr)
 			}
-			if old, ok := prev[vol.Name]; ok {
-				next.resolved[vol.Name] = old
+			if i := slices.IndexFunc(prev, func(pv cache.PodVolume) bool { return pv.OuterName == vol.Name }); i >= 0 {
+				old := prev[i]
+				old.SubPaths = nil // the pod's mounts now say which
 				vols = append(vols, withSubPaths(old, mounts.subPaths[vol.Name]))
 			} else {
 				unresolved = append(unresolved, vol.Name)
 			}
 		}
 	}
+	next.resolved = vols
 	next.errs = append(next.errs, mounts.errs...)
 	next.deps = r.deps
 	sort.Strings(unresolved)

@@ -335,6 +335,21 @@ func TestSyncStickyAcrossPodUpdate(t *testing.T) {
 	if got := reasons(h.pod(t, pod).Errors); !slices.Equal(got, []string{"data:" + ReasonPVCNotFound}) {
 		t.Errorf("errors = %v", got)
 	}
+
+	// Sub-paths follow the pod's mounts, not the last resolution's: a
+	// pod that mounted a sub-path and no longer does wants none.
+	sub := pod.DeepCopy()
+	sub.Spec.Containers[0].VolumeMounts[0].SubPath = "a"
+	h.src.Add(sub)
+	h.pop.Sync(true)
+	if got := h.snapshot().PodSubPaths(name, pod.UID); len(got) != 1 || got[0].Path != "a" {
+		t.Fatalf("sub-paths = %+v, want a", got)
+	}
+	h.src.Add(pod.DeepCopy())
+	h.pop.Sync(true)
+	if got := h.snapshot().PodSubPaths(name, pod.UID); len(got) != 0 {
+		t.Errorf("sub-paths = %+v after the pod's sub-path mount went, want none", got)
+	}
 }
 
 func TestSyncUnresolved(t *testing.T) {
