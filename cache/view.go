@@ -66,8 +66,12 @@ type patcher[K comparable, T any] struct {
 func newPatcher[K comparable, T any](prev view[K, T], changes int) *patcher[K, T] {
 	p := &patcher[K, T]{prev: prev, next: prev}
 	p.next.copied += len(prev.over)
-	p.next.over = make(map[K]*T, len(prev.over)+changes)
-	maps.Copy(p.next.over, prev.over)
+	if prev.over == nil {
+		p.next.over = make(map[K]*T, changes)
+	} else {
+		// A table copy, without hashing every key again.
+		p.next.over = maps.Clone(prev.over)
+	}
 	return p
 }
 
@@ -88,7 +92,8 @@ func (p *patcher[K, T]) set(k K, e *T) {
 }
 
 // done returns the new view, folded into a new base when the overlays
-// copied since the base was made add up to its size, or when the view
+// copied since the base was made add up to its size (folding at a third
+// of it allocated 5 % more in BenchmarkStorm), or when the view
 // holds under a quarter of what its base was made for (see shrinks).
 func (p *patcher[K, T]) done(peak *int) view[K, T] {
 	v := p.next
