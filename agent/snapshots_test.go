@@ -120,14 +120,14 @@ func TestReadersLeaveSnapshotsUnchanged(t *testing.T) {
 		}},
 		{"runtime API", func(ds *cache.DesiredSnapshot, as *cache.ActualSnapshot) {
 			runtimeserver.List(ds, as)
-			for _, p := range ds.Pods {
+			for _, p := range ds.Pods() {
 				if _, err := json.Marshal(runtimeserver.View(p, ds, as, errs, paths)); err != nil {
 					t.Error(err)
 				}
 			}
 		}},
 		{"pod condition", func(ds *cache.DesiredSnapshot, as *cache.ActualSnapshot) {
-			for _, p := range ds.Pods {
+			for _, p := range ds.Pods() {
 				podstatus.Compute(p, ds, as, errs)
 				explain.PodReady(p, ds, as)
 				explain.Explain(p, ds, as, errs)

@@ -2,7 +2,7 @@ package cache
 
 import (
 	"hash/maphash"
-	"maps"
+	"iter"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -152,9 +152,11 @@ func (v *ActualVolume) cloneShared() *ActualVolume {
 	return &nv
 }
 
-// ActualSnapshot is an immutable view of the ASW.
+// ActualSnapshot is an immutable view of the ASW. Its volumes are read
+// through Volume, Len and All: a snapshot shares most of its entries with
+// the one before (see view).
 type ActualSnapshot struct {
-	Volumes    map[volume.UniqueName]*ActualVolume
+	vols       view[volume.UniqueName, ActualVolume]
 	Generation uint64
 
 	// reconstructed counts the volumes with unconfirmed reconstructed
@@ -162,6 +164,24 @@ type ActualSnapshot struct {
 	reconstructed int
 	counted       bool
 }
+
+// NewActualSnapshot returns a snapshot of vols, which the caller must not
+// write afterwards (for tests and tools that build a view by hand).
+func NewActualSnapshot(vols map[volume.UniqueName]*ActualVolume, generation uint64) *ActualSnapshot {
+	return &ActualSnapshot{vols: viewOf(vols), Generation: generation}
+}
+
+// Volume returns the volume's entry, nil if there is none.
+func (s *ActualSnapshot) Volume(name volume.UniqueName) *ActualVolume {
+	v, _ := s.vols.get(name)
+	return v
+}
+
+// VolumesLen returns the number of volumes.
+func (s *ActualSnapshot) VolumesLen() int { return s.vols.n }
+
+// Volumes yields every volume, in no particular order.
+func (s *ActualSnapshot) Volumes() iter.Seq2[volume.UniqueName, *ActualVolume] { return s.vols.all() }
 
 // HasReconstructed reports whether some volume still holds state found on
 // disk after a restart that nothing has confirmed. The reconciler asks on
@@ -171,7 +191,7 @@ func (s *ActualSnapshot) HasReconstructed() bool {
 	if s.counted {
 		return s.reconstructed > 0
 	}
-	for _, v := range s.Volumes {
+	for _, v := range s.Volumes() {
 		if v.hasReconstructed() {
 			return true
 		}
@@ -181,7 +201,7 @@ func (s *ActualSnapshot) HasReconstructed() bool {
 
 // PodMount returns the pod's mount of the volume, if any.
 func (s *ActualSnapshot) PodMount(name volume.UniqueName, pod types.UID) (*ActualPodMount, bool) {
-	v, ok := s.Volumes[name]
+	v, ok := s.vols.get(name)
 	if !ok {
 		return nil, false
 	}
@@ -235,7 +255,7 @@ type aswShard struct {
 	// snapChanges lists the volumes changed since the last snapshot,
 	// which patches a copy of the one before instead of copying every
 	// entry anew.
-	snapChanges touched
+	snapChanges touched[volume.UniqueName]
 }
 
 // touched lists the volumes changed since the last snapshot, in order and
@@ -243,13 +263,13 @@ type aswShard struct {
 // appending to a slice the snapshot hands back is cheaper than the
 // set a changelog.Log keeps (a map insert per change was a tenth of
 // every ASW write in a storm).
-type touched struct {
-	names []volume.UniqueName
+type touched[K comparable] struct {
+	names []K
 	// all: past the limit, or nothing listed yet; every entry is copied.
 	all bool
 }
 
-func (t *touched) mark(name volume.UniqueName, limit int) {
+func (t *touched[K]) mark(name K, limit int) {
 	if t.all {
 		return
 	}
@@ -263,7 +283,7 @@ func (t *touched) mark(name volume.UniqueName, limit int) {
 // take returns what was marked and starts a new list, which reuses
 // names' array: the caller is done with names before it lets go of the
 // shard's lock.
-func (t *touched) take() (all bool, names []volume.UniqueName) {
+func (t *touched[K]) take() (all bool, names []K) {
 	all, names = t.all, t.names
 	t.all, t.names = false, names[:0]
 	return all, names
@@ -618,10 +638,9 @@ func (a *ActualStateOfWorld) TakeChanges() Changes {
 // snapshot's Generation (read before the copy) is then older than its
 // content, so the next call copies again.
 //
-// A snapshot is the one before it (cloned: its table copied as it is, no
-// key hashed) with the volumes changed since written over: in a storm the
-// reconciler snapshots the ASW after every few operations, and copying
-// every entry anew was most of a pass.
+// A snapshot is the one before it with the volumes changed since written
+// over (see view): in a storm the reconciler snapshots the ASW after every
+// few operations, and copying every entry anew was most of a pass.
 func (a *ActualStateOfWorld) Snapshot() *ActualSnapshot {
 	gen := a.generation.Load()
 	a.snapMu.Lock()
@@ -631,47 +650,43 @@ func (a *ActualStateOfWorld) Snapshot() *ActualSnapshot {
 		return prev
 	}
 	s := &ActualSnapshot{Generation: gen, counted: true}
-	patch := prev != nil
-	if patch {
-		s.Volumes = maps.Clone(prev.Volumes)
+	var p *patcher[volume.UniqueName, ActualVolume]
+	if prev != nil {
+		p = newPatcher(prev.vols, 0)
 	}
 	for i := range a.shards {
 		sh := &a.shards[i]
 		sh.mu.Lock()
 		all, names := sh.snapChanges.take()
 		if all {
-			patch = false
+			p = nil
 		}
-		if patch {
+		if p != nil {
 			for _, name := range names {
-				if v, ok := sh.volumes[name]; ok {
-					s.Volumes[name] = v
-				} else {
-					delete(s.Volumes, name)
-				}
+				p.set(name, sh.volumes[name]) // nil when gone
 			}
 		}
 		s.reconstructed += sh.reconstructed
 		sh.mu.Unlock()
 	}
-	if patch && shrinks(len(s.Volumes), &a.snapPeak) {
-		patch = false // copy into a table sized to what is left (see shrunk)
-	}
-	if !patch {
+	if p != nil {
+		s.vols = p.done(&a.snapPeak)
+	} else {
 		// The first snapshot, or a shard's list was too long to keep:
 		// every entry is copied.
-		s.Volumes = make(map[volume.UniqueName]*ActualVolume, len(s.Volumes))
+		vols := make(map[volume.UniqueName]*ActualVolume, a.snapPeak)
 		s.reconstructed = 0
 		for i := range a.shards {
 			sh := &a.shards[i]
 			sh.mu.Lock()
 			for k, v := range sh.volumes {
-				s.Volumes[k] = v
+				vols[k] = v
 			}
 			s.reconstructed += sh.reconstructed
 			sh.mu.Unlock()
 		}
-		a.snapPeak = len(s.Volumes)
+		a.snapPeak = len(vols)
+		s.vols = viewOf(vols)
 	}
 	a.snapshot = s
 	return s

@@ -14,12 +14,13 @@ import (
 // liveDump is what the ASW holds right now, read from its shards as the
 // simple version of Snapshot would copy it.
 func liveDump(a *ActualStateOfWorld) (string, bool) {
-	s := &ActualSnapshot{Volumes: map[volume.UniqueName]*ActualVolume{}, Generation: a.generation.Load()}
+	vols := map[volume.UniqueName]*ActualVolume{}
 	for i := range a.shards {
 		for k, v := range a.shards[i].volumes {
-			s.Volumes[k] = v
+			vols[k] = v
 		}
 	}
+	s := NewActualSnapshot(vols, a.generation.Load())
 	return dumpActual(s), s.HasReconstructed()
 }
 

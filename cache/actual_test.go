@@ -2,6 +2,7 @@ package cache
 
 import (
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"sync"
@@ -76,7 +77,7 @@ func TestActualPodMountLifecycle(t *testing.T) {
 	if _, ok := a.Volume(perPodID.Name); ok {
 		t.Error("entry kept with nothing left to undo")
 	}
-	if len(a.Snapshot().Volumes) != 0 {
+	if a.Snapshot().VolumesLen() != 0 {
 		t.Error("snapshot still lists the volume")
 	}
 }
@@ -171,7 +172,7 @@ func TestActualEntryKeptWhileSomethingIsLeft(t *testing.T) {
 			if ok != tc.wantKept {
 				t.Errorf("entry present = %v, want %v", ok, tc.wantKept)
 			}
-			if _, inSnap := a.Snapshot().Volumes[deviceID.Name]; inSnap != ok {
+			if inSnap := a.Snapshot().Volume(deviceID.Name) != nil; inSnap != ok {
 				t.Errorf("snapshot disagrees with Volume()")
 			}
 		})
@@ -409,10 +410,10 @@ func TestActualSnapshotImmutable(t *testing.T) {
 	if s2 == s1 || s2.Generation <= s1.Generation {
 		t.Errorf("generation %d -> %d", s1.Generation, s2.Generation)
 	}
-	if _, ok := s2.Volumes[perPodID.Name]; ok {
+	if s2.Volume(perPodID.Name) != nil {
 		t.Error("new snapshot still has the deleted mount's volume")
 	}
-	if v := s2.Volumes[deviceID.Name]; v.DeviceState != DeviceMountUncertain || len(v.Pods) != 2 || v.Size.Cmp(q) != 0 || !v.ExpandAfterPublish {
+	if v := s2.Volume(deviceID.Name); v.DeviceState != DeviceMountUncertain || len(v.Pods) != 2 || v.Size.Cmp(q) != 0 || !v.ExpandAfterPublish {
 		t.Errorf("new snapshot volume = %+v", v)
 	}
 	if m, _ := s2.PodMount("test/found", "p3"); m == nil || m.State != Mounted || m.Reconstructed {
@@ -423,7 +424,7 @@ func TestActualSnapshotImmutable(t *testing.T) {
 // dumpActual shows a snapshot for failure messages.
 func dumpActual(s *ActualSnapshot) string {
 	var out []string
-	for name, v := range s.Volumes {
+	for name, v := range s.Volumes() {
 		out = append(out, fmt.Sprintf("V %s %+v", name, *v))
 		for uid, p := range v.Pods {
 			out = append(out, fmt.Sprintf("VP %s %s %+v", name, uid, *p))
@@ -462,7 +463,7 @@ func TestActualConcurrent(t *testing.T) {
 		defer wg.Done()
 		for range 200 {
 			s := a.Snapshot()
-			for _, v := range s.Volumes {
+			for _, v := range s.Volumes() {
 				for _, m := range v.Pods {
 					_ = m.State
 				}
@@ -536,7 +537,7 @@ func TestActualHasReconstructedCount(t *testing.T) {
 	for _, st := range steps {
 		st.do()
 		s := a.Snapshot()
-		walked := (&ActualSnapshot{Volumes: s.Volumes}).HasReconstructed()
+		walked := NewActualSnapshot(maps.Collect(s.Volumes()), 0).HasReconstructed()
 		if got := s.HasReconstructed(); got != st.want || walked != st.want {
 			t.Errorf("after %q: counted %v, walked %v; want %v", st.name, got, walked, st.want)
 		}
@@ -598,10 +599,11 @@ func TestActualDeletePodMountLeavesSnapshotsAlone(t *testing.T) {
 			}
 			before := a.Snapshot()
 			a.DeletePodMount(deviceID.Name, tt.delete)
-			if got := len(before.Volumes[deviceID.Name].Pods); got != len(tt.pods) {
+			if got := len(before.Volume(deviceID.Name).Pods); got != len(tt.pods) {
 				t.Errorf("snapshot taken before has %d pods, want %d", got, len(tt.pods))
 			}
-			v, ok := a.Snapshot().Volumes[deviceID.Name]
+			v := a.Snapshot().Volume(deviceID.Name)
+			ok := v != nil
 			if tt.wantPods == nil {
 				if ok {
 					t.Fatalf("entry kept: %+v", v)

@@ -117,11 +117,11 @@ func TestActualSnapshotFollowsChanges(t *testing.T) {
 			}
 		}
 		s := a.Snapshot()
-		if want := truth(); !maps.Equal(s.Volumes, want) {
-			t.Fatalf("step %d: snapshot (%d volumes) differs from the shards (%d)", step, len(s.Volumes), len(want))
+		if want := truth(); !maps.Equal(maps.Collect(s.Volumes()), want) {
+			t.Fatalf("step %d: snapshot (%d volumes) differs from the shards (%d)", step, s.VolumesLen(), len(want))
 		}
 		reconstructed := 0
-		for _, v := range s.Volumes {
+		for _, v := range s.Volumes() {
 			if v.hasReconstructed() {
 				reconstructed++
 			}
@@ -129,10 +129,10 @@ func TestActualSnapshotFollowsChanges(t *testing.T) {
 		if s.reconstructed != reconstructed {
 			t.Fatalf("step %d: snapshot counts %d reconstructed volumes, holds %d", step, s.reconstructed, reconstructed)
 		}
-		if old != nil && !maps.Equal(old.Volumes, oldCopy) {
+		if old != nil && !maps.Equal(maps.Collect(old.Volumes()), oldCopy) {
 			t.Fatalf("step %d: an earlier snapshot changed", step)
 		}
-		old, oldCopy = s, maps.Clone(s.Volumes)
+		old, oldCopy = s, maps.Collect(s.Volumes())
 	}
 }
 

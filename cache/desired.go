@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"iter"
 	"maps"
 	"slices"
 	"sync"
@@ -83,17 +84,50 @@ type DesiredPod struct {
 	Since time.Time `json:"since"`
 }
 
-// DesiredSnapshot is an immutable view of the DSW.
+// DesiredSnapshot is an immutable view of the DSW. Its volumes and pods
+// are read through Volume, Pod, their Len and All: a snapshot shares most
+// of its entries with the one before (see view).
 type DesiredSnapshot struct {
-	Volumes map[volume.UniqueName]*DesiredVolume
-	Pods    map[types.UID]*DesiredPod
+	vols view[volume.UniqueName, DesiredVolume]
+	pods view[types.UID, DesiredPod]
 	// Generation increases with every change.
 	Generation uint64
 }
 
+// NewDesiredSnapshot returns a snapshot of vols and pods, which the caller
+// must not write afterwards (for tests and tools that build a view by
+// hand).
+func NewDesiredSnapshot(vols map[volume.UniqueName]*DesiredVolume, pods map[types.UID]*DesiredPod, generation uint64) *DesiredSnapshot {
+	return &DesiredSnapshot{vols: viewOf(vols), pods: viewOf(pods), Generation: generation}
+}
+
+// Volume returns the volume's entry, nil if no pod wants it.
+func (s *DesiredSnapshot) Volume(name volume.UniqueName) *DesiredVolume {
+	v, _ := s.vols.get(name)
+	return v
+}
+
+// Pod returns the pod's entry, nil if the DSW does not know it.
+func (s *DesiredSnapshot) Pod(uid types.UID) *DesiredPod {
+	p, _ := s.pods.get(uid)
+	return p
+}
+
+// VolumesLen returns the number of volumes.
+func (s *DesiredSnapshot) VolumesLen() int { return s.vols.n }
+
+// PodsLen returns the number of pods.
+func (s *DesiredSnapshot) PodsLen() int { return s.pods.n }
+
+// Volumes yields every volume, in no particular order.
+func (s *DesiredSnapshot) Volumes() iter.Seq2[volume.UniqueName, *DesiredVolume] { return s.vols.all() }
+
+// Pods yields every pod, in no particular order.
+func (s *DesiredSnapshot) Pods() iter.Seq2[types.UID, *DesiredPod] { return s.pods.all() }
+
 // HasPodVolume reports whether pod wants volume.
 func (s *DesiredSnapshot) HasPodVolume(name volume.UniqueName, pod types.UID) bool {
-	v, ok := s.Volumes[name]
+	v, ok := s.vols.get(name)
 	if !ok {
 		return false
 	}
@@ -103,7 +137,7 @@ func (s *DesiredSnapshot) HasPodVolume(name volume.UniqueName, pod types.UID) bo
 
 // PodSubPaths returns the sub-paths of a volume the pod's containers mount.
 func (s *DesiredSnapshot) PodSubPaths(name volume.UniqueName, pod types.UID) []volume.SubPath {
-	if v, ok := s.Volumes[name]; ok {
+	if v, ok := s.vols.get(name); ok {
 		if p, ok := v.Pods[pod]; ok {
 			return p.SubPaths
 		}
@@ -113,7 +147,7 @@ func (s *DesiredSnapshot) PodSubPaths(name volume.UniqueName, pod types.UID) []v
 
 // HasVolume reports whether any pod wants the volume.
 func (s *DesiredSnapshot) HasVolume(name volume.UniqueName) bool {
-	_, ok := s.Volumes[name]
+	_, ok := s.vols.get(name)
 	return ok
 }
 
@@ -133,6 +167,13 @@ type DesiredStateOfWorld struct {
 	// peakVolumes and peakPods are the most entries the maps held since
 	// they were last made (see shrunk).
 	peakVolumes, peakPods int
+	// snapVols and snapPods list the entries changed since the last
+	// snapshot, which patches the one before (see view); snapPeakVols and
+	// snapPeakPods are the most entries a snapshot held since its base
+	// was last copied into a table of its size.
+	snapVols                   touched[volume.UniqueName]
+	snapPods                   touched[types.UID]
+	snapPeakVols, snapPeakPods int
 
 	// batches counts the Batch calls running; changes made meanwhile
 	// signal once, when the last ends (held records that one is due).
@@ -143,10 +184,12 @@ type DesiredStateOfWorld struct {
 // NewDesiredStateOfWorld returns an empty DSW.
 func NewDesiredStateOfWorld(c clock.PassiveClock) *DesiredStateOfWorld {
 	return &DesiredStateOfWorld{
-		clock:   c,
-		changed: notify.New(),
-		volumes: map[volume.UniqueName]*DesiredVolume{},
-		pods:    map[types.UID]*DesiredPod{},
+		clock:    c,
+		changed:  notify.New(),
+		volumes:  map[volume.UniqueName]*DesiredVolume{},
+		pods:     map[types.UID]*DesiredPod{},
+		snapVols: touched[volume.UniqueName]{all: true},
+		snapPods: touched[types.UID]{all: true},
 	}
 }
 
@@ -270,6 +313,7 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 		since = old.Since
 	}
 	d.pods[pod.UID] = &DesiredPod{Pod: pod, Volumes: names, Errors: errs, Unresolved: unresolved, Containers: containers, Since: since}
+	d.snapPods.mark(pod.UID, changeLimit(len(d.pods)))
 	d.bump()
 	return true
 }
@@ -321,6 +365,7 @@ func (d *DesiredStateOfWorld) setPodVolume(v *DesiredVolume, pv *PodVolume, dp *
 	nv.Pods[dp.Pod.UID] = dp
 	d.volumes[pv.Name] = nv
 	d.changes.Mark(pv.Name, changeLimit(len(d.volumes)))
+	d.snapVols.mark(pv.Name, changeLimit(len(d.volumes)))
 	return true
 }
 
@@ -333,6 +378,7 @@ func (d *DesiredStateOfWorld) removePodFromVolume(name volume.UniqueName, pod ty
 		return
 	}
 	d.changes.Mark(name, changeLimit(len(d.volumes)))
+	d.snapVols.mark(name, changeLimit(len(d.volumes)))
 	if len(v.Pods) == 1 {
 		delete(d.volumes, name)
 		return
@@ -378,6 +424,7 @@ func (d *DesiredStateOfWorld) RefreshPodVolume(name volume.UniqueName, pod types
 	nv.Pods[pod] = &ndp
 	d.volumes[name] = &nv
 	d.changes.Mark(name, changeLimit(len(d.volumes)))
+	d.snapVols.mark(name, changeLimit(len(d.volumes)))
 	d.bump()
 	return ndp.ContentGeneration, true
 }
@@ -397,6 +444,7 @@ func (d *DesiredStateOfWorld) DeletePod(uid types.UID) bool {
 		d.removePodFromVolume(name, uid)
 	}
 	delete(d.pods, uid)
+	d.snapPods.mark(uid, changeLimit(len(d.pods)))
 	d.bump()
 	return true
 }
@@ -465,13 +513,32 @@ func (d *DesiredStateOfWorld) Snapshot() *DesiredSnapshot {
 	if s := d.snapshot; s != nil && s.Generation == d.generation {
 		return s
 	}
-	// maps.Clone copies the maps' tables as they are, without hashing
-	// every key again: with pods arriving one by one a pass snapshots
-	// the DSW for each, and inserting every entry anew was most of it.
 	d.volumes, d.pods = shrunk(d.volumes, &d.peakVolumes), shrunk(d.pods, &d.peakPods)
-	s := &DesiredSnapshot{Volumes: maps.Clone(d.volumes), Pods: maps.Clone(d.pods), Generation: d.generation}
+	s := &DesiredSnapshot{Generation: d.generation}
+	s.vols = nextView(d.snapshot, (*DesiredSnapshot).volView, d.volumes, &d.snapVols, &d.snapPeakVols)
+	s.pods = nextView(d.snapshot, (*DesiredSnapshot).podView, d.pods, &d.snapPods, &d.snapPeakPods)
 	d.snapshot = s
 	return s
+}
+
+func (s *DesiredSnapshot) volView() view[volume.UniqueName, DesiredVolume] { return s.vols }
+func (s *DesiredSnapshot) podView() view[types.UID, DesiredPod]            { return s.pods }
+
+// nextView returns the view of live after the one in prev: prev's patched
+// with the entries changed since, or a copy of live when there is no prev
+// or the list of changes ran past its limit. maps.Clone copies the live
+// table as it is, without hashing every key again.
+func nextView[K comparable, T any](prev *DesiredSnapshot, of func(*DesiredSnapshot) view[K, T], live map[K]*T, changed *touched[K], peak *int) view[K, T] {
+	all, names := changed.take()
+	if prev == nil || all {
+		*peak = len(live)
+		return viewOf(maps.Clone(live))
+	}
+	p := newPatcher(of(prev), len(names))
+	for _, k := range names {
+		p.set(k, live[k]) // nil when gone
+	}
+	return p.done(peak)
 }
 
 func (d *DesiredStateOfWorld) bump() {

@@ -3,6 +3,7 @@ package cache
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"sync"
@@ -99,10 +100,10 @@ func TestDesiredSetPodAdd(t *testing.T) {
 		t.Error("Changed not signalled")
 	}
 	s := d.Snapshot()
-	if len(s.Volumes) != 2 || len(s.Pods) != 1 {
-		t.Fatalf("snapshot has %d volumes and %d pods, want 2 and 1", len(s.Volumes), len(s.Pods))
+	if s.VolumesLen() != 2 || s.PodsLen() != 1 {
+		t.Fatalf("snapshot has %d volumes and %d pods, want 2 and 1", s.VolumesLen(), s.PodsLen())
 	}
-	dv := s.Volumes[data.Name]
+	dv := s.Volume(data.Name)
 	if dv == nil {
 		t.Fatalf("volume %s missing", data.Name)
 	}
@@ -114,10 +115,10 @@ func TestDesiredSetPodAdd(t *testing.T) {
 	if pv == nil || pv.Pod != pod || !slices.Equal(pv.OuterNames, []string{"data"}) || pv.Spec != data.Spec || !pv.Since.Equal(t0) {
 		t.Errorf("pod volume = %+v", pv)
 	}
-	if sv := s.Volumes[scratch.Name]; sv == nil || sv.SpecName != "scratch" || sv.DesiredSize != nil || sv.Attributes.Shared() {
+	if sv := s.Volume(scratch.Name); sv == nil || sv.SpecName != "scratch" || sv.DesiredSize != nil || sv.Attributes.Shared() {
 		t.Errorf("emptyDir volume = %+v", sv)
 	}
-	dp := s.Pods["p1"]
+	dp := s.Pod("p1")
 	wantNames := []volume.UniqueName{scratch.Name, data.Name}
 	slices.Sort(wantNames)
 	if dp == nil || dp.Pod != pod || !slices.Equal(dp.Volumes, wantNames) || !dp.Since.Equal(t0) {
@@ -160,20 +161,20 @@ func TestDesiredSetPodReplace(t *testing.T) {
 		t.Fatal("SetPod with another volume set = false")
 	}
 	s := d.Snapshot()
-	if _, ok := s.Volumes[a.Name]; ok || d.HasVolume(a.Name) || d.HasPodVolume(a.Name, "p1") {
+	if ok := s.Volume(a.Name) != nil; ok || d.HasVolume(a.Name) || d.HasPodVolume(a.Name, "p1") {
 		t.Errorf("volume %s still desired", a.Name)
 	}
-	if v := s.Volumes[b.Name]; v == nil || !v.Pods["p1"].Since.Equal(t0) {
+	if v := s.Volume(b.Name); v == nil || !v.Pods["p1"].Since.Equal(t0) {
 		t.Errorf("kept volume %s = %+v, want Since %v", b.Name, v, t0)
 	}
-	if v := s.Volumes[c.Name]; v == nil || !v.Pods["p1"].Since.Equal(t1) {
+	if v := s.Volume(c.Name); v == nil || !v.Pods["p1"].Since.Equal(t1) {
 		t.Errorf("new volume %s = %+v, want Since %v", c.Name, v, t1)
 	}
-	if got := s.Pods["p1"].Volumes; !slices.Equal(got, []volume.UniqueName{b.Name, c.Name}) {
+	if got := s.Pod("p1").Volumes; !slices.Equal(got, []volume.UniqueName{b.Name, c.Name}) {
 		t.Errorf("pod volumes = %v", got)
 	}
-	if !s.Pods["p1"].Since.Equal(t0) {
-		t.Errorf("pod Since = %v, want %v", s.Pods["p1"].Since, t0)
+	if !s.Pod("p1").Since.Equal(t0) {
+		t.Errorf("pod Since = %v, want %v", s.Pod("p1").Since, t0)
 	}
 
 	// Wanting nothing keeps the pod, without volumes.
@@ -181,11 +182,11 @@ func TestDesiredSetPodReplace(t *testing.T) {
 		t.Fatal("SetPod with no volumes = false")
 	}
 	s = d.Snapshot()
-	if len(s.Volumes) != 0 {
-		t.Errorf("volumes left: %v", s.Volumes)
+	if s.VolumesLen() != 0 {
+		t.Errorf("volumes left: %v", maps.Collect(s.Volumes()))
 	}
-	if p, ok := s.Pods["p1"]; !ok || len(p.Volumes) != 0 {
-		t.Errorf("pod = %+v, %v; want present with no volumes", p, ok)
+	if p := s.Pod("p1"); p == nil || len(p.Volumes) != 0 {
+		t.Errorf("pod = %+v; want present with no volumes", p)
 	}
 	if d.SetPod(pod, nil, nil, nil) {
 		t.Error("SetPod with no volumes again = true")
@@ -211,8 +212,8 @@ func TestDesiredDeletePod(t *testing.T) {
 		t.Error("Changed not signalled by DeletePod")
 	}
 	s := d.Snapshot()
-	if len(s.Volumes) != 0 || len(s.Pods) != 0 || d.HasVolume(a.Name) || len(d.PodUIDs()) != 0 {
-		t.Errorf("after DeletePod: %d volumes, %d pods", len(s.Volumes), len(s.Pods))
+	if s.VolumesLen() != 0 || s.PodsLen() != 0 || d.HasVolume(a.Name) || len(d.PodUIDs()) != 0 {
+		t.Errorf("after DeletePod: %d volumes, %d pods", s.VolumesLen(), s.PodsLen())
 	}
 	if s.Generation != gen+2 {
 		t.Errorf("generation %d, want %d", s.Generation, gen+2)
@@ -230,16 +231,16 @@ func TestDesiredMultipleOuterNames(t *testing.T) {
 	other := emptyDir("p1", "other")
 	d.SetPod(pod, []PodVolume{first, other, second}, nil, nil)
 	s := d.Snapshot()
-	if len(s.Volumes) != 2 {
-		t.Fatalf("%d volumes, want 2", len(s.Volumes))
+	if s.VolumesLen() != 2 {
+		t.Fatalf("%d volumes, want 2", s.VolumesLen())
 	}
-	got := s.Volumes[first.Name].Pods["p1"].OuterNames
+	got := s.Volume(first.Name).Pods["p1"].OuterNames
 	if !slices.Equal(got, []string{"data", "data-again"}) {
 		t.Errorf("outer names = %v", got)
 	}
 	wantNames := []volume.UniqueName{first.Name, other.Name}
 	slices.Sort(wantNames)
-	if names := s.Pods["p1"].Volumes; !slices.Equal(names, wantNames) {
+	if names := s.Pod("p1").Volumes; !slices.Equal(names, wantNames) {
 		t.Errorf("pod volumes = %v, want %v (each once)", names, wantNames)
 	}
 	if d.SetPod(pod, []PodVolume{first, other, second}, nil, nil) {
@@ -249,7 +250,7 @@ func TestDesiredMultipleOuterNames(t *testing.T) {
 	if !d.SetPod(pod, []PodVolume{first, other}, nil, nil) {
 		t.Fatal("SetPod without the second outer name = false")
 	}
-	if got := d.Snapshot().Volumes[first.Name].Pods["p1"].OuterNames; !slices.Equal(got, []string{"data"}) {
+	if got := d.Snapshot().Volume(first.Name).Pods["p1"].OuterNames; !slices.Equal(got, []string{"data"}) {
 		t.Errorf("outer names = %v, want [data]", got)
 	}
 }
@@ -266,9 +267,9 @@ func TestDesiredSharedVolume(t *testing.T) {
 		t.Fatal("fixture: different names")
 	}
 	s := d.Snapshot()
-	v := s.Volumes[name]
-	if len(s.Volumes) != 1 || len(v.Pods) != 2 {
-		t.Fatalf("volumes %v", s.Volumes)
+	v := s.Volume(name)
+	if s.VolumesLen() != 1 || len(v.Pods) != 2 {
+		t.Fatalf("volumes %v", maps.Collect(s.Volumes()))
 	}
 	if !slices.Equal(v.Pods["A"].OuterNames, []string{"a"}) || !slices.Equal(v.Pods["B"].OuterNames, []string{"b"}) {
 		t.Errorf("outer names A %v, B %v", v.Pods["A"].OuterNames, v.Pods["B"].OuterNames)
@@ -284,7 +285,7 @@ func TestDesiredSharedVolume(t *testing.T) {
 		t.Fatal("DeletePod(A) = false")
 	}
 	s = d.Snapshot()
-	v = s.Volumes[name]
+	v = s.Volume(name)
 	if v == nil || len(v.Pods) != 1 || v.Pods["B"] == nil {
 		t.Fatalf("after DeletePod(A): %+v", v)
 	}
@@ -294,7 +295,7 @@ func TestDesiredSharedVolume(t *testing.T) {
 	if d.HasPodVolume(name, "A") || !d.HasPodVolume(name, "B") || !d.HasVolume(name) {
 		t.Error("HasPodVolume after DeletePod(A) wrong")
 	}
-	if _, ok := s.Pods["A"]; ok {
+	if s.Pod("A") != nil {
 		t.Error("pod A still in DSW")
 	}
 
@@ -302,7 +303,7 @@ func TestDesiredSharedVolume(t *testing.T) {
 	// the other pod's use alone.
 	d.SetPod(testPod("A"), []PodVolume{volA}, nil, nil)
 	d.SetPod(testPod("B"), nil, nil, nil)
-	if v := d.Snapshot().Volumes[name]; v == nil || len(v.Pods) != 1 || v.Pods["A"] == nil || v.Spec != volA.Spec {
+	if v := d.Snapshot().Volume(name); v == nil || len(v.Pods) != 1 || v.Pods["A"] == nil || v.Spec != volA.Spec {
 		t.Fatalf("after B dropped the volume: %+v", v)
 	}
 	d.DeletePod("A")
@@ -326,7 +327,7 @@ func TestDesiredSharedVolumeSpecFollowsPods(t *testing.T) {
 	if !d.SetPod(testPod("A"), []PodVolume{newA}, nil, nil) || !d.SetPod(testPod("B"), []PodVolume{newB}, nil, nil) {
 		t.Fatal("SetPod with a new PV = false")
 	}
-	v := d.Snapshot().Volumes[newA.Name]
+	v := d.Snapshot().Volume(newA.Name)
 	if v.Spec != newA.Spec && v.Spec != newB.Spec {
 		t.Errorf("volume spec has PV capacity %v, want the current spec of a pod", v.Spec.PV.Spec.Capacity.Storage())
 	}
@@ -338,7 +339,7 @@ func TestDesiredSharedVolumeSpecFollowsPods(t *testing.T) {
 	d2, _ := newDSW()
 	d2.SetPod(testPod("A"), []PodVolume{localPV(pv1, "a")}, nil, nil)
 	d2.SetPod(testPod("A"), []PodVolume{localPV(pv2, "a")}, nil, nil)
-	v = d2.Snapshot().Volumes[newA.Name]
+	v = d2.Snapshot().Volume(newA.Name)
 	if v.Spec != v.Pods["A"].Spec {
 		t.Errorf("volume spec (PV %p) is not the only pod's spec (PV %p)", v.Spec.PV, v.Pods["A"].Spec.PV)
 	}
@@ -358,10 +359,10 @@ func TestDesiredSincePreserved(t *testing.T) {
 		t.Fatal("SetPod with a change = false")
 	}
 	s := d.Snapshot()
-	if p := s.Pods["p1"]; !p.Since.Equal(t0) || p.Pod.Name != "renamed" {
+	if p := s.Pod("p1"); !p.Since.Equal(t0) || p.Pod.Name != "renamed" {
 		t.Errorf("pod = %+v, want Since %v", p, t0)
 	}
-	if pv := s.Volumes[a.Name].Pods["p1"]; !pv.Since.Equal(t0) || pv.Pod.Name != "renamed" {
+	if pv := s.Volume(a.Name).Pods["p1"]; !pv.Since.Equal(t0) || pv.Pod.Name != "renamed" {
 		t.Errorf("pod volume = %+v, want Since %v", pv, t0)
 	}
 
@@ -370,8 +371,8 @@ func TestDesiredSincePreserved(t *testing.T) {
 	clk.Step(time.Hour)
 	d.SetPod(pod, []PodVolume{a}, nil, nil)
 	s = d.Snapshot()
-	if want := t0.Add(2 * time.Hour); !s.Pods["p1"].Since.Equal(want) || !s.Volumes[a.Name].Pods["p1"].Since.Equal(want) {
-		t.Errorf("after re-adding: pod Since %v, volume Since %v, want %v", s.Pods["p1"].Since, s.Volumes[a.Name].Pods["p1"].Since, want)
+	if want := t0.Add(2 * time.Hour); !s.Pod("p1").Since.Equal(want) || !s.Volume(a.Name).Pods["p1"].Since.Equal(want) {
+		t.Errorf("after re-adding: pod Since %v, volume Since %v, want %v", s.Pod("p1").Since, s.Volume(a.Name).Pods["p1"].Since, want)
 	}
 }
 
@@ -519,15 +520,15 @@ func TestDesiredSetPodStoresChanges(t *testing.T) {
 	errs := []*volume.PodVolumeError{pvErr("p1", "x", "PVNotFound")}
 	d.SetPod(testPod("p1"), []PodVolume{data2}, errs, []string{"x"})
 	s := d.Snapshot()
-	v := s.Volumes[data.Name]
+	v := s.Volume(data.Name)
 	if !v.Attributes.DeviceMountable || v.DesiredSize == nil || v.DesiredSize.Cmp(resource.MustParse("3Gi")) != 0 {
 		t.Errorf("volume = %+v, want new attributes and size", v)
 	}
-	if p := s.Pods["p1"]; len(p.Errors) != 1 || p.Errors[0].Reason != "PVNotFound" || !slices.Equal(p.Unresolved, []string{"x"}) {
+	if p := s.Pod("p1"); len(p.Errors) != 1 || p.Errors[0].Reason != "PVNotFound" || !slices.Equal(p.Unresolved, []string{"x"}) {
 		t.Errorf("pod = %+v", p)
 	}
 	d.SetPod(testPod("p1"), []PodVolume{data2}, nil, nil)
-	if p := d.Snapshot().Pods["p1"]; len(p.Errors) != 0 || len(p.Unresolved) != 0 {
+	if p := d.Snapshot().Pod("p1"); len(p.Errors) != 0 || len(p.Unresolved) != 0 {
 		t.Errorf("errors not cleared: %+v", p)
 	}
 }
@@ -572,13 +573,13 @@ func TestDesiredSnapshotImmutable(t *testing.T) {
 	if s2 == s1 || s2.Generation <= s1.Generation {
 		t.Errorf("generation %d -> %d", s1.Generation, s2.Generation)
 	}
-	if _, ok := s2.Pods["B"]; ok {
+	if s2.Pod("B") != nil {
 		t.Error("new snapshot still has pod B")
 	}
-	if _, ok := s2.Volumes[volume.PodScopedName(emptyDirPlugin, "A", "a")]; ok {
+	if s2.Volume(volume.PodScopedName(emptyDirPlugin, "A", "a")) != nil {
 		t.Error("new snapshot still has A's emptyDir")
 	}
-	if p := s2.Pods["A"]; p == nil || p.Pod.FSGroup == nil || *p.Pod.FSGroup != 2000 {
+	if p := s2.Pod("A"); p == nil || p.Pod.FSGroup == nil || *p.Pod.FSGroup != 2000 {
 		t.Errorf("new snapshot: pod A = %+v", p)
 	}
 	if !s1.HasPodVolume(shared.Name, "B") || s2.HasPodVolume(shared.Name, "B") {
@@ -589,13 +590,13 @@ func TestDesiredSnapshotImmutable(t *testing.T) {
 // dumpDesired shows a snapshot for failure messages.
 func dumpDesired(s *DesiredSnapshot) string {
 	var out []string
-	for name, v := range s.Volumes {
+	for name, v := range s.Volumes() {
 		out = append(out, fmt.Sprintf("V %s %s %+v %s %p %v", name, v.Plugin, v.Attributes, v.SpecName, v.Spec, v.DesiredSize))
 		for uid, p := range v.Pods {
 			out = append(out, fmt.Sprintf("VP %s %s %+v %v %p %v", name, uid, p.Pod, p.OuterNames, p.Spec, p.Since))
 		}
 	}
-	for uid, p := range s.Pods {
+	for uid, p := range s.Pods() {
 		out = append(out, fmt.Sprintf("P %s %+v %v %v %v %v", uid, p.Pod, p.Volumes, p.Errors, p.Unresolved, p.Since))
 	}
 	slices.Sort(out)
@@ -605,7 +606,7 @@ func dumpDesired(s *DesiredSnapshot) string {
 func TestDesiredSnapshotCached(t *testing.T) {
 	d, _ := newDSW()
 	s0 := d.Snapshot()
-	if s0 == nil || len(s0.Volumes) != 0 || len(s0.Pods) != 0 {
+	if s0 == nil || s0.VolumesLen() != 0 || s0.PodsLen() != 0 {
 		t.Fatalf("empty snapshot = %+v", s0)
 	}
 	if d.Snapshot() != s0 {
@@ -649,11 +650,11 @@ func TestDesiredConcurrent(t *testing.T) {
 		defer wg.Done()
 		for range 200 {
 			s := d.Snapshot()
-			for _, v := range s.Volumes {
+			for _, v := range s.Volumes() {
 				for range v.Pods {
 				}
 			}
-			for uid := range s.Pods {
+			for uid := range s.Pods() {
 				d.HasPodVolume(volume.SharedName(localPlugin, "pv1"), uid)
 			}
 		}
@@ -661,16 +662,16 @@ func TestDesiredConcurrent(t *testing.T) {
 	wg.Wait()
 	// Consistency: every pod's volumes list that pod, and back.
 	s := d.Snapshot()
-	for uid, p := range s.Pods {
+	for uid, p := range s.Pods() {
 		for _, name := range p.Volumes {
 			if !s.HasPodVolume(name, uid) {
 				t.Errorf("pod %s lists %s, which does not list the pod", uid, name)
 			}
 		}
 	}
-	for name, v := range s.Volumes {
+	for name, v := range s.Volumes() {
 		for uid := range v.Pods {
-			if p, ok := s.Pods[uid]; !ok || !slices.Contains(p.Volumes, name) {
+			if p := s.Pod(uid); p == nil || !slices.Contains(p.Volumes, name) {
 				t.Errorf("volume %s lists pod %s, which does not list it", name, uid)
 			}
 		}
@@ -689,7 +690,7 @@ func TestDesiredBatchSignalsOnce(t *testing.T) {
 			t.Error("signalled when an inner batch ended")
 		}
 		d.SetPod(testPod("p2"), []PodVolume{emptyDir("p2", "a")}, nil, nil)
-		if len(d.Snapshot().Pods) != 2 {
+		if d.Snapshot().PodsLen() != 2 {
 			t.Error("changes made in the batch are not visible yet")
 		}
 		if signalled(d) {
@@ -724,10 +725,10 @@ func TestDesiredRefreshPodVolume(t *testing.T) {
 	d.SetPod(testPod("p1"), []PodVolume{api, plain}, nil, nil)
 	d.TakeChanges()
 	signalled(d)
-	gen := func() uint64 { return d.Snapshot().Volumes[api.Name].Pods["p1"].ContentGeneration }
+	gen := func() uint64 { return d.Snapshot().Volume(api.Name).Pods["p1"].ContentGeneration }
 	first := gen()
-	if first == 0 || d.Snapshot().Volumes[plain.Name].Pods["p1"].ContentGeneration != 0 {
-		t.Fatalf("generations %d (content follows sources) and %d (does not): want >0 and 0", first, d.Snapshot().Volumes[plain.Name].Pods["p1"].ContentGeneration)
+	if first == 0 || d.Snapshot().Volume(plain.Name).Pods["p1"].ContentGeneration != 0 {
+		t.Fatalf("generations %d (content follows sources) and %d (does not): want >0 and 0", first, d.Snapshot().Volume(plain.Name).Pods["p1"].ContentGeneration)
 	}
 
 	before := d.Snapshot()
@@ -735,7 +736,7 @@ func TestDesiredRefreshPodVolume(t *testing.T) {
 	if !ok || g <= first || gen() != g {
 		t.Fatalf("RefreshPodVolume = %d, %v; snapshot has %d; want a generation above %d", g, ok, gen(), first)
 	}
-	if before.Volumes[api.Name].Pods["p1"].ContentGeneration != first {
+	if before.Volume(api.Name).Pods["p1"].ContentGeneration != first {
 		t.Error("an earlier snapshot sees the new generation")
 	}
 	if c := d.TakeChanges(); c.All || !c.Has(api.Name) || c.Has(plain.Name) || !signalled(d) {

@@ -213,7 +213,7 @@ func Explain(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualS
 	}
 	uid := p.Pod.UID
 	for _, name := range p.Volumes {
-		dv := dsw.Volumes[name]
+		dv := dsw.Volume(name)
 		if dv == nil || dv.Pods[uid] == nil {
 			// Not in the same snapshot (never the case for a snapshot the
 			// DSW made): not ready, under the only name known.
@@ -263,7 +263,7 @@ func PodReady(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.Actual
 	}
 	for _, name := range p.Volumes {
 		var dpv *cache.DesiredPodVolume
-		if dv := dsw.Volumes[name]; dv != nil {
+		if dv := dsw.Volume(name); dv != nil {
 			dpv = dv.Pods[p.Pod.UID]
 		}
 		if dpv == nil {
@@ -282,7 +282,7 @@ func resolved(p *cache.DesiredPod, dv *cache.DesiredVolume, dpv *cache.DesiredPo
 	v := Volume{Unique: dv.Name, Plugin: dv.Plugin, Block: dpv.Spec != nil && dpv.Spec.IsBlock(),
 		ReadOnly: dv.Attributes.ReadOnlyForContainers || (dpv.Spec != nil && dpv.Spec.ReadOnly), NoHostPath: dv.Attributes.NoHostPath}
 	uid := p.Pod.UID
-	av := asw.Volumes[dv.Name]
+	av := asw.Volume(dv.Name)
 	var m *cache.ActualPodMount
 	if av != nil {
 		m = av.Pods[uid]

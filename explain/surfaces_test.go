@@ -135,7 +135,7 @@ func (s *situation) snapshots() (*cache.DesiredPod, *cache.DesiredSnapshot, *cac
 	containers := []volume.Container{{Name: "app", Type: volume.RegularContainer, Mounts: s.mounts}}
 	s.dsw.SetPodWithContainers(s.pod, s.vols, s.errs, s.unres, containers)
 	dsw := s.dsw.Snapshot()
-	return dsw.Pods[s.pod.UID], dsw, s.asw.Snapshot()
+	return dsw.Pod(s.pod.UID), dsw, s.asw.Snapshot()
 }
 
 var (

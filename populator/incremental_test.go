@@ -3,6 +3,7 @@ package populator
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -134,8 +135,8 @@ func TestIncrementalSyncMatchesFullSync(t *testing.T) {
 			full.pop.Sync(false)
 
 			a, b := inc.snapshot(), full.snapshot()
-			if !reflect.DeepEqual(a.Pods, b.Pods) || !reflect.DeepEqual(a.Volumes, b.Volumes) {
-				t.Fatalf("seed %d step %d: DSW differs:\nincremental %v\nfull        %v", seed, step, podSummary(a.Pods), podSummary(b.Pods))
+			if !reflect.DeepEqual(maps.Collect(a.Pods()), maps.Collect(b.Pods())) || !reflect.DeepEqual(maps.Collect(a.Volumes()), maps.Collect(b.Volumes())) {
+				t.Fatalf("seed %d step %d: DSW differs:\nincremental %v\nfull        %v", seed, step, podSummary(maps.Collect(a.Pods())), podSummary(maps.Collect(b.Pods())))
 			}
 			if !reflect.DeepEqual(incRec.live, fullRec.live) {
 				t.Fatalf("seed %d step %d: pod observer differs:\nincremental %v\nfull        %v", seed, step, incRec.live, fullRec.live)
@@ -209,8 +210,8 @@ func BenchmarkSyncOnePodArrives(b *testing.B) {
 				h.src.Delete(arriving)
 				h.pop.Sync(false)
 			}
-			if len(h.snapshot().Pods) != 1000 {
-				b.Fatalf("%d pods desired", len(h.snapshot().Pods))
+			if h.snapshot().PodsLen() != 1000 {
+				b.Fatalf("%d pods desired", h.snapshot().PodsLen())
 			}
 		})
 	}
@@ -244,14 +245,14 @@ func BenchmarkSyncStorm(b *testing.B) {
 			b.StartTimer()
 			h.pop.Sync(false)
 		}
-		if n := len(h.snapshot().Pods); n != pods {
+		if n := h.snapshot().PodsLen(); n != pods {
 			b.Fatalf("%d pods desired, want %d", n, pods)
 		}
 		b.StopTimer()
 		h.src.SetPods()
 		b.StartTimer()
 		h.pop.Sync(false)
-		if n := len(h.snapshot().Pods); n != 0 {
+		if n := h.snapshot().PodsLen(); n != 0 {
 			b.Fatalf("%d pods desired, want none", n)
 		}
 	}

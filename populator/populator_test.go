@@ -64,7 +64,8 @@ func (h *harness) snapshot() *cache.DesiredSnapshot { return h.dsw.Snapshot() }
 
 func (h *harness) pod(t *testing.T, pod *v1.Pod) *cache.DesiredPod {
 	t.Helper()
-	p, ok := h.snapshot().Pods[pod.UID]
+	p := h.snapshot().Pod(pod.UID)
+	ok := p != nil
 	if !ok {
 		t.Fatalf("pod %s not in the DSW", pod.Name)
 	}
@@ -90,24 +91,24 @@ func TestSyncAddsRunningPods(t *testing.T) {
 	h.pop.Sync(false)
 
 	s := h.snapshot()
-	if len(s.Pods) != 3 {
-		t.Fatalf("DSW has %d pods, want 3", len(s.Pods))
+	if s.PodsLen() != 3 {
+		t.Fatalf("DSW has %d pods, want 3", s.PodsLen())
 	}
 	wantNames := []volume.UniqueName{
 		volume.PodScopedName(emptydir.Name, web.UID, "scratch"),
 		volume.SharedName(local.Name, "pv-1"),
 	}
 	slices.Sort(wantNames)
-	if got := s.Pods[web.UID].Volumes; !slices.Equal(got, wantNames) {
+	if got := s.Pod(web.UID).Volumes; !slices.Equal(got, wantNames) {
 		t.Errorf("web volumes = %v, want %v", got, wantNames)
 	}
-	if got := s.Pods[noVolumes.UID]; got == nil || len(got.Volumes) != 0 || len(got.Errors) != 0 {
+	if got := s.Pod(noVolumes.UID); got == nil || len(got.Volumes) != 0 || len(got.Errors) != 0 {
 		t.Errorf("pod without volumes = %+v", got)
 	}
-	if len(s.Volumes) != 3 {
-		t.Errorf("DSW has %d volumes, want 3", len(s.Volumes))
+	if s.VolumesLen() != 3 {
+		t.Errorf("DSW has %d volumes, want 3", s.VolumesLen())
 	}
-	dv := s.Volumes[volume.SharedName(local.Name, "pv-1")]
+	dv := s.Volume(volume.SharedName(local.Name, "pv-1"))
 	if dv == nil || dv.Pods[web.UID] == nil || !slices.Equal(dv.Pods[web.UID].OuterNames, []string{"data"}) || dv.Spec.PV != pv {
 		t.Errorf("PV volume = %+v", dv)
 	}
@@ -140,7 +141,7 @@ func TestSyncSkipsVolumesNoContainerUses(t *testing.T) {
 	p := h.pod(t, pod)
 	var got []string
 	for _, name := range p.Volumes {
-		got = append(got, h.snapshot().Volumes[name].SpecName)
+		got = append(got, h.snapshot().Volume(name).SpecName)
 	}
 	slices.Sort(got)
 	if want := []string{"debug", "init", "used"}; !slices.Equal(got, want) {
@@ -171,7 +172,7 @@ func TestSyncRemovesTerminatedAndMissingPods(t *testing.T) {
 			other := newPod("other", withVolume(claimVol("data", "claim")))
 			h.src.Add(pvc, pv, pod, other)
 			h.pop.Sync(false)
-			if len(h.snapshot().Pods) != 2 {
+			if h.snapshot().PodsLen() != 2 {
 				t.Fatal("pods not added")
 			}
 			tc.change(h, pod)
@@ -180,13 +181,13 @@ func TestSyncRemovesTerminatedAndMissingPods(t *testing.T) {
 			}
 			h.pop.Sync(false)
 			s := h.snapshot()
-			if _, ok := s.Pods[pod.UID]; ok {
+			if s.Pod(pod.UID) != nil {
 				t.Errorf("pod still desired")
 			}
-			if _, ok := s.Volumes[volume.PodScopedName(emptydir.Name, pod.UID, "scratch")]; ok {
+			if s.Volume(volume.PodScopedName(emptydir.Name, pod.UID, "scratch")) != nil {
 				t.Errorf("its emptyDir still desired")
 			}
-			shared := s.Volumes[volume.SharedName(local.Name, "pv-1")]
+			shared := s.Volume(volume.SharedName(local.Name, "pv-1"))
 			if shared == nil || len(shared.Pods) != 1 || shared.Pods[other.UID] == nil {
 				t.Errorf("shared volume = %+v, want only the other pod", shared)
 			}
@@ -210,7 +211,7 @@ func TestSyncIsTerminatedOption(t *testing.T) {
 	pod := newPod("web", withPhase(v1.PodSucceeded), withVolume(emptyDirVol("scratch")))
 	h.src.Add(pod)
 	h.pop.Sync(false)
-	if _, ok := h.snapshot().Pods[pod.UID]; !ok {
+	if h.snapshot().Pod(pod.UID) == nil {
 		t.Error("custom IsTerminated ignored: Succeeded pod dropped")
 	}
 }
@@ -228,8 +229,8 @@ func TestSyncReadyAfterSourceSynced(t *testing.T) {
 	if h.pop.Ready() {
 		t.Error("ready before the source synced")
 	}
-	if s := h.snapshot(); len(s.Pods) != 0 || len(s.Volumes) != 0 {
-		t.Errorf("DSW filled from a partial read: %d pods", len(s.Pods))
+	if s := h.snapshot(); s.PodsLen() != 0 || s.VolumesLen() != 0 {
+		t.Errorf("DSW filled from a partial read: %d pods", s.PodsLen())
 	}
 	if evs := h.events.list(); len(evs) != 0 {
 		t.Errorf("events from a partial read: %v", evs)
@@ -279,7 +280,7 @@ func TestSyncStickyRule(t *testing.T) {
 			h.src.Add(pvc, pv, pod)
 			h.pop.Sync(false)
 			name := volume.SharedName(local.Name, "pv-1")
-			before := h.snapshot().Volumes[name]
+			before := h.snapshot().Volume(name)
 			if before == nil {
 				t.Fatal("volume not desired")
 			}
@@ -293,7 +294,7 @@ func TestSyncStickyRule(t *testing.T) {
 			if len(p.Unresolved) != 0 {
 				t.Errorf("unresolved = %v: a volume that resolved before must not be listed", p.Unresolved)
 			}
-			after := h.snapshot().Volumes[name]
+			after := h.snapshot().Volume(name)
 			if after == nil || after.Pods[pod.UID] == nil {
 				t.Fatal("volume dropped from the DSW")
 			}
@@ -398,7 +399,7 @@ func TestSyncInvalidPodUID(t *testing.T) {
 	if got := reasons(p.Errors); !slices.Equal(got, []string{":" + ReasonPodUIDUnusable}) {
 		t.Errorf("errors = %v", got)
 	}
-	if len(p.Volumes) != 0 || len(h.snapshot().Volumes) != 0 {
+	if len(p.Volumes) != 0 || h.snapshot().VolumesLen() != 0 {
 		t.Errorf("volumes desired for a pod whose UID cannot name a directory")
 	}
 	if h.resolve.Load() != 0 {
@@ -515,7 +516,7 @@ func TestSyncReresolvedButUnchanged(t *testing.T) {
 	if g := h.snapshot().Generation; g == gen {
 		t.Error("a changed volume source did not change the DSW")
 	}
-	dv := h.snapshot().Volumes[volume.PodScopedName(emptydir.Name, pod.UID, "scratch")]
+	dv := h.snapshot().Volume(volume.PodScopedName(emptydir.Name, pod.UID, "scratch"))
 	if dv.Pods[pod.UID].Spec.Volume.EmptyDir.Medium != v1.StorageMediumMemory {
 		t.Error("DSW keeps the old emptyDir medium")
 	}
@@ -639,16 +640,16 @@ func TestSyncTwoPodsShareLocalPV(t *testing.T) {
 	h.pop.Sync(false)
 	s := h.snapshot()
 	name := volume.SharedName(local.Name, "pv-1")
-	v := s.Volumes[name]
+	v := s.Volume(name)
 	if v == nil || len(v.Pods) != 2 {
 		t.Fatalf("shared volume = %+v", v)
 	}
-	if len(s.Volumes) != 3 {
-		t.Errorf("%d volumes, want 3 (one shared, two emptyDirs)", len(s.Volumes))
+	if s.VolumesLen() != 3 {
+		t.Errorf("%d volumes, want 3 (one shared, two emptyDirs)", s.VolumesLen())
 	}
 	h.src.SetPods(b)
 	h.pop.Sync(false)
-	if v := h.snapshot().Volumes[name]; v == nil || len(v.Pods) != 1 || v.Pods[b.UID] == nil {
+	if v := h.snapshot().Volume(name); v == nil || len(v.Pods) != 1 || v.Pods[b.UID] == nil {
 		t.Errorf("after a left: %+v", v)
 	}
 }
@@ -661,7 +662,7 @@ func TestSyncTwoNamesOneClaim(t *testing.T) {
 	pod := newPod("web", withVolume(claimVol("one", "claim")), withVolume(claimVol("two", "claim")))
 	h.src.Add(pvc, pv, pod)
 	h.pop.Sync(false)
-	v := h.snapshot().Volumes[volume.SharedName(local.Name, "pv-1")]
+	v := h.snapshot().Volume(volume.SharedName(local.Name, "pv-1"))
 	if v == nil || !slices.Equal(v.Pods[pod.UID].OuterNames, []string{"one", "two"}) {
 		t.Errorf("volume = %+v", v)
 	}

@@ -121,7 +121,7 @@ func benchmarkStorm(b *testing.B, limit int) {
 		if n := len(r.ReconcileOnce()); n != 0 {
 			b.Fatalf("%d actions left after the storm", n)
 		}
-		if n := len(asw.Snapshot().Volumes); n != 0 {
+		if n := asw.Snapshot().VolumesLen(); n != 0 {
 			b.Fatalf("%d volumes left in the ASW", n)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/ui/internal/fixture"
 	"github.com/volume-agent/volume-agent/ui/model"
 	"github.com/volume-agent/volume-agent/volume"
@@ -283,8 +285,7 @@ func TestStreamOfJSONAndOfAPod(t *testing.T) {
 	}
 	// The pod goes away: the stream says so.
 	in := ts.input()
-	s := *in.DSW
-	s.Pods = nil
+	s := *cache.NewDesiredSnapshot(maps.Collect(in.DSW.Volumes()), nil, in.DSW.Generation)
 	in.DSW = &s
 	in.ASW = nil
 	ts.set(in)

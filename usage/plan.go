@@ -61,11 +61,11 @@ func Targets(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, hostPath boo
 		return nil
 	}
 	var out []Target
-	for name, dv := range dsw.Volumes {
+	for name, dv := range dsw.Volumes() {
 		if dv.Plugin != emptydir.Name && (dv.Plugin != hostpath.Name || !hostPath) {
 			continue
 		}
-		av := asw.Volumes[name]
+		av := asw.Volume(name)
 		if av == nil {
 			continue
 		}

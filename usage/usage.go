@@ -197,7 +197,7 @@ func (m *Measurer) Refresh(ctx context.Context) {
 	}
 	m.mu.Unlock()
 	limits := func(uid types.UID) *resource.Quantity {
-		if p := dsw.Pods[uid]; p != nil {
+		if p := dsw.Pod(uid); p != nil {
 			return p.Pod.EphemeralStorageLimit
 		}
 		return nil

@@ -135,7 +135,7 @@ type OperationsDocument struct {
 // readers share (agent/snapshots_test.go).
 func NewDSWDocument(s *cache.DesiredSnapshot, asw *cache.ActualSnapshot, sourcesReady bool) DSWDocument {
 	doc := DSWDocument{Generation: s.Generation, SourcesReady: sourcesReady, Volumes: []DSWVolume{}, Pods: []DSWPod{}}
-	for _, v := range s.Volumes {
+	for _, v := range s.Volumes() {
 		dv := DSWVolume{Name: v.Name, Plugin: v.Plugin, SpecName: v.SpecName, Attributes: v.Attributes, Mode: v.Attributes.Mode(), Pods: []DSWVolumePod{}}
 		if v.Spec != nil && v.Spec.PV != nil {
 			dv.PV = v.Spec.PV.Name
@@ -152,7 +152,7 @@ func NewDSWDocument(s *cache.DesiredSnapshot, asw *cache.ActualSnapshot, sources
 		doc.Volumes = append(doc.Volumes, dv)
 	}
 	sort.Slice(doc.Volumes, func(i, j int) bool { return doc.Volumes[i].Name < doc.Volumes[j].Name })
-	for _, p := range s.Pods {
+	for _, p := range s.Pods() {
 		dp := DSWPod{PodRef: p.Pod.PodRef, Volumes: p.Volumes, VolumesReady: explain.PodReady(p, s, asw), UnresolvedVolumes: p.Unresolved, Since: p.Since}
 		if dp.Volumes == nil {
 			dp.Volumes = []volume.UniqueName{}
@@ -175,7 +175,7 @@ func NewDSWDocument(s *cache.DesiredSnapshot, asw *cache.ActualSnapshot, sources
 // the content generations each mount must have.
 func NewASWDocument(s *cache.ActualSnapshot, dsw *cache.DesiredSnapshot) ASWDocument {
 	doc := ASWDocument{Generation: s.Generation, Volumes: []ASWVolume{}}
-	for _, v := range s.Volumes {
+	for _, v := range s.Volumes() {
 		av := ASWVolume{
 			Name: v.Name, Plugin: v.Plugin, Attributes: v.Attributes, Mode: v.Attributes.Mode(), AttachState: v.AttachState,
 			DeviceMountState: v.DeviceState, DevicePath: v.DevicePath, DeviceMountPath: v.DeviceMountPath,
@@ -186,7 +186,7 @@ func NewASWDocument(s *cache.ActualSnapshot, dsw *cache.DesiredSnapshot) ASWDocu
 		}
 		for uid, m := range v.Pods {
 			var want uint64
-			if dv, ok := dsw.Volumes[v.Name]; ok {
+			if dv := dsw.Volume(v.Name); dv != nil {
 				if dp, ok := dv.Pods[uid]; ok {
 					want = dp.ContentGeneration
 				}

@@ -333,11 +333,11 @@ func (r *readiness) all(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, o
 	if r.ready == nil {
 		r.ready = map[types.UID]bool{}
 	}
-	for uid, p := range dsw.Pods {
+	for uid, p := range dsw.Pods() {
 		r.check(uid, p, dsw, asw, observe)
 	}
 	for uid := range r.ready {
-		if _, ok := dsw.Pods[uid]; !ok {
+		if dsw.Pod(uid) == nil {
 			delete(r.ready, uid)
 		}
 	}
@@ -364,8 +364,9 @@ func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsho
 	}
 	if dsw != r.last {
 		kept := 0
-		for uid, p := range dsw.Pods {
-			old, ok := r.last.Pods[uid]
+		for uid, p := range dsw.Pods() {
+			old := r.last.Pod(uid)
+			ok := old != nil
 			if ok {
 				kept++
 			}
@@ -373,9 +374,9 @@ func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsho
 				r.todo[uid] = p
 			}
 		}
-		if kept < len(r.last.Pods) {
-			for uid := range r.last.Pods {
-				if _, ok := dsw.Pods[uid]; !ok {
+		if kept < r.last.PodsLen() {
+			for uid := range r.last.Pods() {
+				if dsw.Pod(uid) == nil {
 					delete(r.ready, uid)
 				}
 			}
@@ -383,9 +384,9 @@ func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsho
 		r.last = dsw
 	}
 	volumeChanged := func(name volume.UniqueName) {
-		if dv := dsw.Volumes[name]; dv != nil {
+		if dv := dsw.Volume(name); dv != nil {
 			for uid := range dv.Pods {
-				if p := dsw.Pods[uid]; p != nil && !r.ready[uid] {
+				if p := dsw.Pod(uid); p != nil && !r.ready[uid] {
 					r.todo[uid] = p
 				}
 			}
@@ -451,11 +452,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	type key struct{ a, b, c string }
 	counts := map[key]int{}
 	dsw, asw := c.dsw.Snapshot(), c.asw.Snapshot()
-	for _, v := range dsw.Volumes {
+	for _, v := range dsw.Volumes() {
 		counts[key{"desired", v.Plugin, "desired"}] += len(v.Pods)
 	}
 	devices := map[key]int{}
-	for _, v := range asw.Volumes {
+	for _, v := range asw.Volumes() {
 		for _, m := range v.Pods {
 			state := "mounted"
 			if m.State == cache.MountUncertain {
@@ -481,7 +482,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n), k.a, k.b)
 	}
 	pods := map[explain.Status]int{explain.Ready: 0, explain.Waiting: 0, explain.Failing: 0, explain.NeedsChange: 0}
-	for _, p := range dsw.Pods {
+	for _, p := range dsw.Pods() {
 		pods[explain.Explain(p, dsw, asw, c.exec).Status]++
 	}
 	for st, n := range pods {

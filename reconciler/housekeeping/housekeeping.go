@@ -30,10 +30,10 @@ import (
 // remove is returned as a problem to report.
 func CleanPodDirs(paths volume.Paths, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, isMountPoint func(string) (bool, error)) []Problem {
 	busy := map[types.UID]bool{}
-	for uid := range dsw.Pods {
+	for uid := range dsw.Pods() {
 		busy[uid] = true
 	}
-	for _, v := range asw.Volumes {
+	for _, v := range asw.Volumes() {
 		for uid := range v.Pods {
 			busy[uid] = true
 		}

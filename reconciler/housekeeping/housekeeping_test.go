@@ -105,22 +105,22 @@ func hkTree(t *testing.T, dir string) []string {
 }
 
 func hkDesired(uids ...types.UID) *cache.DesiredSnapshot {
-	s := &cache.DesiredSnapshot{Volumes: map[volume.UniqueName]*cache.DesiredVolume{}, Pods: map[types.UID]*cache.DesiredPod{}}
+	pods := map[types.UID]*cache.DesiredPod{}
 	for _, uid := range uids {
-		s.Pods[uid] = &cache.DesiredPod{Pod: volume.PodInfo{PodRef: volume.PodRef{UID: uid}}}
+		pods[uid] = &cache.DesiredPod{Pod: volume.PodInfo{PodRef: volume.PodRef{UID: uid}}}
 	}
-	return s
+	return cache.NewDesiredSnapshot(map[volume.UniqueName]*cache.DesiredVolume{}, pods, 0)
 }
 
 // hkActual has one volume mounted (or uncertain) for each pod.
 func hkActual(uids ...types.UID) *cache.ActualSnapshot {
-	s := &cache.ActualSnapshot{Volumes: map[volume.UniqueName]*cache.ActualVolume{}}
+	vols := map[volume.UniqueName]*cache.ActualVolume{}
 	for _, uid := range uids {
 		name := volume.PodScopedName("test", uid, "v")
-		s.Volumes[name] = &cache.ActualVolume{Name: name, Plugin: "test", DeviceState: cache.DeviceNotMounted,
+		vols[name] = &cache.ActualVolume{Name: name, Plugin: "test", DeviceState: cache.DeviceNotMounted,
 			Pods: map[types.UID]*cache.ActualPodMount{uid: {Pod: volume.PodRef{UID: uid}, State: cache.MountUncertain, Reconstructed: true}}}
 	}
-	return s
+	return cache.NewActualSnapshot(vols, 0)
 }
 
 // Gone pods' empty trees are removed entirely, however deep; pods the DSW

@@ -30,8 +30,9 @@ type Adoption struct {
 // mounts) nor unmounted. It is a pure function of the snapshots.
 func Adoptions(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, setUpWithoutMount func(plugin string, spec *volume.Spec) bool) []Adoption {
 	var out []Adoption
-	for name, av := range asw.Volumes {
-		dv, wanted := dsw.Volumes[name]
+	for name, av := range asw.Volumes() {
+		dv := dsw.Volume(name)
+		wanted := dv != nil
 		if !wanted {
 			continue
 		}

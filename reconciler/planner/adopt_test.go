@@ -24,27 +24,27 @@ import (
 // --- Adoptions ---
 
 func rcDesired(vols ...*cache.DesiredVolume) *cache.DesiredSnapshot {
-	s := &cache.DesiredSnapshot{Volumes: map[volume.UniqueName]*cache.DesiredVolume{}, Pods: map[types.UID]*cache.DesiredPod{}}
+	vm, pods := map[volume.UniqueName]*cache.DesiredVolume{}, map[types.UID]*cache.DesiredPod{}
 	for _, v := range vols {
-		s.Volumes[v.Name] = v
+		vm[v.Name] = v
 		for uid, p := range v.Pods {
-			dp := s.Pods[uid]
+			dp := pods[uid]
 			if dp == nil {
 				dp = &cache.DesiredPod{Pod: p.Pod}
-				s.Pods[uid] = dp
+				pods[uid] = dp
 			}
 			dp.Volumes = append(dp.Volumes, v.Name)
 		}
 	}
-	return s
+	return cache.NewDesiredSnapshot(vm, pods, 0)
 }
 
 func rcActual(vols ...*cache.ActualVolume) *cache.ActualSnapshot {
-	s := &cache.ActualSnapshot{Volumes: map[volume.UniqueName]*cache.ActualVolume{}}
+	vm := map[volume.UniqueName]*cache.ActualVolume{}
 	for _, v := range vols {
-		s.Volumes[v.Name] = v
+		vm[v.Name] = v
 	}
-	return s
+	return cache.NewActualSnapshot(vm, 0)
 }
 
 // rcWant is a desired volume of plugin wanted by pods with spec.
@@ -247,22 +247,22 @@ func TestAdoptionsApplied(t *testing.T) {
 		asw.Adopt(a.ID, a.Device, a.Pods)
 	}
 	s := asw.Snapshot()
-	if m := s.Volumes[memName].Pods["p1"]; m.State != cache.Mounted || m.Reconstructed || m.Pod != rcRef("p1") {
+	if m := s.Volume(memName).Pods["p1"]; m.State != cache.Mounted || m.Reconstructed || m.Pod != rcRef("p1") {
 		t.Errorf("adopted mount: %+v", m)
 	}
-	if v := s.Volumes[localName]; v.DeviceState != cache.DeviceGloballyMounted || v.DeviceReconstructed ||
+	if v := s.Volume(localName); v.DeviceState != cache.DeviceGloballyMounted || v.DeviceReconstructed ||
 		v.Pods["p1"].State != cache.Mounted || !v.Pods["gone"].Reconstructed {
 		t.Errorf("adopted device volume: %s", cachetest.JSON(v))
 	}
-	if m := s.Volumes[lostName].Pods["p1"]; m.State != cache.MountUncertain || !m.Reconstructed {
+	if m := s.Volume(lostName).Pods["p1"]; m.State != cache.MountUncertain || !m.Reconstructed {
 		t.Errorf("mount not in place: %+v", m)
 	}
 	// What was guessed from disk gives way to what the pods want: teardown
 	// later knows the spec as if the agent had mounted the volume itself.
-	if v := s.Volumes[memName]; v.Spec != memSpec || v.Pods["p1"].Spec != memSpec {
+	if v := s.Volume(memName); v.Spec != memSpec || v.Pods["p1"].Spec != memSpec {
 		t.Errorf("adopted volume's spec %p and mount's spec %p, want the desired %p", v.Spec, v.Pods["p1"].Spec, memSpec)
 	}
-	if v := s.Volumes[localName]; v.Spec != dsw.Volumes[localName].Spec || v.Attributes != device {
+	if v := s.Volume(localName); v.Spec != dsw.Volume(localName).Spec || v.Attributes != device {
 		t.Errorf("adopted device volume: spec %+v, attributes %+v", v.Spec, v.Attributes)
 	}
 	if !s.HasReconstructed() {
@@ -368,7 +368,7 @@ func TestPlanNeverTearsDownReconstructedWithoutOrphanCleanup(t *testing.T) {
 		dsw, asw := rcRandomWorld(r)
 		blocked := Plan(dsw, asw, Options{SourcesReady: true})
 		for _, a := range blocked {
-			av := asw.Volumes[a.Volume]
+			av := asw.Volume(a.Volume)
 			switch a.Op {
 			case operations.OpUnmountVolume:
 				if m := av.Pods[a.Pod.UID]; m != nil && m.Reconstructed {
@@ -402,8 +402,8 @@ func rcMountSide(actions []Action) []string {
 }
 
 func rcRandomWorld(r *rand.Rand) (*cache.DesiredSnapshot, *cache.ActualSnapshot) {
-	dsw := rcDesired()
-	asw := rcActual()
+	var dvs []*cache.DesiredVolume
+	var avs []*cache.ActualVolume
 	pods := []types.UID{"p0", "p1", "p2", "p3"}
 	for i := range 6 {
 		name := volume.UniqueName(fmt.Sprintf("test/v%d", i))
@@ -423,7 +423,7 @@ func rcRandomWorld(r *rand.Rand) (*cache.DesiredSnapshot, *cache.ActualSnapshot)
 		}
 		if len(wanted) > 0 {
 			dv := rcWant(name, "test", attrs, spec, wanted...)
-			dsw.Volumes[name] = dv
+			dvs = append(dvs, dv)
 		}
 		if r.IntN(4) == 0 {
 			continue
@@ -448,17 +448,9 @@ func rcRandomWorld(r *rand.Rand) (*cache.DesiredSnapshot, *cache.ActualSnapshot)
 		if attrs.Attachable {
 			av.AttachState = []cache.AttachState{cache.NotAttached, cache.AttachUncertain, cache.Attached}[r.IntN(3)]
 		}
-		asw.Volumes[name] = av
+		avs = append(avs, av)
 	}
-	for _, dv := range dsw.Volumes {
-		for uid, p := range dv.Pods {
-			if dsw.Pods[uid] == nil {
-				dsw.Pods[uid] = &cache.DesiredPod{Pod: p.Pod}
-			}
-			dsw.Pods[uid].Volumes = append(dsw.Pods[uid].Volumes, dv.Name)
-		}
-	}
-	return dsw, asw
+	return rcDesired(dvs...), rcActual(avs...)
 }
 
 // Before the sources are ready, reconstructed state is neither torn down

@@ -67,12 +67,12 @@ func (p *Incremental) Plan(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.
 			}
 		}()
 		dchg.Each(func(name volume.UniqueName) {
-			p.replan(name, dsw, dsw.Volumes[name], asw.Volumes[name], opts)
+			p.replan(name, dsw, dsw.Volume(name), asw.Volume(name), opts)
 			changed = append(changed, name)
 		})
 		achg.Each(func(name volume.UniqueName) {
 			if !dchg.Has(name) {
-				p.replan(name, dsw, dsw.Volumes[name], asw.Volumes[name], opts)
+				p.replan(name, dsw, dsw.Volume(name), asw.Volume(name), opts)
 				changed = append(changed, name)
 			}
 		})

@@ -96,7 +96,7 @@ func (c *churn) actualChange() {
 		// A set up records the content generation it was planned
 		// with: mostly the DSW's current one, sometimes an older one.
 		var gen uint64
-		if dv, ok := c.dsw.Snapshot().Volumes[name]; ok && dv.Pods[uid] != nil && c.r.IntN(3) > 0 {
+		if dv := c.dsw.Snapshot().Volume(name); dv != nil && dv.Pods[uid] != nil && c.r.IntN(3) > 0 {
 			gen = dv.Pods[uid].ContentGeneration
 		}
 		c.asw.SetPodMount(c.id(name), cache.ActualPodMount{Pod: volume.PodRef{UID: uid}, SpecName: "s", MountPath: "/m/" + string(uid), State: state,
@@ -306,7 +306,7 @@ func TestPlanVolumeMatchesEveryPhase(t *testing.T) {
 			dsw, asw := c.dsw.Snapshot(), c.asw.Snapshot()
 			for _, opts := range optionSets {
 				for _, name := range c.names {
-					dv, av := dsw.Volumes[name], asw.Volumes[name]
+					dv, av := dsw.Volume(name), asw.Volume(name)
 					var want []Action
 					if opts.SourcesReady && av != nil {
 						want = planUnmounts(dsw, dv, av, opts.OrphanCleanupAllowed, want)

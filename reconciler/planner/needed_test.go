@@ -25,9 +25,9 @@ func TestPlannedActionsAreNeeded(t *testing.T) {
 			if perPod := a.Pod.UID != ""; perPod != operations.KindOf(a.Op).PerPod || (perPod && a.Waiting != nil) {
 				t.Errorf("%s: planned %s for pod %q, waiting %v; the table says per pod: %v", ctx, a.Op, a.Pod.UID, a.Waiting, operations.KindOf(a.Op).PerPod)
 			}
-			if !operations.Needed(a.Op, &a.Target, asw.Volumes[a.Volume], dsw) {
+			if !operations.Needed(a.Op, &a.Target, asw.Volume(a.Volume), dsw) {
 				t.Errorf("%s, %+v: planned %s, but its operation would find nothing to do and skip it as stale\n  actual: %s",
-					ctx, opts, act{a.Op, a.Volume, a.Pod.UID, a.Reason}, describeActual(asw.Volumes[a.Volume]))
+					ctx, opts, act{a.Op, a.Volume, a.Pod.UID, a.Reason}, describeActual(asw.Volume(a.Volume)))
 			}
 		}
 	}
@@ -58,18 +58,18 @@ func TestPlannedActionsAreNeeded(t *testing.T) {
 func enrichWorld(r *rand.Rand, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) {
 	publishOnly := volume.Attributes{Identity: "pub", Attachable: true}
 	// In a fixed order, so a seed gives one world.
-	for _, name := range slices.Sorted(maps.Keys(asw.Volumes)) {
-		av := asw.Volumes[name]
+	for _, name := range slices.Sorted(maps.Keys(maps.Collect(asw.Volumes()))) {
+		av := asw.Volume(name)
 		if r.IntN(6) == 0 {
 			av.Attributes = publishOnly
-			if dv := dsw.Volumes[name]; dv != nil {
+			if dv := dsw.Volume(name); dv != nil {
 				dv.Attributes = publishOnly
 			}
 		}
 		if r.IntN(4) == 0 {
 			// A raw block volume: the same world, with map operations.
 			av.Attributes.Block = true
-			if dv := dsw.Volumes[name]; dv != nil {
+			if dv := dsw.Volume(name); dv != nil {
 				dv.Attributes.Block = true
 			}
 		}
@@ -95,8 +95,8 @@ func enrichWorld(r *rand.Rand, dsw *cache.DesiredSnapshot, asw *cache.ActualSnap
 			}
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(dsw.Volumes)) {
-		dv := dsw.Volumes[name]
+	for _, name := range slices.Sorted(maps.Keys(maps.Collect(dsw.Volumes()))) {
+		dv := dsw.Volume(name)
 		for _, uid := range slices.Sorted(maps.Keys(dv.Pods)) {
 			if r.IntN(3) == 0 {
 				withSubPaths(dv, string(uid), "a")

@@ -62,11 +62,11 @@ func Plan(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, opts Options) [
 // eachVolume calls fn once for every volume either snapshot knows, with its
 // entry in each (nil where it has none).
 func eachVolume(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, fn func(volume.UniqueName, *cache.DesiredVolume, *cache.ActualVolume)) {
-	for name, av := range asw.Volumes {
-		fn(name, dsw.Volumes[name], av)
+	for name, av := range asw.Volumes() {
+		fn(name, dsw.Volume(name), av)
 	}
-	for name, dv := range dsw.Volumes {
-		if _, ok := asw.Volumes[name]; !ok {
+	for name, dv := range dsw.Volumes() {
+		if asw.Volume(name) == nil {
 			fn(name, dv, nil)
 		}
 	}
@@ -191,7 +191,8 @@ func unmountReason(s cache.MountState) string {
 }
 
 func protectedPod(dsw *cache.DesiredSnapshot, uid types.UID) bool {
-	p, ok := dsw.Pods[uid]
+	p := dsw.Pod(uid)
+	ok := p != nil
 	return ok && len(p.Unresolved) > 0
 }
 

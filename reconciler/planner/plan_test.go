@@ -172,30 +172,30 @@ func protected(uid string, unresolved ...string) *cache.DesiredPod {
 // desiredSnapshot builds a DSW snapshot from volumes; pods are derived from
 // the volumes, extra pods (with their Unresolved lists) are added as given.
 func desiredSnapshot(vols []*cache.DesiredVolume, extra []*cache.DesiredPod) *cache.DesiredSnapshot {
-	s := &cache.DesiredSnapshot{Volumes: map[volume.UniqueName]*cache.DesiredVolume{}, Pods: map[types.UID]*cache.DesiredPod{}}
+	vm, pods := map[volume.UniqueName]*cache.DesiredVolume{}, map[types.UID]*cache.DesiredPod{}
 	for _, p := range extra {
-		s.Pods[p.Pod.UID] = p
+		pods[p.Pod.UID] = p
 	}
 	for _, v := range vols {
-		s.Volumes[v.Name] = v
+		vm[v.Name] = v
 		for uid, pv := range v.Pods {
-			p, ok := s.Pods[uid]
+			p, ok := pods[uid]
 			if !ok {
 				p = &cache.DesiredPod{Pod: pv.Pod}
-				s.Pods[uid] = p
+				pods[uid] = p
 			}
 			p.Volumes = append(p.Volumes, v.Name)
 		}
 	}
-	return s
+	return cache.NewDesiredSnapshot(vm, pods, 0)
 }
 
 func actualSnapshot(vols []*cache.ActualVolume) *cache.ActualSnapshot {
-	s := &cache.ActualSnapshot{Volumes: map[volume.UniqueName]*cache.ActualVolume{}}
+	vm := map[volume.UniqueName]*cache.ActualVolume{}
 	for _, v := range vols {
-		s.Volumes[v.Name] = v
+		vm[v.Name] = v
 	}
-	return s
+	return cache.NewActualSnapshot(vm, 0)
 }
 
 // act is the part of an Action the table compares. An empty reason in a
@@ -960,18 +960,18 @@ func buildIsolated(build func() (*cache.DesiredSnapshot, *cache.ActualSnapshot))
 // every pointer.
 func diffWorlds(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, wantDSW *cache.DesiredSnapshot, wantASW *cache.ActualSnapshot) []string {
 	var out []string
-	for name, v := range wantDSW.Volumes {
-		if !reflect.DeepEqual(dsw.Volumes[name], v) {
+	for name, v := range wantDSW.Volumes() {
+		if !reflect.DeepEqual(dsw.Volume(name), v) {
 			out = append(out, fmt.Sprintf("desired volume %s", name))
 		}
 	}
-	for uid, p := range wantDSW.Pods {
-		if !reflect.DeepEqual(dsw.Pods[uid], p) {
+	for uid, p := range wantDSW.Pods() {
+		if !reflect.DeepEqual(dsw.Pod(uid), p) {
 			out = append(out, fmt.Sprintf("desired pod %s", uid))
 		}
 	}
-	for name, v := range wantASW.Volumes {
-		if !reflect.DeepEqual(asw.Volumes[name], v) {
+	for name, v := range wantASW.Volumes() {
+		if !reflect.DeepEqual(asw.Volume(name), v) {
 			out = append(out, fmt.Sprintf("actual volume %s", name))
 		}
 	}
@@ -1056,8 +1056,8 @@ func TestPlanInvariants(t *testing.T) {
 				if !ready && phase(a.Op) != operations.PhaseMount {
 					t.Fatalf("%s: destructive %s before sources are ready", ctx, a.Op)
 				}
-				dv := dsw.Volumes[a.Volume]
-				av := asw.Volumes[a.Volume]
+				dv := dsw.Volume(a.Volume)
+				av := asw.Volume(a.Volume)
 				switch a.Op {
 				case operations.OpMountVolume:
 					if dv == nil || dv.Pods[a.Pod.UID] == nil {
@@ -1070,7 +1070,7 @@ func TestPlanInvariants(t *testing.T) {
 					if dsw.HasPodVolume(a.Volume, a.Pod.UID) {
 						t.Fatalf("%s: %v of a wanted mount", ctx, a)
 					}
-					if p := dsw.Pods[a.Pod.UID]; p != nil && len(p.Unresolved) > 0 {
+					if p := dsw.Pod(a.Pod.UID); p != nil && len(p.Unresolved) > 0 {
 						t.Fatalf("%s: %v of a protected pod", ctx, a)
 					}
 				case operations.OpUnmountDevice, operations.OpDetachVolume:

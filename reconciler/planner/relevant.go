@@ -11,7 +11,7 @@ import (
 // that is attached or mounted. It is a pure function of the snapshots.
 func Relevant(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, key operations.Key) bool {
 	if key.Pod == "" {
-		_, actual := asw.Volumes[key.Volume]
+		actual := asw.Volume(key.Volume) != nil
 		return actual || dsw.HasVolume(key.Volume)
 	}
 	if dsw.HasPodVolume(key.Volume, key.Pod) {

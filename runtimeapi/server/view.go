@@ -130,7 +130,7 @@ func viewVolume(p *cache.DesiredPod, name string, ex *explain.Pod, dsw *cache.De
 		v.VolumeMode = runtimeapi.Block
 	}
 	v.SELinuxRelabel = e.Unique != "" && v.VolumeMode == runtimeapi.Filesystem && e.Plugin != hostPathPlugin && !e.NoHostPath
-	dv := dsw.Volumes[e.Unique]
+	dv := dsw.Volume(e.Unique)
 	if dv != nil && dv.Pods[p.Pod.UID] != nil {
 		if src := image.Source(dv.Pods[p.Pod.UID].Spec); src != nil {
 			v.Image = &runtimeapi.ImageVolume{Reference: src.Reference, PullPolicy: string(image.PullPolicy(src))}
@@ -140,7 +140,7 @@ func viewVolume(p *cache.DesiredPod, name string, ex *explain.Pod, dsw *cache.De
 		return v
 	}
 	v.specName = dv.SpecName
-	m := asw.Volumes[e.Unique].Pods[p.Pod.UID]
+	m := asw.Volume(e.Unique).Pods[p.Pod.UID]
 	if v.VolumeMode == runtimeapi.Block {
 		v.DevicePath = m.MountPath
 	} else {
@@ -170,7 +170,7 @@ func NotReadyMessage(ex *explain.Pod) string {
 // List summarises the pods of a DSW snapshot, sorted by namespace and name.
 func List(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) *runtimeapi.PodList {
 	out := &runtimeapi.PodList{APIVersion: runtimeapi.Version, Pods: []runtimeapi.PodSummary{}}
-	for _, p := range dsw.Pods {
+	for _, p := range dsw.Pods() {
 		out.Pods = append(out.Pods, runtimeapi.PodSummary{UID: string(p.Pod.UID), Namespace: p.Pod.Namespace, Name: p.Pod.Name, Ready: explain.Explain(p, dsw, asw, nil).Ready})
 	}
 	sort.Slice(out.Pods, func(i, j int) bool {
@@ -188,6 +188,7 @@ func lookup(dsw *cache.DesiredSnapshot, uid types.UID) (*cache.DesiredPod, bool)
 	if dsw == nil {
 		return nil, false
 	}
-	p, ok := dsw.Pods[uid]
+	p := dsw.Pod(uid)
+	ok := p != nil
 	return p, ok
 }

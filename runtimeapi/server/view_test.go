@@ -72,7 +72,7 @@ func (w *world) mounted(name volume.UniqueName, plugin string, attrs volume.Attr
 func (w *world) snapshots() (*cache.DesiredPod, *cache.DesiredSnapshot, *cache.ActualSnapshot) {
 	w.dsw.SetPodWithContainers(w.pod, w.vols, w.errs, nil, w.containers)
 	dsw := w.dsw.Snapshot()
-	return dsw.Pods[w.pod.UID], dsw, w.asw.Snapshot()
+	return dsw.Pod(w.pod.UID), dsw, w.asw.Snapshot()
 }
 
 func spec(name string, mode v1.PersistentVolumeMode, readOnly bool) *volume.Spec {

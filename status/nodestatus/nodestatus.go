@@ -59,12 +59,12 @@ func New(node string, p Patcher, getNode func() (*v1.Node, bool), sourcesReady f
 // or that are still attached or mounted.
 func InUse(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) []v1.UniqueVolumeName {
 	set := map[volume.UniqueName]bool{}
-	for name, v := range dsw.Volumes {
+	for name, v := range dsw.Volumes() {
 		if v.Attributes.Attachable {
 			set[name] = true
 		}
 	}
-	for name, v := range asw.Volumes {
+	for name, v := range asw.Volumes() {
 		if v.Attributes.Attachable {
 			set[name] = true
 		}

@@ -204,7 +204,7 @@ func TestCompute(t *testing.T) {
 					cache.ActualPodMount{Pod: m.pod, SpecName: specName(m.vol), MountPath: "/pods/" + string(m.pod.UID) + "/" + specName(m.vol), State: m.state})
 			}
 			asw.SetSubPaths(volA, pod.UID, c.prepared)
-			p := dsw.Snapshot().Pods[pod.UID]
+			p := dsw.Snapshot().Pod(pod.UID)
 			if p == nil {
 				t.Fatal("pod not in the DSW")
 			}

@@ -174,7 +174,7 @@ func volumeLabel(v explain.Volume) string {
 func (r *Reporter) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, _ []reconciler.Action, _ time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for uid, p := range dsw.Pods {
+	for uid, p := range dsw.Pods() {
 		c := Compute(p, dsw, asw, r.errs)
 		if old, ok := r.want[uid]; ok && old.cond == c {
 			continue
@@ -189,7 +189,7 @@ func (r *Reporter) Reconciled(dsw *cache.DesiredSnapshot, asw *cache.ActualSnaps
 		}
 	}
 	for uid := range r.want {
-		if _, ok := dsw.Pods[uid]; !ok {
+		if dsw.Pod(uid) == nil {
 			delete(r.want, uid)
 			delete(r.written, uid)
 			// A pod that leaves while its patches fail would otherwise stay

@@ -18,8 +18,8 @@ import (
 func BenchmarkReconciled(b *testing.B) {
 	for _, mounted := range []string{"all", "none", "half"} {
 		b.Run("mounted="+mounted, func(b *testing.B) {
-			dsw := &cache.DesiredSnapshot{Pods: map[types.UID]*cache.DesiredPod{}}
-			asw := &cache.ActualSnapshot{Volumes: map[volume.UniqueName]*cache.ActualVolume{}}
+			pods := map[types.UID]*cache.DesiredPod{}
+			vols := map[volume.UniqueName]*cache.ActualVolume{}
 			for i := range 2000 {
 				ref := volume.PodRef{UID: types.UID(fmt.Sprintf("uid-%04d", i)), Namespace: "ns", Name: fmt.Sprintf("pod-%04d", i)}
 				p := &cache.DesiredPod{Pod: volume.PodInfo{PodRef: ref}}
@@ -28,13 +28,14 @@ func BenchmarkReconciled(b *testing.B) {
 					vol := volume.PodScopedName(plugin, ref.UID, name)
 					p.Volumes = append(p.Volumes, vol)
 					if mounted == "all" || (mounted == "half" && j%2 == 0) {
-						asw.Volumes[vol] = &cache.ActualVolume{Name: vol, Pods: map[types.UID]*cache.ActualPodMount{
+						vols[vol] = &cache.ActualVolume{Name: vol, Pods: map[types.UID]*cache.ActualPodMount{
 							ref.UID: {Pod: ref, SpecName: name, State: cache.Mounted},
 						}}
 					}
 				}
-				dsw.Pods[ref.UID] = p
+				pods[ref.UID] = p
 			}
+			dsw, asw := cache.NewDesiredSnapshot(nil, pods, 0), cache.NewActualSnapshot(vols, 0)
 			r := podstatus.New(podstatus.Options{Patcher: newRecorder(), Errors: lastErrors{}, Log: zap.NewNop(),
 				GetPod: func(string, string) (*v1.Pod, bool) { return nil, false }})
 			r.Reconciled(dsw, asw, nil, 0)

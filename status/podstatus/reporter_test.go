@@ -135,21 +135,21 @@ func (r *recorder) next(t *testing.T) patch {
 type world map[string]bool
 
 func (w world) snapshots() (*cache.DesiredSnapshot, *cache.ActualSnapshot) {
-	dsw := &cache.DesiredSnapshot{Pods: map[types.UID]*cache.DesiredPod{}, Volumes: map[volume.UniqueName]*cache.DesiredVolume{}}
-	asw := &cache.ActualSnapshot{Volumes: map[volume.UniqueName]*cache.ActualVolume{}}
+	pods, dvols := map[types.UID]*cache.DesiredPod{}, map[volume.UniqueName]*cache.DesiredVolume{}
+	avols := map[volume.UniqueName]*cache.ActualVolume{}
 	for name, mounted := range w {
 		ref := volume.PodRef{UID: types.UID("uid-" + name), Namespace: "ns", Name: name}
 		vol := volume.PodScopedName(plugin, ref.UID, "data")
-		dsw.Pods[ref.UID] = &cache.DesiredPod{Pod: volume.PodInfo{PodRef: ref}, Volumes: []volume.UniqueName{vol}}
-		dsw.Volumes[vol] = &cache.DesiredVolume{Name: vol, Plugin: plugin, SpecName: "data",
+		pods[ref.UID] = &cache.DesiredPod{Pod: volume.PodInfo{PodRef: ref}, Volumes: []volume.UniqueName{vol}}
+		dvols[vol] = &cache.DesiredVolume{Name: vol, Plugin: plugin, SpecName: "data",
 			Pods: map[types.UID]*cache.DesiredPodVolume{ref.UID: {OuterNames: []string{"data"}}}}
 		if mounted {
-			asw.Volumes[vol] = &cache.ActualVolume{Name: vol, Pods: map[types.UID]*cache.ActualPodMount{
+			avols[vol] = &cache.ActualVolume{Name: vol, Pods: map[types.UID]*cache.ActualPodMount{
 				ref.UID: {Pod: ref, SpecName: "data", State: cache.Mounted},
 			}}
 		}
 	}
-	return dsw, asw
+	return cache.NewDesiredSnapshot(dvols, pods, 0), cache.NewActualSnapshot(avols, 0)
 }
 
 type reporterEnv struct {

@@ -71,11 +71,11 @@ func newASW() *asw { return &asw{vols: map[volume.UniqueName]*cache.ActualVolume
 func (a *asw) snapshot() *cache.ActualSnapshot {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s := &cache.ActualSnapshot{Volumes: map[volume.UniqueName]*cache.ActualVolume{}}
+	vols := map[volume.UniqueName]*cache.ActualVolume{}
 	for k, v := range a.vols {
-		s.Volumes[k] = v
+		vols[k] = v
 	}
-	return s
+	return cache.NewActualSnapshot(vols, 0)
 }
 
 func (a *asw) put(v *cache.ActualVolume) {

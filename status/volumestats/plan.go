@@ -86,8 +86,8 @@ func plan(snap *cache.ActualSnapshot, drivers func(name string) (*registry.Drive
 	if snap == nil {
 		return nil
 	}
-	names := make([]volume.UniqueName, 0, len(snap.Volumes))
-	for n, v := range snap.Volumes {
+	names := make([]volume.UniqueName, 0, snap.VolumesLen())
+	for n, v := range snap.Volumes() {
 		if v.Plugin == csiplugin.Name || v.Plugin == local.Name {
 			names = append(names, n)
 		}
@@ -96,7 +96,7 @@ func plan(snap *cache.ActualSnapshot, drivers func(name string) (*registry.Drive
 	seen := map[claimKey]bool{}
 	var jobs []job
 	for _, n := range names {
-		v := snap.Volumes[n]
+		v := snap.Volume(n)
 		m, pods := mountedClaimPods(v)
 		if m == nil {
 			continue

@@ -121,10 +121,11 @@ func TestPlan(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			snap := &cache.ActualSnapshot{Volumes: map[volume.UniqueName]*cache.ActualVolume{}}
+			vols := map[volume.UniqueName]*cache.ActualVolume{}
 			for _, v := range c.volumes {
-				snap.Volumes[v.Name] = v
+				vols[v.Name] = v
 			}
+			snap := cache.NewActualSnapshot(vols, 0)
 			var got []want
 			for _, j := range plan(snap, lookup) {
 				w := want{claim: j.key.String(), source: j.source, path: j.path, handle: j.handle, staging: j.staging, cond: j.withCondition}
@@ -143,13 +144,14 @@ func TestPlan(t *testing.T) {
 	}
 
 	// Without a driver registry, CSI volumes are not read; local ones are.
-	snap := &cache.ActualSnapshot{Volumes: map[volume.UniqueName]*cache.ActualVolume{}}
+	vols := map[volume.UniqueName]*cache.ActualVolume{}
 	for _, v := range []*cache.ActualVolume{
 		csiVolume(claimSpec("stage.csi", "h1", "ns", "c"), "/g/h1", "pod-a", "/p/a/h1", cache.Mounted),
 		localVolume("pv-l", "ns", "lc", false, "pod-a", "/p/a/local/pv-l"),
 	} {
-		snap.Volumes[v.Name] = v
+		vols[v.Name] = v
 	}
+	snap := cache.NewActualSnapshot(vols, 0)
 	jobs := plan(snap, nil)
 	if len(jobs) != 1 || jobs[0].source != fromFilesystem {
 		t.Errorf("without drivers: %+v", jobs)

@@ -487,7 +487,7 @@ func (c *Collector) outerNames(name volume.UniqueName) map[types.UID]string {
 	if dsw == nil {
 		return out
 	}
-	if v, ok := dsw.Volumes[name]; ok {
+	if v := dsw.Volume(name); v != nil {
 		for uid, p := range v.Pods {
 			if len(p.OuterNames) > 0 {
 				names := append([]string(nil), p.OuterNames...)

@@ -499,9 +499,9 @@ func TestVolumeHealth(t *testing.T) {
 	plain.set("p1", withCondition(usage(10, 5, 5, 1, 1, 0), true, "ignored"), nil)
 	// pod-a calls the volume "data"; pod-b has no DSW entry (named by
 	// the PV then).
-	dsw := &cache.DesiredSnapshot{Volumes: map[volume.UniqueName]*cache.DesiredVolume{v.Name: {
+	dsw := cache.NewDesiredSnapshot(map[volume.UniqueName]*cache.DesiredVolume{v.Name: {
 		Name: v.Name, Pods: map[types.UID]*cache.DesiredPodVolume{"pod-a": {OuterNames: []string{"data"}}},
-	}}}
+	}}, nil, 0)
 	rec := &events.Memory{}
 	core, logs := observer.New(zap.InfoLevel)
 	c := New(Options{Registry: reg, ASW: w.snapshot, DSW: func() *cache.DesiredSnapshot { return dsw }, Events: rec, Log: zap.New(core)})

@@ -172,7 +172,7 @@ func index(in Input) *indexed {
 		ix.ops[k] = o
 	}
 	ix.mounts = map[types.UID][]actualMount{}
-	for name, av := range in.ASW.Volumes {
+	for name, av := range in.ASW.Volumes() {
 		for uid, m := range av.Pods {
 			ix.mounts[uid] = append(ix.mounts[uid], actualMount{name: name, vol: av, pod: m})
 		}
@@ -183,13 +183,13 @@ func index(in Input) *indexed {
 // pods lists the desired pods, and the pods only the actual state still
 // has (being torn down), sorted by namespace and name.
 func (ix *indexed) pods() []Pod {
-	out := make([]Pod, 0, len(ix.DSW.Pods))
-	for _, dp := range ix.DSW.Pods {
+	out := make([]Pod, 0, ix.DSW.PodsLen())
+	for _, dp := range ix.DSW.Pods() {
 		out = append(out, ix.desiredPod(dp))
 	}
 	gone := map[types.UID]*Pod{}
 	for uid, mounts := range ix.mounts {
-		if _, ok := ix.DSW.Pods[uid]; ok {
+		if ix.DSW.Pod(uid) != nil {
 			continue // listed with the pod (desiredPod)
 		}
 		p := &Pod{PodRef: mounts[0].pod.Pod, State: PodTerminating, Reason: "gone from the desired state: its volumes are unmounted"}
@@ -244,7 +244,7 @@ func (ix *indexed) desiredPod(dp *cache.DesiredPod) Pod {
 				}
 				continue
 			}
-			if dv := ix.DSW.Volumes[e.Unique]; dv != nil && dv.Pods[uid] != nil {
+			if dv := ix.DSW.Volume(e.Unique); dv != nil && dv.Pods[uid] != nil {
 				byVolume[e.Unique] = len(p.Volumes)
 				p.Volumes = append(p.Volumes, ix.desiredVolume(dp, dv, dv.Pods[uid], e, history))
 				continue
@@ -365,7 +365,7 @@ func (ix *indexed) desiredVolume(dp *cache.DesiredPod, dv *cache.DesiredVolume, 
 		Source: Describe(dpv.Spec, dv.Plugin), State: Desired, Since: dpv.Since,
 		Status: e.Status, Ready: e.Ready(), Reason: reasonText(e), ReadOnly: e.ReadOnly,
 	}
-	av := ix.ASW.Volumes[dv.Name]
+	av := ix.ASW.Volume(dv.Name)
 	var m *cache.ActualPodMount
 	if av != nil {
 		m = av.Pods[uid]
@@ -499,9 +499,9 @@ func (ix *indexed) operations(keep func(operations.OperationStatus) bool) []Oper
 			Volume: o.Volume, Pod: o.Pod, Operation: o.Operation, Plugin: o.Plugin, State: o.State,
 			Since: o.Since, LastError: o.LastError, RetryAt: o.RetryAt,
 		}
-		if dv := ix.DSW.Volumes[o.Volume]; dv != nil {
+		if dv := ix.DSW.Volume(o.Volume); dv != nil {
 			op.VolumeName = dv.SpecName
-		} else if av := ix.ASW.Volumes[o.Volume]; av != nil && av.Spec != nil {
+		} else if av := ix.ASW.Volume(o.Volume); av != nil && av.Spec != nil {
 			op.VolumeName = av.Spec.Name
 		}
 		out = append(out, op)

@@ -2,10 +2,12 @@ package model_test
 
 import (
 	"encoding/json"
+	"maps"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/ui/internal/fixture"
 	"github.com/volume-agent/volume-agent/ui/model"
 	"github.com/volume-agent/volume-agent/volume"
@@ -239,7 +241,9 @@ func TestDescribe(t *testing.T) {
 // the volume stays desired and says what it waits for, and its pod waits.
 func TestBuildWaitIsNoError(t *testing.T) {
 	in := fixture.Input()
-	delete(in.ASW.Volumes, fixture.DBData) // not attached yet
+	vols := maps.Collect(in.ASW.Volumes())
+	delete(vols, fixture.DBData) // not attached yet
+	in.ASW = cache.NewActualSnapshot(vols, in.ASW.Generation)
 	const wait = "waiting for VolumeAttachment csi-1 (driver csi.example.com, volume vol-1) to be attached"
 	for i := range in.Operations {
 		if o := &in.Operations[i]; o.Volume == fixture.DBData {

@@ -66,9 +66,9 @@ func BuildPod(in Input, namespace, name string) (*PodDetail, bool) {
 // it.
 func (ix *indexed) mountTree(pod *Pod, v PodVolume) MountTree {
 	t := MountTree{Name: v.Name, State: v.State, Volume: v.Volume, GlobalMount: v.DeviceMountPath, Mounts: []PodMount{}}
-	av := ix.ASW.Volumes[v.Volume]
+	av := ix.ASW.Volume(v.Volume)
 	var spec *volume.Spec
-	if dv := ix.DSW.Volumes[v.Volume]; dv != nil {
+	if dv := ix.DSW.Volume(v.Volume); dv != nil {
 		spec = dv.Spec
 	} else if av != nil {
 		spec = av.Spec

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/volume-agent/volume-agent/cache"
 	"github.com/volume-agent/volume-agent/ui"
 	"github.com/volume-agent/volume-agent/ui/internal/fixture"
 	"github.com/volume-agent/volume-agent/ui/model"
@@ -198,8 +200,7 @@ func TestWatchPodThatGoes(t *testing.T) {
 	}()
 	waitFor(t, &out, "--- ", 1)
 	in := a.input()
-	s := *in.DSW
-	s.Pods = nil
+	s := *cache.NewDesiredSnapshot(maps.Collect(in.DSW.Volumes()), nil, in.DSW.Generation)
 	in.DSW, in.ASW = &s, nil
 	a.set(in)
 	// The pod going away is shown, and the watch goes on.
