@@ -15,7 +15,7 @@ import (
 // content generations.
 func dumpDesiredFull(s *DesiredSnapshot) string {
 	out := []string{dumpDesired(s)}
-	for name, v := range s.Volumes {
+	for name, v := range s.Volumes() {
 		for uid, p := range v.Pods {
 			out = append(out, fmt.Sprintf("VPX %s %s %v %d", name, uid, p.SubPaths, p.ContentGeneration))
 		}
