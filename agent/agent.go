@@ -286,8 +286,8 @@ func (p *parts) newPopulator(wake, recheck *notify.Signal) *populator.Populator 
 
 func (p *parts) newReconciler(wake *notify.Signal) *reconciler.Reconciler {
 	// Every pass wakes the runtime API's waiters.
-	var gc *burst.GC
-	if p.cfg.BurstGC {
+	gc := p.mode.gc
+	if gc == nil && p.cfg.BurstGC {
 		gc = burst.NewGC(burst.GCOptions{})
 	}
 	observer := multiObserver{p.metrics, burst.NewProcs(p.cfg.Procs, 0), gc, p.trimmer, pageTrigger{p.page}, p.runtimeAPI}

@@ -4,6 +4,7 @@ import (
 	"go.uber.org/zap"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/volume-agent/volume-agent/agent/burst"
 	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/populator"
 	"github.com/volume-agent/volume-agent/source"
@@ -32,6 +33,9 @@ type mode struct {
 	manifest manifestObjects
 	// cluster is nil in standalone mode.
 	cluster *clusterParts
+	// gc is the burst tuning of the GC when a mode's source tells it of
+	// large reads (standalone; nil: the reconciler's passes alone).
+	gc *burst.GC
 }
 
 func newMode(cfg Config) (*mode, error) {
@@ -44,7 +48,11 @@ func newMode(cfg Config) (*mode, error) {
 // newStandalone reads pods and what they reference from a directory; events
 // stay in the agent's log and the node's labels are the configured ones.
 func newStandalone(cfg Config) (*mode, error) {
-	src, err := manifest.New(manifest.Options{Dir: cfg.PodManifestPath, NodeName: cfg.NodeName, Logger: cfg.Log.Named("source"), Procs: cfg.Procs})
+	var gc *burst.GC
+	if cfg.BurstGC {
+		gc = burst.NewGC(burst.GCOptions{})
+	}
+	src, err := manifest.New(manifest.Options{Dir: cfg.PodManifestPath, NodeName: cfg.NodeName, Logger: cfg.Log.Named("source"), Procs: cfg.Procs, Reads: gc})
 	if err != nil {
 		return nil, err
 	}
@@ -56,6 +64,7 @@ func newStandalone(cfg Config) (*mode, error) {
 	return &mode{
 		source:       src,
 		manifest:     src,
+		gc:           gc,
 		isTerminated: populator.PodTerminated,
 		node:         func() populator.Node { return node },
 		nodeMemory:   func() int64 { return mem },

@@ -12,8 +12,8 @@ import (
 )
 
 // GC lets the garbage collector run less often while a burst of work
-// runs: from a pass that plans burstActions actions or more until one plans
-// nothing. A storm's garbage (manifests parsed, thousands of operations)
+// runs: from a read of Files manifests or more (Reading), or a pass that
+// plans Actions actions or more, until a pass plans nothing. A storm's garbage (manifests parsed, thousands of operations)
 // is collected whenever the heap has grown by the GC percent the agent
 // keeps for its steady state (50, for a small resident size); each
 // collection costs the whole process CPU (mark workers, assists, write
@@ -21,7 +21,16 @@ import (
 // away. During a burst the GC percent is raised and a soft memory limit
 // holds the heap to what the steady percent would allow plus Extra, so
 // the burst's collections come Extra bytes further apart and the peak
-// stays within Extra of what it was. The limit follows the live heap at
+// stays within Extra of what it was. Extra follows the burst's work (the
+// files read and actions planned since it began, PerItem bytes each, up
+// to MaxExtra): a 1000-pod storm then needs no collection of its own,
+// while a burst of a hundred pods keeps the peak of 8 MiB more.
+//
+// A storm's manifests are parsed before the reconciler plans anything,
+// and parsing a thousand of them took two collections at the steady
+// percent: so the read starts the burst. A read whose pods want no volume
+// ends it at the pass that follows (it plans nothing); the reconciler
+// passes at least every resync period, so a burst always ends. The limit follows the live heap at
 // every pass of the burst, so it never squeezes a heap that grew into
 // collecting without end. Once steady, the process's settings come back
 // (before the trimmer returns the heap to the kernel).
@@ -34,6 +43,10 @@ type GC struct {
 	steadyPercent int
 	steadyLimit   int64
 	limit         int64
+	// work counts the files read and actions planned since the burst
+	// began; Extra follows it.
+	work  int64
+	extra int64
 	// live is the live heap the limit was computed from: it changes only
 	// when a collection ends, and setting a limit stops the world.
 	live    uint64
@@ -44,12 +57,18 @@ type GC struct {
 type GCOptions struct {
 	// Actions is how many actions in one pass make a burst (default 64).
 	Actions int
+	// Files is how many manifest files in one read make a burst
+	// (default 32).
+	Files int
 	// Percent is the GC percent during a burst (default 400): above what
 	// the memory limit allows, so the limit decides.
 	Percent int
 	// Extra is how much more the heap may grow during a burst than the
-	// steady GC percent lets it (default 8 MiB).
-	Extra int64
+	// steady GC percent lets it (default 8 MiB); PerItem (default 6 KiB,
+	// a little less than a 1000x4 emptyDir setup allocates per file and
+	// action) times the burst's work raises it up to MaxExtra (default
+	// 24 MiB).
+	Extra, PerItem, MaxExtra int64
 }
 
 // NewGC returns the burst tuning of the process's GC; nil (the agent's
@@ -62,9 +81,19 @@ func NewGC(o GCOptions) *GC {
 	if o.Percent <= 0 {
 		o.Percent = 400
 	}
+	if o.Files <= 0 {
+		o.Files = 32
+	}
 	if o.Extra <= 0 {
 		o.Extra = 8 << 20
 	}
+	if o.PerItem <= 0 {
+		o.PerItem = 6 << 10
+	}
+	if o.MaxExtra <= 0 {
+		o.MaxExtra = 24 << 20
+	}
+	o.MaxExtra = max(o.MaxExtra, o.Extra)
 	return &GC{opts: o, samples: []metrics.Sample{
 		{Name: "/memory/classes/total:bytes"},
 		{Name: "/memory/classes/heap/released:bytes"},
@@ -88,28 +117,54 @@ func (g *GC) Reconciled(_ *cache.DesiredSnapshot, _ *cache.ActualSnapshot, actio
 		debug.SetGCPercent(g.steadyPercent)
 		debug.SetMemoryLimit(g.steadyLimit)
 	case len(actions) >= g.opts.Actions && !g.bursting:
-		g.bursting = true
-		g.steadyPercent = debug.SetGCPercent(g.opts.Percent)
-		g.steadyLimit = debug.SetMemoryLimit(-1)
-		g.limit = 0
-		g.follow(true)
+		g.start(len(actions))
 	case len(actions) > 0 && g.bursting:
+		g.work += int64(len(actions))
 		g.follow(false)
 	}
 }
 
-// follow raises the memory limit, after each collection, to what the heap
-// may reach now: the Go memory outside heap objects, plus the heap goal the steady GC
-// percent gives the live heap, plus Extra. It never lowers it within a
-// burst, and never above the process's own limit. g.mu must be held.
+// Reading is told, by the manifest source, that a read is about to parse
+// files manifests: a large read starts a burst before the reconciler
+// plans its work (see GC).
+func (g *GC) Reading(files int) {
+	if g == nil || files <= 0 {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case g.bursting:
+		g.work += int64(files)
+		g.follow(false)
+	case files >= g.opts.Files:
+		g.start(files)
+	}
+}
+
+// start begins a burst of work items. g.mu must be held.
+func (g *GC) start(work int) {
+	g.bursting = true
+	g.steadyPercent = debug.SetGCPercent(g.opts.Percent)
+	g.steadyLimit = debug.SetMemoryLimit(-1)
+	g.limit, g.work = 0, int64(work)
+	g.follow(true)
+}
+
+// follow raises the memory limit, after each collection or as the work
+// grows, to what the heap may reach now: the Go memory outside heap
+// objects, plus the heap goal the steady GC percent gives the live heap,
+// plus the burst's extra. It never lowers it within a burst, and never
+// above the process's own limit. g.mu must be held.
 func (g *GC) follow(first bool) {
 	metrics.Read(g.samples)
 	total, released, objects, live := g.samples[0].Value.Uint64(), g.samples[1].Value.Uint64(), g.samples[2].Value.Uint64(), g.samples[3].Value.Uint64()
-	if live == g.live && !first {
+	extra := g.extraFor(g.work)
+	if live == g.live && extra == g.extra && !first {
 		return
 	}
-	g.live = live
-	limit := g.opts.Extra + clampInt64(total-released-min(objects, total-released))
+	g.live, g.extra = live, extra
+	limit := extra + clampInt64(total-released-min(objects, total-released))
 	if g.steadyPercent > 0 {
 		limit += clampInt64(live + live*uint64(g.steadyPercent)/100)
 	} else {
@@ -122,6 +177,17 @@ func (g *GC) follow(first bool) {
 		g.limit = limit
 		debug.SetMemoryLimit(limit)
 	}
+}
+
+// extraFor is how much more than the steady goal the heap may grow in a
+// burst of work items: Extra, or PerItem for each item, up to MaxExtra.
+// Rounded down to MiB, so that a few more items do not stop the world to
+// set a limit a few KiB higher.
+func (g *GC) extraFor(work int64) int64 {
+	if work > g.opts.MaxExtra/g.opts.PerItem {
+		return g.opts.MaxExtra
+	}
+	return max(g.opts.Extra, work*g.opts.PerItem&^(1<<20-1))
 }
 
 func clampInt64(v uint64) int64 {

@@ -71,3 +71,78 @@ func TestBurstGC(t *testing.T) {
 	none.Reconciled(nil, nil, actions(100), 0)
 	check("no tuning", 50, math.MaxInt64, math.MaxInt64)
 }
+
+// A large read starts a burst before any pass plans; a small one does
+// not. The burst ends at the next pass that plans nothing, whether or not
+// a pass planned work in between (a batch of pods without volumes plans
+// none), and its extra follows the work, up to MaxExtra.
+func TestBurstGCFromReads(t *testing.T) {
+	percent, limit := gcSettings()
+	t.Cleanup(func() { debug.SetGCPercent(percent); debug.SetMemoryLimit(limit) })
+	debug.SetGCPercent(50)
+	debug.SetMemoryLimit(math.MaxInt64)
+
+	const extra, perItem, maxExtra = 4 << 20, 64 << 10, 16 << 20
+	// The extra moves in whole MiB.
+	mib := func(n int64) int64 { return n &^ (1<<20 - 1) }
+	type step struct {
+		read    int // files read, or
+		actions int // actions planned by a pass (-1: none)
+		percent int // GC percent after the step
+		extra   int64
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"small read", []step{{read: 7, percent: 50}, {actions: -1, percent: 50}}},
+		{"large read, pods without volumes", []step{
+			{read: 8, percent: 300, extra: extra},
+			{actions: -1, percent: 50},
+		}},
+		{"large read, then its work", []step{
+			{read: 8, percent: 300, extra: extra},
+			{read: 100, percent: 300, extra: mib(108 * perItem)},
+			{actions: 3, percent: 300, extra: mib(111 * perItem)},
+			{actions: 1000, percent: 300, extra: maxExtra},
+			{actions: -1, percent: 50},
+		}},
+		{"a pass starts it, reads add to it", []step{
+			{actions: 4, percent: 300, extra: extra},
+			{read: 200, percent: 300, extra: mib(204 * perItem)},
+			{actions: -1, percent: 50},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewGC(GCOptions{Actions: 4, Files: 8, Percent: 300, Extra: extra, PerItem: perItem, MaxExtra: maxExtra})
+			for i, s := range tc.steps {
+				if s.read > 0 {
+					g.Reading(s.read)
+				} else {
+					g.Reconciled(nil, nil, make([]reconciler.Action, max(s.actions, 0)), 0)
+				}
+				p, l := gcSettings()
+				if p != s.percent {
+					t.Fatalf("step %d: GC percent %d, want %d", i, p, s.percent)
+				}
+				if s.percent == 50 {
+					if l != math.MaxInt64 {
+						t.Fatalf("step %d: memory limit %d left after the burst", i, l)
+					}
+					continue
+				}
+				if g.extra != s.extra {
+					t.Fatalf("step %d: extra %d, want %d", i, g.extra, s.extra)
+				}
+				if least := s.extra + int64(liveHeap())*3/2; l < least {
+					t.Fatalf("step %d: memory limit %d, want at least %d", i, l, least)
+				}
+			}
+		})
+	}
+	var none *GC
+	none.Reading(1000)
+	if p, _ := gcSettings(); p != 50 {
+		t.Fatalf("a nil GC changed the GC percent to %d", p)
+	}
+}

@@ -45,7 +45,13 @@ type Options struct {
 	// Procs says how many CPUs to parse files on (the runtime's
 	// GOMAXPROCS if nil).
 	Procs *procs.Tuning
+	// Reads, if set, is told how many files each read is about to parse
+	// (agent/burst.GC: a storm's garbage starts with its manifests).
+	Reads Reads
 }
+
+// Reads is told of the files a read parses before it parses them.
+type Reads interface{ Reading(files int) }
 
 const (
 	defaultResyncPeriod = 30 * time.Second
@@ -80,6 +86,7 @@ type Source struct {
 	dir     string
 	log     *zap.Logger
 	procs   *procs.Tuning
+	reads   Reads
 	resync  time.Duration
 	parser  parser
 	seed    maphash.Seed
@@ -138,6 +145,7 @@ func New(opts Options) (*Source, error) {
 		dir:      dir,
 		log:      opts.Logger,
 		procs:    opts.Procs,
+		reads:    opts.Reads,
 		resync:   opts.ResyncPeriod,
 		parser:   parser{nodeName: opts.NodeName},
 		seed:     maphash.MakeSeed(),

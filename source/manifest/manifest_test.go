@@ -1076,3 +1076,29 @@ func podKeys(pods []*corev1.Pod) []string {
 	}
 	return out
 }
+
+// readCounts records what a Source tells its Reads.
+type readCounts []int
+
+func (r *readCounts) Reading(files int) { *r = append(*r, files) }
+
+// Reads hears of every read that parses files, with their number, before
+// they are parsed; a scan that parses nothing says nothing.
+func TestReadsTold(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"a.yaml", "b.yaml", "c.json"} {
+		write(t, dir, n, pod(strings.TrimSuffix(n, filepath.Ext(n))))
+	}
+	var reads readCounts
+	s, err := New(Options{Dir: dir, NodeName: "node", Reads: &reads})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rescan(s)
+	rescan(s)
+	replace(t, dir, "a.yaml", pod("a2"))
+	rescan(s)
+	if want := (readCounts{3, 1}); !slices.Equal(reads, want) {
+		t.Fatalf("reads told of %v files, want %v", reads, want)
+	}
+}

@@ -156,6 +156,9 @@ func (s *Source) update(names []string, only, force, hold map[string]bool, force
 	}
 	stream := len(gone) == 0
 	applied, published := 0, 0
+	if s.reads != nil && len(jobs) > 0 {
+		s.reads.Reading(len(jobs))
+	}
 	s.runJobs(jobs, func(j *job) {
 		if s.apply(j) {
 			changed = true
