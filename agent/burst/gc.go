@@ -13,27 +13,29 @@ import (
 
 // GC lets the garbage collector run less often while a burst of work
 // runs: from a read of Files manifests or more (Reading), or a pass that
-// plans Actions actions or more, until a pass plans nothing. A storm's garbage (manifests parsed, thousands of operations)
-// is collected whenever the heap has grown by the GC percent the agent
-// keeps for its steady state (50, for a small resident size); each
-// collection costs the whole process CPU (mark workers, assists, write
-// barriers), and GOGC=off took a third of the user CPU of a 1000-pod setup
-// away. During a burst the GC percent is raised and a soft memory limit
-// holds the heap to what the steady percent would allow plus Extra, so
-// the burst's collections come Extra bytes further apart and the peak
-// stays within Extra of what it was. Extra follows the burst's work (the
-// files read and actions planned since it began, PerItem bytes each, up
-// to MaxExtra): a 1000-pod storm then needs no collection of its own,
-// while a burst of a hundred pods keeps the peak of 8 MiB more.
+// plans Actions actions or more, until a pass plans nothing. A storm's
+// garbage (manifests parsed, thousands of operations) is collected
+// whenever the heap has grown by the GC percent the agent keeps for its
+// steady state (50, for a small resident size); each collection costs
+// the whole process CPU (mark workers, assists, write barriers), and
+// GOGC=off took a third of the user CPU of a 1000-pod setup away. During
+// a burst the GC percent is raised and a soft memory limit holds the heap
+// to what the steady percent would allow plus Extra, so the burst's
+// collections come Extra bytes further apart and the peak stays within
+// Extra of what it was. Extra follows the burst's work (the files read
+// and actions planned since it began, PerItem bytes each, up to
+// MaxExtra): a 1000-pod storm then needs no collection of its own, while
+// a burst of a hundred pods keeps the peak of 8 MiB more.
 //
 // A storm's manifests are parsed before the reconciler plans anything,
 // and parsing a thousand of them took two collections at the steady
 // percent: so the read starts the burst. A read whose pods want no volume
 // ends it at the pass that follows (it plans nothing); the reconciler
-// passes at least every resync period, so a burst always ends. The limit follows the live heap at
-// every pass of the burst, so it never squeezes a heap that grew into
-// collecting without end. Once steady, the process's settings come back
-// (before the trimmer returns the heap to the kernel).
+// passes at least every resync period, so a burst always ends. The limit
+// follows the live heap at every pass of the burst, so it never squeezes
+// a heap that grew into collecting without end. Once steady, the
+// process's settings come back (before the trimmer returns the heap to
+// the kernel).
 type GC struct {
 	opts GCOptions
 
