@@ -204,8 +204,11 @@ func TestDirectLinesLikeZap(t *testing.T) {
 		for range r.IntN(4) {
 			fields = append(fields, randField(r, 0))
 		}
-		if i%500 == 0 { // past the room left for a line
+		switch i % 500 {
+		case 0: // past the room left for a line
 			fields = append(fields, zap.String("pad", strings.Repeat("x", r.IntN(2*lineRoom))))
+		case 1: // past the buffer, and left to zap
+			fields = append(fields, zap.String("pad", strings.Repeat("x", bufferSize)), zap.String("q", `"`))
 		}
 		msg := randString(r)
 		d.Write(zapcore.InfoLevel, msg, fields)

@@ -126,6 +126,11 @@ func (b *bufferedWriter) writeLine(ent zapcore.Entry, fields []zapcore.Field) (b
 	b.buf, b.enc.buf = b.enc.buf, nil
 	if b.enc.failed {
 		b.buf = b.buf[:start]
+		if cap(b.buf) > bufferSize { // grown by the part of a huge line
+			err := b.flushLocked()
+			b.buf = make([]byte, 0, bufferSize)
+			return false, err
+		}
 		return false, nil
 	}
 	if len(b.buf) > bufferSize {
