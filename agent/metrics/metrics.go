@@ -67,10 +67,21 @@ type Metrics struct {
 	// it writes nothing, where a read lock's count moved between the
 	// cores of the workers on every operation.
 	opMu        sync.Mutex // serialises publishing
-	opObservers atomic.Pointer[map[opLabels]prometheus.Observer]
+	opObservers atomic.Pointer[map[opLabels]*opObserver]
+	// opLast is the label set observed last, checked before the map: a
+	// storm's operations are of one kind, plugin and result for long
+	// runs, and its strings are those of the last operation (compared by
+	// pointer and length), where the map hashed all three.
+	opLast atomic.Pointer[opObserver]
 }
 
 type opLabels struct{ op, plugin, result string }
+
+// opObserver is a label set's histogram.
+type opObserver struct {
+	labels opLabels
+	o      prometheus.Observer
+}
 
 // New registers the metrics of what happens; RegisterState adds the
 // counts read from the parts.
@@ -218,22 +229,27 @@ func (m *Metrics) OperationFinished(_ operations.Key, op *operations.Operation, 
 }
 
 func (m *Metrics) operationObserver(l opLabels) prometheus.Observer {
+	if last := m.opLast.Load(); last != nil && last.labels == l {
+		return last.o
+	}
 	if p := m.opObservers.Load(); p != nil {
 		if o := (*p)[l]; o != nil {
-			return o
+			m.opLast.Store(o)
+			return o.o
 		}
 	}
-	o := m.operationDuration.WithLabelValues(l.op, l.plugin, l.result)
+	o := &opObserver{labels: l, o: m.operationDuration.WithLabelValues(l.op, l.plugin, l.result)}
 	m.opMu.Lock()
 	defer m.opMu.Unlock()
-	next := map[opLabels]prometheus.Observer{l: o}
+	next := map[opLabels]*opObserver{l: o}
 	if p := m.opObservers.Load(); p != nil {
 		for k, v := range *p {
 			next[k] = v
 		}
 	}
 	m.opObservers.Store(&next)
-	return o
+	m.opLast.Store(o)
+	return o.o
 }
 
 func resultOf(err error) string {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -42,6 +43,9 @@ type Reporter struct {
 	mu      sync.Mutex
 	lastErr map[operations.Key]string
 	waits   map[operations.Key]*wait
+	// remembers is whether either map may hold a key, read without mu: a
+	// storm's successes then forget nothing without taking the lock.
+	remembers atomic.Bool
 }
 
 // wait is one key's current wait.
@@ -205,6 +209,7 @@ func (r *Reporter) waiting(key operations.Key, op *operations.Operation, fields 
 	if !ok {
 		w = &wait{since: now}
 		r.waits[key] = w
+		r.remembers.Store(true)
 	}
 	waited := now.Sub(w.since)
 	warn := waited >= r.waitWarning && !w.warned
@@ -258,15 +263,22 @@ func (r *Reporter) repeated(key operations.Key, err error) bool {
 	}
 	same := r.lastErr[key] == msg
 	r.lastErr[key] = msg
+	r.remembers.Store(true)
 	return same
 }
 
 // forget drops what the reporter remembers of a key that succeeded.
 func (r *Reporter) forget(key operations.Key) {
+	if !r.remembers.Load() {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.lastErr, key)
 	delete(r.waits, key)
+	if len(r.lastErr) == 0 && len(r.waits) == 0 {
+		r.remembers.Store(false)
+	}
 }
 
 // endWait: the key failed for real, its wait (if any) is over.

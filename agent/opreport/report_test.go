@@ -106,6 +106,15 @@ func TestReporterWaits(t *testing.T) {
 			{after: time.Minute, err: waitingErr, level: zapcore.InfoLevel},
 			{after: time.Minute, err: waitingErr, level: zapcore.DebugLevel},
 		},
+	}, {
+		name: "a success forgets the failure: the same one is an error again",
+		steps: []step{
+			{err: attachErr, level: zapcore.ErrorLevel, events: []string{"Warning FailedAttachVolume"}},
+			{after: time.Second, level: zapcore.InfoLevel},
+			{after: time.Second, level: zapcore.InfoLevel},
+			{after: time.Second, err: attachErr, level: zapcore.ErrorLevel, events: []string{"Warning FailedAttachVolume"}},
+			{after: time.Second, err: attachErr, level: zapcore.DebugLevel, events: []string{"Warning FailedAttachVolume"}},
+		},
 	}}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -35,26 +35,35 @@ func (e *lineEncoder) free() {
 
 // fastFields reports whether every field is of a kind the line encoder
 // may write: others (errors, reflected values, ...) go to zap at once
-// rather than after a wasted attempt.
-func fastFields(fields []zapcore.Field) bool {
+// rather than after a wasted attempt; and whether some field is an inline
+// object, whose marshaller is code of its own.
+func fastFields(fields []zapcore.Field) (fast, inline bool) {
 	for i := range fields {
 		switch fields[i].Type {
 		case zapcore.StringType, zapcore.ByteStringType, zapcore.BoolType, zapcore.DurationType,
 			zapcore.Int64Type, zapcore.Int32Type, zapcore.Int16Type, zapcore.Int8Type,
 			zapcore.Uint64Type, zapcore.Uint32Type, zapcore.Uint16Type, zapcore.Uint8Type,
-			zapcore.InlineMarshalerType, zapcore.SkipType:
+			zapcore.SkipType:
+		case zapcore.InlineMarshalerType:
+			inline = true
 		default:
-			return false
+			return false, inline
 		}
 	}
-	return true
+	return true, inline
 }
 
 // encode writes the line of ent and fields into e.buf; e.failed tells
 // whether it could. The layout is zapcore's jsonEncoder.EncodeEntry for
 // New's config: level, time, logger, message, fields, line end.
 func (e *lineEncoder) encode(ent zapcore.Entry, fields []zapcore.Field) {
-	e.buf, e.failed = append(e.buf[:0], '{'), false
+	e.buf = e.buf[:0]
+	e.appendLine(ent, fields)
+}
+
+// appendLine is encode appending to e.buf; on failure e.buf holds a part.
+func (e *lineEncoder) appendLine(ent zapcore.Entry, fields []zapcore.Field) {
+	e.buf, e.failed = append(e.buf, '{'), false
 	e.AddString("level", ent.Level.String())
 	if !ent.Time.IsZero() {
 		e.AddString("time", timeText(ent.Time))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"math/rand/v2"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -98,7 +99,7 @@ func TestLineEncoderLikeZap(t *testing.T) {
 		e.encode(ent, fields)
 		if !e.failed {
 			fast++
-			if !fastFields(fields) {
+			if ok, _ := fastFields(fields); !ok {
 				t.Errorf("line %d: written with fields the core leaves to zap: %v", i, fields)
 			}
 			if !bytes.Equal(e.buf, want.Bytes()) {
@@ -184,3 +185,48 @@ type fixedClock struct{}
 
 func (fixedClock) Now() time.Time                         { return time.Unix(1_700_000_000, 123_456_789).UTC() }
 func (fixedClock) NewTicker(d time.Duration) *time.Ticker { return time.NewTicker(d) }
+
+// Lines written through Direct, which encodes them straight into the
+// buffer (a failed one is taken back and left to zap), come out as zap
+// writes them, in order, times aside; the buffer keeps its size.
+func TestDirectLinesLikeZap(t *testing.T) {
+	var got, want bytes.Buffer
+	log, stop := New(zapcore.DebugLevel, &got)
+	log = log.WithOptions(zap.WithCaller(false)).Named("operations")
+	d := DirectOf(log)
+	if d == nil {
+		t.Fatal("New's logger gets no Direct")
+	}
+	ref := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(encoderConfig()), zapcore.AddSync(&want), zapcore.DebugLevel)).Named("operations")
+	r := rand.New(rand.NewPCG(3, 30))
+	for i := range 3000 {
+		var fields []zapcore.Field
+		for range r.IntN(4) {
+			fields = append(fields, randField(r, 0))
+		}
+		switch i % 500 {
+		case 0: // past the room left for a line
+			fields = append(fields, zap.String("pad", strings.Repeat("x", r.IntN(2*lineRoom))))
+		case 1: // past the buffer, and left to zap
+			fields = append(fields, zap.String("pad", strings.Repeat("x", bufferSize)), zap.String("q", `"`))
+		}
+		msg := randString(r)
+		d.Write(zapcore.InfoLevel, msg, fields)
+		ref.Info(msg, fields...)
+	}
+	if c := cap(log.Core().(*flushingCore).bw.buf); c != bufferSize {
+		t.Errorf("the buffer holds %d bytes, want %d", c, bufferSize)
+	}
+	stop()
+	times := regexp.MustCompile(`"time":"[^"]*"`)
+	gl := strings.Split(times.ReplaceAllString(got.String(), "T"), "\n")
+	wl := strings.Split(times.ReplaceAllString(want.String(), "T"), "\n")
+	if len(gl) != len(wl) {
+		t.Fatalf("got %d lines, want %d", len(gl), len(wl))
+	}
+	for i := range gl {
+		if gl[i] != wl[i] {
+			t.Fatalf("line %d:\n got %s\nwant %s", i, gl[i], wl[i])
+		}
+	}
+}

@@ -31,7 +31,7 @@ const (
 func New(level zapcore.LevelEnabler, w io.Writer) (*zap.Logger, func()) {
 	buf := &bufferedWriter{w: w}
 	errOut := zapcore.Lock(zapcore.AddSync(w))
-	core := &flushingCore{Core: zapcore.NewCore(zapcore.NewJSONEncoder(encoderConfig()), buf, level), ws: buf, fast: true, errOut: errOut}
+	core := &flushingCore{Core: zapcore.NewCore(zapcore.NewJSONEncoder(encoderConfig()), buf, level), ws: buf, bw: buf, fast: true, errOut: errOut}
 	log := zap.New(core, zap.AddCaller(), zap.AddStacktrace(zapcore.ErrorLevel), zap.ErrorOutput(errOut))
 	return log, buf.stop
 }
@@ -56,6 +56,8 @@ type bufferedWriter struct {
 	timer   *time.Timer
 	armed   bool
 	stopped bool
+	// enc encodes lines into buf (see writeLine).
+	enc lineEncoder
 }
 
 func (b *bufferedWriter) Write(p []byte) (int, error) {
@@ -78,6 +80,13 @@ func (b *bufferedWriter) Write(p []byte) (int, error) {
 		b.buf = make([]byte, 0, bufferSize)
 	}
 	b.buf = append(b.buf, p...)
+	b.armLocked()
+	return len(p), nil
+}
+
+// armLocked arms the timer for a buffer that now holds a line. b.mu is
+// held.
+func (b *bufferedWriter) armLocked() {
 	if !b.armed {
 		b.armed = true
 		if b.timer == nil {
@@ -86,7 +95,54 @@ func (b *bufferedWriter) Write(p []byte) (int, error) {
 			b.timer.Reset(FlushInterval)
 		}
 	}
-	return len(p), nil
+}
+
+// lineRoom is the room writeLine leaves for a line: with less left, the
+// buffer is flushed first, so it keeps its size.
+const lineRoom = 4 << 10
+
+// writeLine encodes the line straight into the buffer under b.mu: what
+// flushingCore.write does through a pooled encoder and Write, without the
+// pool, the copy and a second pass over the line. It reports false, having
+// written nothing, for a line the line encoder leaves to zap and once the
+// writer is stopped (lines go straight to w then).
+func (b *bufferedWriter) writeLine(ent zapcore.Entry, fields []zapcore.Field) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return false, nil
+	}
+	if bufferSize-len(b.buf) < lineRoom {
+		if err := b.flushLocked(); err != nil {
+			return false, err
+		}
+	}
+	if b.buf == nil {
+		b.buf = make([]byte, 0, bufferSize)
+	}
+	start := len(b.buf)
+	b.enc.buf = b.buf
+	b.enc.appendLine(ent, fields)
+	b.buf, b.enc.buf = b.enc.buf, nil
+	if b.enc.failed {
+		b.buf = b.buf[:start]
+		if cap(b.buf) > bufferSize { // grown by the part of a huge line
+			err := b.flushLocked()
+			b.buf = make([]byte, 0, bufferSize)
+			return false, err
+		}
+		return false, nil
+	}
+	if len(b.buf) > bufferSize {
+		// A huge line: out at once, and the buffer back to its size.
+		err := b.flushLocked()
+		if cap(b.buf) > bufferSize {
+			b.buf = make([]byte, 0, bufferSize)
+		}
+		return true, err
+	}
+	b.armLocked()
+	return true, nil
 }
 
 func (b *bufferedWriter) flushLater() {
@@ -133,12 +189,13 @@ func (b *bufferedWriter) stop() {
 type flushingCore struct {
 	zapcore.Core
 	ws     zapcore.WriteSyncer
+	bw     *bufferedWriter // ws, for writeLine
 	fast   bool
 	errOut zapcore.WriteSyncer // the logger's ErrorOutput
 }
 
 func (c *flushingCore) With(fields []zapcore.Field) zapcore.Core {
-	return &flushingCore{Core: c.Core.With(fields), ws: c.ws, fast: c.fast && len(fields) == 0, errOut: c.errOut}
+	return &flushingCore{Core: c.Core.With(fields), ws: c.ws, bw: c.bw, fast: c.fast && len(fields) == 0, errOut: c.errOut}
 }
 
 func (c *flushingCore) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
@@ -149,7 +206,13 @@ func (c *flushingCore) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapco
 }
 
 func (c *flushingCore) Write(ent zapcore.Entry, fields []zapcore.Field) error {
-	if err := c.write(ent, fields); err != nil {
+	return c.writeSync(ent, fields, false)
+}
+
+// writeSync writes the line, and syncs at warn level and above; see write
+// for trusted.
+func (c *flushingCore) writeSync(ent zapcore.Entry, fields []zapcore.Field, trusted bool) error {
+	if err := c.write(ent, fields, trusted); err != nil {
 		return err
 	}
 	if ent.Level >= zapcore.WarnLevel {
@@ -159,10 +222,19 @@ func (c *flushingCore) Write(ent zapcore.Entry, fields []zapcore.Field) error {
 }
 
 // write writes the line through the line encoder when it can, else
-// through zap's.
-func (c *flushingCore) write(ent zapcore.Entry, fields []zapcore.Field) error {
-	if !c.fast || ent.Caller.Defined || ent.Stack != "" || !fastFields(fields) {
+// through zap's. It encodes straight into the buffer, under its lock, when
+// no field runs code of its own (an inline object's marshaller that logs
+// would deadlock there), or when trusted: Direct's callers promise theirs
+// do not log.
+func (c *flushingCore) write(ent zapcore.Entry, fields []zapcore.Field, trusted bool) error {
+	fast, inline := fastFields(fields)
+	if !c.fast || ent.Caller.Defined || ent.Stack != "" || !fast {
 		return c.Core.Write(ent, fields)
+	}
+	if trusted || !inline {
+		if ok, err := c.bw.writeLine(ent, fields); ok || err != nil {
+			return err
+		}
 	}
 	e := lineEncoders.Get().(*lineEncoder)
 	defer e.free()
@@ -186,7 +258,9 @@ type Direct struct {
 
 // DirectOf is a Direct for log's lines, or nil if log's core is not one
 // New made (a test observer, hooks, a tee): those get lines through log.
-// log must add no caller and no stack trace at the levels written.
+// log must add no caller and no stack trace at the levels written, and
+// the marshallers of the inline objects written must not log (they run
+// under the buffer's lock).
 func DirectOf(log *zap.Logger) *Direct {
 	c, ok := log.Core().(*flushingCore)
 	if !ok || !c.fast {
@@ -205,7 +279,7 @@ func (d *Direct) Write(lvl zapcore.Level, msg string, fields []zapcore.Field) {
 		return
 	}
 	ent := zapcore.Entry{LoggerName: d.name, Time: time.Now(), Level: lvl, Message: msg}
-	if err := d.core.Write(ent, fields); err != nil {
+	if err := d.core.writeSync(ent, fields, true); err != nil {
 		_, _ = fmt.Fprintf(d.core.errOut, "%v write error: %v\n", ent.Time, err)
 		_ = d.core.errOut.Sync()
 	}
