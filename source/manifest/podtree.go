@@ -24,8 +24,8 @@ var podGVK = schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
 // takes the JSON path, which then gives today's object, warning or error.
 // TestPodTreeFallback lists the cases; FuzzPodTree compares the two.
 //
-// The pod's strings are copied into one buffer of the document's size
-// (they are no longer together), one allocation instead of one each.
+// The pod's string values are copied into one buffer, one allocation
+// instead of one each; keys of maps (labels) fill what it has left.
 func (p *yamlScanner) decodePodTree(root *yamlNode) (*corev1.Pod, bool) {
 	if root.kind != yamlMap {
 		return nil, false
@@ -36,7 +36,13 @@ func (p *yamlScanner) decodePodTree(root *yamlNode) (*corev1.Pod, bool) {
 	if v := p.get(root, "kind"); v == nil || v.kind != yamlString || p.str(v) != "Pod" {
 		return nil, false
 	}
-	d := treeDecoder{p: p, arena: make([]byte, 0, len(p.s))}
+	size := 0
+	for i := range p.nodes {
+		if n := &p.nodes[i].node; n.kind == yamlString {
+			size += int(n.end - n.start)
+		}
+	}
+	d := treeDecoder{p: p, arena: make([]byte, 0, size)}
 	pod := &corev1.Pod{}
 	pod.APIVersion, pod.Kind = "v1", "Pod"
 	ok := d.fields(root, func(k string, v *yamlNode) bool {
@@ -388,6 +394,15 @@ func (d *treeDecoder) volume(n *yamlNode, vol *corev1.Volume) bool {
 		case "name":
 			return str(d, v, &vol.Name)
 		case "emptyDir":
+			if d.p.get(v, "sizeLimit") != nil {
+				// The limit in the same allocation as the source.
+				e := new(struct {
+					corev1.EmptyDirVolumeSource
+					limit resource.Quantity
+				})
+				e.SizeLimit, vs.EmptyDir = &e.limit, &e.EmptyDirVolumeSource
+				return d.fields(v, func(k string, v *yamlNode) bool { return d.emptyDir(vs.EmptyDir, k, v) })
+			}
 			return newObject(d, v, &vs.EmptyDir, d.emptyDir)
 		case "hostPath":
 			return newObject(d, v, &vs.HostPath, d.hostPath)
@@ -413,7 +428,9 @@ func (d *treeDecoder) emptyDir(e *corev1.EmptyDirVolumeSource, k string, v *yaml
 	case "medium":
 		return str(d, v, &e.Medium)
 	case "sizeLimit":
-		e.SizeLimit = new(resource.Quantity)
+		if e.SizeLimit == nil {
+			e.SizeLimit = new(resource.Quantity)
+		}
 		return d.quantity(v, e.SizeLimit)
 	}
 	return false

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -165,35 +166,31 @@ func checkSameParse(t *testing.T, data []byte) {
 func TestPodTreeFallback(t *testing.T) {
 	const head = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n"
 	for name, doc := range map[string]string{
-		"another kind":           "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n",
-		"another version":        "apiVersion: v2\nkind: Pod\nmetadata: {name: p}\n",
-		"kind not a string":      "apiVersion: v1\nkind: 1\nmetadata: {name: p}\n",
-		"unknown top-level key":  head + "status: {phase: Running}\n",
-		"unknown spec key":       head + "spec: {hostNetwork: true}\n",
-		"key in another case":    head + "spec: {NodeName: node-1}\n",
-		"null spec":              head + "spec:\n",
-		"null string":            head + "spec: {nodeName: null}\n",
-		"number for a string":    head + "spec: {nodeName: 7}\n",
-		"string for a bool":      head + "spec: {automountServiceAccountToken: \"true\"}\n",
-		"string for an int":      head + "spec: {securityContext: {fsGroup: \"1\"}}\n",
-		"int32 overflow":         head + "spec: {volumes: [{name: c, configMap: {name: c, defaultMode: 4294967296}}]}\n",
-		"null emptyDir":          head + "spec:\n  volumes:\n  - name: e\n    emptyDir:\n",
-		"bad quantity":           head + "spec: {volumes: [{name: e, emptyDir: {sizeLimit: 1Mo}}]}\n",
-		"quantity JSON escapes":  head + "spec: {volumes: [{name: e, emptyDir: {sizeLimit: \"1<\"}}]}\n",
-		"bool quantity":          head + "spec: {volumes: [{name: e, emptyDir: {sizeLimit: true}}]}\n",
-		"label not a string":     "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {a: 1}}\n",
-		"ephemeral volume":       head + "spec: {volumes: [{name: e, ephemeral: {}}]}\n",
-		"mapping for a list":     head + "spec: {containers: {name: c}}\n",
-		"null list item":         head + "spec:\n  volumes:\n  -\n",
-		"unknown container key":  head + "spec: {containers: [{name: c, ports: []}]}\n",
-		"metadata generateName":  "apiVersion: v1\nkind: Pod\nmetadata: {generateName: p-}\n",
-		"sequence at the top":    "- a\n",
-		"scalar at the top":      "a\n",
-		"two volume sources":     "", // decoded: the JSON path keeps both too, and prepare refuses
+		"another kind":          "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n",
+		"another version":       "apiVersion: v2\nkind: Pod\nmetadata: {name: p}\n",
+		"kind not a string":     "apiVersion: v1\nkind: 1\nmetadata: {name: p}\n",
+		"unknown top-level key": head + "status: {phase: Running}\n",
+		"unknown spec key":      head + "spec: {hostNetwork: true}\n",
+		"key in another case":   head + "spec: {NodeName: node-1}\n",
+		"null spec":             head + "spec:\n",
+		"null string":           head + "spec: {nodeName: null}\n",
+		"number for a string":   head + "spec: {nodeName: 7}\n",
+		"string for a bool":     head + "spec: {automountServiceAccountToken: \"true\"}\n",
+		"string for an int":     head + "spec: {securityContext: {fsGroup: \"1\"}}\n",
+		"int32 overflow":        head + "spec: {volumes: [{name: c, configMap: {name: c, defaultMode: 4294967296}}]}\n",
+		"null emptyDir":         head + "spec:\n  volumes:\n  - name: e\n    emptyDir:\n",
+		"bad quantity":          head + "spec: {volumes: [{name: e, emptyDir: {sizeLimit: 1Mo}}]}\n",
+		"quantity JSON escapes": head + "spec: {volumes: [{name: e, emptyDir: {sizeLimit: \"1<\"}}]}\n",
+		"bool quantity":         head + "spec: {volumes: [{name: e, emptyDir: {sizeLimit: true}}]}\n",
+		"label not a string":    "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {a: 1}}\n",
+		"ephemeral volume":      head + "spec: {volumes: [{name: e, ephemeral: {}}]}\n",
+		"mapping for a list":    head + "spec: {containers: {name: c}}\n",
+		"null list item":        head + "spec:\n  volumes:\n  -\n",
+		"unknown container key": head + "spec: {containers: [{name: c, ports: []}]}\n",
+		"metadata generateName": "apiVersion: v1\nkind: Pod\nmetadata: {generateName: p-}\n",
+		"sequence at the top":   "- a\n",
+		"scalar at the top":     "a\n",
 	} {
-		if doc == "" {
-			continue
-		}
 		t.Run(name, func(t *testing.T) {
 			if pod := treeDecodes(t, []byte(doc)); pod != nil {
 				t.Fatalf("decodePodTree took %q: %#v", doc, pod)
@@ -219,4 +216,21 @@ func FuzzPodTree(f *testing.F) {
 		checkPodTree(t, data)
 		checkSameParse(t, data)
 	})
+}
+
+// BenchmarkParsePodTree parses the storm's pod (test/bench's, four
+// Memory emptyDirs with a sizeLimit) from the tree and by JSON.
+func BenchmarkParsePodTree(b *testing.B) {
+	data := []byte(strings.ReplaceAll(benchStormPod, "  - name: v1\n", "  - name: v1\n    emptyDir: {medium: Memory, sizeLimit: 1Mi}\n  - name: v2\n    emptyDir: {medium: Memory, sizeLimit: 1Mi}\n  - name: v3\n"))
+	for _, name := range []string{"tree", "json"} {
+		b.Run(name, func(b *testing.B) {
+			p := parser{nodeName: "node-1", jsonOnly: name == "json"}
+			b.ReportAllocs()
+			for b.Loop() {
+				if r := p.parse(data); r.fatal != "" || len(r.objects) != 1 {
+					b.Fatal(r.fatal)
+				}
+			}
+		})
+	}
 }
