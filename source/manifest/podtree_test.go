@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -233,4 +234,30 @@ func BenchmarkParsePodTree(b *testing.B) {
 			}
 		})
 	}
+}
+
+// FuzzPodTreeScalar puts one scalar, as written in YAML, in places of a
+// pod that hold a string, a quantity, an integer or a bool: where the
+// tree decoder takes the pod, it converts the scalar as the JSON path
+// does.
+func FuzzPodTreeScalar(f *testing.F) {
+	for _, s := range []string{"1Mi", "0", "-1", "1.5Gi", "'1Mi'", "\"1e3\"", "true", "True", "\"true\"", "null", "~", "2147483648", "abc", "' 1Mi '", "\"a\\\"b\"", "1<", "500m", "+1", "0x10", "1_000"} {
+		f.Add(s)
+	}
+	var fields []*regexp.Regexp
+	for _, name := range []string{"sizeLimit", "fsGroup", "readOnly", "mountPath", "defaultMode", "divisor", "memory", "app", "optional"} {
+		fields = append(fields, regexp.MustCompile(`\b`+name+`: [^,}\n]*`))
+	}
+	f.Fuzz(func(t *testing.T, value string) {
+		if strings.ContainsAny(value, "\n{}[],#") {
+			return
+		}
+		for _, field := range fields {
+			doc := []byte(field.ReplaceAllStringFunc(fullTreePod, func(m string) string {
+				return m[:strings.Index(m, ": ")+2] + value
+			}))
+			checkPodTree(t, doc)
+			checkSameParse(t, doc)
+		}
+	})
 }
