@@ -130,6 +130,9 @@ type parser struct {
 	// decoderOnly turns fastDecode and fastYAMLToJSON off, for tests
 	// comparing the two paths.
 	decoderOnly bool
+	// jsonOnly turns decodePodTree off, for tests comparing it with
+	// fastDecode.
+	jsonOnly bool
 }
 
 // parse decodes a file holding YAML documents or a JSON stream.
@@ -221,7 +224,11 @@ func (p *parser) parseYAML(data []byte, res *parsed) error {
 	return splitYAML(data, func(text []byte, line int) error {
 		js, ok, hint := []byte(nil), false, sliceHint{}
 		if !p.decoderOnly {
-			if js, hint, ok = fastYAMLToJSONHint((*buf)[:0], text); ok {
+			var pod *corev1.Pod
+			if js, pod, hint, ok = fastYAMLToPod((*buf)[:0], text, !p.jsonOnly); pod != nil {
+				doc++
+				return p.add(pod, podGVK, location{doc: doc, line: line}, res, true)
+			} else if ok {
 				*buf = js
 			}
 		}

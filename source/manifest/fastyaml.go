@@ -32,28 +32,40 @@ func fastYAMLToJSON(dst, doc []byte) (js []byte, ok bool) {
 // fastYAMLToJSONHint is fastYAMLToJSON that also reads the slice sizes
 // of a pod off the tree, for decoding.
 func fastYAMLToJSONHint(dst, doc []byte) (js []byte, hint sliceHint, ok bool) {
+	js, _, hint, ok = fastYAMLToPod(dst, doc, false)
+	return js, hint, ok
+}
+
+// fastYAMLToPod is fastYAMLToJSONHint that, with direct, decodes a pod
+// straight from the tree where decodePodTree can, and then writes no JSON.
+func fastYAMLToPod(dst, doc []byte, direct bool) (js []byte, pod *corev1.Pod, hint sliceHint, ok bool) {
 	for _, c := range doc {
 		if c >= 0x7f || (c < 0x20 && c != '\n') {
-			return nil, hint, false
+			return nil, nil, hint, false
 		}
 	}
 	if len(doc) > math.MaxInt32 {
-		return nil, hint, false
+		return nil, nil, hint, false
 	}
 	p := scanners.Get().(*yamlScanner)
 	defer p.release()
 	p.s = doc
 	if !p.skipBlank() {
-		return nil, hint, false
+		return nil, nil, hint, false
 	}
 	if p.i == len(p.s) {
-		return append(dst, "null"...), hint, true
+		return append(dst, "null"...), nil, hint, true
 	}
 	n, ok := p.blockNode(p.col(), 0)
 	if !ok || !p.skipBlank() || p.i != len(p.s) {
-		return nil, hint, false
+		return nil, nil, hint, false
 	}
-	return p.appendJSON(slices.Grow(dst, len(doc)), &n), p.hintOf(&n), true
+	if direct {
+		if pod, ok := p.decodePodTree(&n); ok {
+			return nil, pod, hint, true
+		}
+	}
+	return p.appendJSON(slices.Grow(dst, len(doc)), &n), nil, p.hintOf(&n), true
 }
 
 // sliceHint holds the lengths of spec.volumes and spec.containers of a

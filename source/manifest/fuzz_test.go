@@ -47,6 +47,9 @@ func FuzzParse(f *testing.F) {
 		`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{"containers":7}}`,
 		` {"apiVersion" : "v1" , "kind" : "ConfigMap", "metadata":{"name":"c"},"data":{"a":"b"}}`,
 		"apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringData: {a: b}\n",
+		// Pods decodePodTree reads.
+		benchStormPod,
+		fullTreePod,
 	} {
 		f.Add([]byte(seed))
 	}
