@@ -122,9 +122,7 @@ func (s *sorter) sort(actions []Action) []Action {
 	}
 	// Each action's phase is looked up in the table once, not in every
 	// comparison.
-	if cap(s.idx) < len(actions) {
-		s.idx, s.phases = make([]int32, len(actions)), make([]operations.Phase, len(actions))
-	}
+	s.idx, s.phases = slices.Grow(s.idx[:0], len(actions)), slices.Grow(s.phases[:0], len(actions))
 	idx, phases := s.idx[:len(actions)], s.phases[:len(actions)]
 	for i := range idx {
 		idx[i], phases[i] = int32(i), phase(actions[i].Op)
