@@ -80,9 +80,9 @@ func (p *Incremental) Plan(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.
 				changed = append(changed, name)
 			}
 		})
-		if handedBack := len(buf) > 0 && len(buf) == len(p.last) && &buf[0] == &p.last[0]; handedBack || (len(buf) == 0 && p.last == nil) {
+		if len(buf) > 0 && len(buf) == len(p.last) && &buf[0] == &p.last[0] {
 			p.patched++
-			return p.keep(p.patch(buf[:len(p.last)], changed))
+			return p.keep(p.patch(buf, changed))
 		}
 	}
 	out := buf[:0]
