@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -44,7 +45,7 @@ type Incremental struct {
 	// changed and add are the last pass's buffers, cleared, for the
 	// next (a pass in a storm lists hundreds of volumes).
 	changed []volume.UniqueName
-	add     []Action
+	add     []actionRef
 	// patched counts the passes that patched the last result (tests).
 	patched int
 	sorter  sorter
@@ -124,11 +125,17 @@ func (p *Incremental) patch(last []Action, changed []volume.UniqueName) []Action
 	}
 	slices.Sort(changed)
 	changed = slices.Compact(changed) // listed by both caches, or twice by one
+	// The new actions are sorted as references into the memo: copies of
+	// them, kept for the next pass, cost as much as the result itself
+	// once most volumes change in a pass, as in a storm's.
 	add := p.add[:0]
 	for _, name := range changed {
-		add = append(add, p.memo[name]...)
+		actions := p.memo[name]
+		for i := range actions {
+			add = append(add, actionRef{&actions[i], phase(actions[i].Op)})
+		}
 	}
-	add = p.sorter.sort(add)
+	slices.SortFunc(add, func(x, y actionRef) int { return compareActions(x.phase, x.a, y.phase, y.a) })
 	defer func() { clear(add); p.add = add[:0] }()
 
 	kept, from := 0, 0 // last[:kept] are kept; last[from:] not looked at yet
@@ -152,12 +159,18 @@ func (p *Incremental) patch(last []Action, changed []volume.UniqueName) []Action
 		clear(last[n:]) // what is no longer planned is not held either
 		last = last[:n]
 	} else {
-		last = append(last, add[len(last)-kept:]...) // room for the merge
+		// Room for the merge, doubled when it grows: a storm's list
+		// grows by a few hundred actions per pass to thousands, and
+		// append's quarter steps reallocated it five times its size.
+		if n > cap(last) {
+			last = append(make([]Action, 0, max(n, 2*cap(last))), last...)
+		}
+		last = last[:n]
 	}
 	// last[:i] are the kept actions not yet merged, last[end:] the merged.
 	i, end := kept, len(last)
 	for j := len(add) - 1; j >= 0; j-- {
-		a, pa := &add[j], phase(add[j].Op)
+		a, pa := add[j].a, add[j].phase
 		pos := i - gallopBack(last[:i], func(b *Action) bool { return compareActions(phase(b.Op), b, pa, a) > 0 })
 		end -= i - pos
 		copy(last[end:], last[pos:i])
@@ -166,6 +179,12 @@ func (p *Incremental) patch(last []Action, changed []volume.UniqueName) []Action
 		last[end] = *a
 	}
 	return last
+}
+
+// actionRef is an action of the memo and its phase.
+type actionRef struct {
+	a     *Action
+	phase operations.Phase
 }
 
 // gallop returns the smallest index of s at which f holds, len(s) if
