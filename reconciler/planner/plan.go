@@ -110,7 +110,7 @@ func sortActions(actions []Action) []Action {
 }
 
 // sorter is sortActions with its index buffers kept for the next sort
-// (the incremental planner sorts on every pass).
+// (the incremental planner sorts on every full pass).
 type sorter struct {
 	idx    []int32
 	phases []operations.Phase
