@@ -258,8 +258,17 @@ func Explain(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualS
 // (metrics) must cost no allocation. TestPodReadyIsExplainReady keeps the two
 // the same.
 func PodReady(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) bool {
+	_, ready := PodReadyBlocker(p, dsw, asw)
+	return ready
+}
+
+// PodReadyBlocker is PodReady, and when the pod is not ready, the first of
+// its volumes found not ready ("" when the pod's own entry says so:
+// errors, unresolved volumes). Until that volume's or the pod's entries
+// change, the pod stays not ready: the metrics ask again only then.
+func PodReadyBlocker(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot) (volume.UniqueName, bool) {
 	if len(p.Errors) > 0 || len(p.Unresolved) > 0 {
-		return false
+		return "", false
 	}
 	for _, name := range p.Volumes {
 		var dpv *cache.DesiredPodVolume
@@ -267,14 +276,14 @@ func PodReady(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.Actual
 			dpv = dv.Pods[p.Pod.UID]
 		}
 		if dpv == nil {
-			return false
+			return name, false
 		}
 		m, _ := asw.PodMount(name, p.Pod.UID)
 		if !cache.PodVolumeReady(dpv.SubPaths, m) {
-			return false
+			return name, false
 		}
 	}
-	return true
+	return "", true
 }
 
 // resolved explains a volume the pod's name resolved to.

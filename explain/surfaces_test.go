@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -503,9 +504,18 @@ func TestPodReadyIsExplainReady(t *testing.T) {
 			s.unres = append(s.unres, "late")
 		}
 		p, dsw, asw := s.snapshots()
-		got, want := explain.PodReady(p, dsw, asw), explain.Explain(p, dsw, asw, nil).Ready
+		ex := explain.Explain(p, dsw, asw, nil)
+		got, want := explain.PodReady(p, dsw, asw), ex.Ready
 		if got != want {
 			t.Fatalf("pod %d: PodReady = %v, Explain says ready=%v", i, got, want)
+		}
+		// The blocker is a volume Explain says is not ready, or none
+		// when the pod's own entry stops it.
+		blocker, _ := explain.PodReadyBlocker(p, dsw, asw)
+		podStops := len(p.Errors) > 0 || len(p.Unresolved) > 0
+		if blocker != "" && (got || podStops || !slices.ContainsFunc(ex.Volumes, func(v explain.Volume) bool { return v.Unique == blocker && v.Status != explain.Ready })) ||
+			blocker == "" && !got && !podStops {
+			t.Fatalf("pod %d (ready %v): blocked by %q; Explain says %+v", i, got, blocker, ex.Volumes)
 		}
 		if got {
 			ready++

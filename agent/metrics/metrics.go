@@ -337,6 +337,15 @@ var _ reconciler.ChangeObserver = (*Metrics)(nil)
 // that each is observed once.
 type readiness struct {
 	ready map[types.UID]bool
+	// blocked holds, for each pod looked at and found not ready, the
+	// volume that stopped it (explain.PodReadyBlocker): while neither
+	// that volume's actual entry nor the pod's entry changes, the pod is
+	// not ready, and changed does not ask again. In a storm a pod's
+	// volumes are mounted one after the other, and each mount that was
+	// not the one the pod waited on asked about all its volumes again.
+	blocked map[types.UID]volume.UniqueName
+	// skipped counts the pods not asked again thanks to blocked (tests).
+	skipped int
 	// last is the desired snapshot of the last pass.
 	last *cache.DesiredSnapshot
 	// todo holds the pods a pass looks at (kept for the next).
@@ -349,6 +358,7 @@ func (r *readiness) all(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, o
 	if r.ready == nil {
 		r.ready = map[types.UID]bool{}
 	}
+	clear(r.blocked) // every pod not ready is found blocked again
 	for uid, p := range dsw.Pods() {
 		r.check(uid, p, dsw, asw, observe)
 	}
@@ -394,6 +404,7 @@ func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsho
 			for uid := range r.last.Pods() {
 				if dsw.Pod(uid) == nil {
 					delete(r.ready, uid)
+					delete(r.blocked, uid)
 				}
 			}
 		}
@@ -402,6 +413,10 @@ func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsho
 	volumeChanged := func(name volume.UniqueName) {
 		if dv := dsw.Volume(name); dv != nil {
 			for uid := range dv.Pods {
+				if b, ok := r.blocked[uid]; ok && b != name {
+					r.skipped++ // still waits on another volume
+					continue
+				}
 				if p := dsw.Pod(uid); p != nil && !r.ready[uid] {
 					r.todo[uid] = p
 				}
@@ -419,12 +434,24 @@ func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsho
 	} else {
 		clear(r.todo)
 	}
+	if len(r.blocked) == 0 {
+		r.blocked = nil
+	}
 }
 
 func (r *readiness) check(uid types.UID, p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, observe func(*cache.DesiredPod)) {
-	if r.ready[uid] || !explain.PodReady(p, dsw, asw) {
+	if r.ready[uid] {
 		return
 	}
+	blocker, ready := explain.PodReadyBlocker(p, dsw, asw)
+	if !ready {
+		if r.blocked == nil {
+			r.blocked = map[types.UID]volume.UniqueName{}
+		}
+		r.blocked[uid] = blocker
+		return
+	}
+	delete(r.blocked, uid)
 	r.ready[uid] = true
 	observe(p)
 }

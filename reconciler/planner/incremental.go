@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	"github.com/volume-agent/volume-agent/cache"
+	"github.com/volume-agent/volume-agent/operations"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -23,9 +24,12 @@ import (
 //
 // The actions are returned sorted (sortActions). A pass in a storm has
 // thousands, of which a few changed: when the caller hands back the
-// slice the last pass returned and few volumes changed, the sorted list is
-// patched (see patch) instead of gathered and sorted again, which was most
-// of such a pass.
+// slice the last pass returned, the sorted list is patched (see patch)
+// instead of gathered and sorted again, which was most of such a pass.
+// Patching costs less than gathering even when most volumes changed (it
+// sorts only their actions and merges), so every pass that is not a full
+// one patches: while a quarter of the actions was the limit, none of
+// BenchmarkStorm's passes and four in five of BenchmarkStormLimited's did.
 type Incremental struct {
 	// memo holds the actions of each volume that needs any.
 	memo map[volume.UniqueName][]Action
@@ -41,9 +45,10 @@ type Incremental struct {
 	// changed and add are the last pass's buffers, cleared, for the
 	// next (a pass in a storm lists hundreds of volumes).
 	changed []volume.UniqueName
-	add     []Action
+	add     []actionRef
 	// patched counts the passes that patched the last result (tests).
 	patched int
+	sorter  sorter
 }
 
 // Plan returns the actions Plan would return for the snapshots, appending
@@ -76,7 +81,7 @@ func (p *Incremental) Plan(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.
 				changed = append(changed, name)
 			}
 		})
-		if len(buf) > 0 && len(buf) == len(p.last) && &buf[0] == &p.last[0] && 4*len(changed) <= len(buf) {
+		if len(buf) > 0 && len(buf) == len(p.last) && &buf[0] == &p.last[0] {
 			p.patched++
 			return p.keep(p.patch(buf, changed))
 		}
@@ -85,7 +90,7 @@ func (p *Incremental) Plan(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.
 	for _, actions := range p.memo {
 		out = append(out, actions...)
 	}
-	return p.keep(sortActions(out))
+	return p.keep(p.sorter.sort(out))
 }
 
 // keep remembers out as the last result, and lets go of what an idle agent
@@ -98,7 +103,7 @@ func (p *Incremental) keep(out []Action) []Action {
 	if len(p.memo) == 0 {
 		// A map keeps its buckets when emptied: an idle agent holds
 		// none of a storm's.
-		p.memo, p.free, p.add = nil, nil, nil
+		p.memo, p.free, p.add, p.sorter = nil, nil, nil, sorter{}
 	}
 	return out
 }
@@ -106,8 +111,8 @@ func (p *Incremental) keep(out []Action) []Action {
 // patch turns last, the sorted actions of the last pass, into this pass's:
 // it drops the actions of the changed volumes, then merges in their
 // actions now, sorted, from the back: each new action's place is found by
-// binary search and the actions after it move up in one copy, so each
-// Action moves at most twice.
+// galloping back from the last one's and the actions after it move up in
+// one copy, so each Action moves at most twice.
 //
 // The changed volumes' actions are found by galloping search, per phase
 // (within which last is sorted by volume) and in the order of their
@@ -120,11 +125,17 @@ func (p *Incremental) patch(last []Action, changed []volume.UniqueName) []Action
 	}
 	slices.Sort(changed)
 	changed = slices.Compact(changed) // listed by both caches, or twice by one
+	// The new actions are sorted as references into the memo: copies of
+	// them, kept for the next pass, cost as much as the result itself
+	// once most volumes change in a pass, as in a storm's.
 	add := p.add[:0]
 	for _, name := range changed {
-		add = append(add, p.memo[name]...)
+		actions := p.memo[name]
+		for i := range actions {
+			add = append(add, actionRef{&actions[i], phase(actions[i].Op)})
+		}
 	}
-	add = sortActions(add)
+	slices.SortFunc(add, func(x, y actionRef) int { return compareActions(x.phase, x.a, y.phase, y.a) })
 	defer func() { clear(add); p.add = add[:0] }()
 
 	kept, from := 0, 0 // last[:kept] are kept; last[from:] not looked at yet
@@ -148,13 +159,19 @@ func (p *Incremental) patch(last []Action, changed []volume.UniqueName) []Action
 		clear(last[n:]) // what is no longer planned is not held either
 		last = last[:n]
 	} else {
-		last = append(last, add[len(last)-kept:]...) // room for the merge
+		// Room for the merge, doubled when it grows: a storm's list
+		// grows by a few hundred actions per pass to thousands, and
+		// append's quarter steps reallocated it five times its size.
+		if n > cap(last) {
+			last = append(make([]Action, 0, max(n, 2*cap(last))), last...)
+		}
+		last = last[:n]
 	}
 	// last[:i] are the kept actions not yet merged, last[end:] the merged.
 	i, end := kept, len(last)
 	for j := len(add) - 1; j >= 0; j-- {
-		a, pa := &add[j], phase(add[j].Op)
-		pos := sort.Search(i, func(x int) bool { return compareActions(phase(last[x].Op), &last[x], pa, a) > 0 })
+		a, pa := add[j].a, add[j].phase
+		pos := i - gallopBack(last[:i], func(b *Action) bool { return compareActions(phase(b.Op), b, pa, a) > 0 })
 		end -= i - pos
 		copy(last[end:], last[pos:i])
 		i = pos
@@ -162,6 +179,12 @@ func (p *Incremental) patch(last []Action, changed []volume.UniqueName) []Action
 		last[end] = *a
 	}
 	return last
+}
+
+// actionRef is an action of the memo and its phase.
+type actionRef struct {
+	a     *Action
+	phase operations.Phase
 }
 
 // gallop returns the smallest index of s at which f holds, len(s) if
@@ -176,6 +199,23 @@ func gallop(s []Action, f func(*Action) bool) int {
 	}
 	hi := min(lo+step, len(s)) // f holds at hi-1, or hi == len(s)
 	return lo + sort.Search(hi-lo, func(x int) bool { return f(&s[lo+x]) })
+}
+
+// gallopBack is gallop from the end: it returns how many actions at the
+// end of s f holds for, for an f that holds from some index on. The merge
+// in patch walks the kept actions from the back, and the place of the
+// next new action is near where the last one went: a binary search over
+// all of them made a pass that changed many volumes cost more than
+// gathering and sorting everything again.
+func gallopBack(s []Action, f func(*Action) bool) int {
+	n, step := 0, 1 // f holds for the last n
+	for n+step <= len(s) && f(&s[len(s)-n-step]) {
+		n += step
+		step *= 2
+	}
+	lo := len(s) - min(n+step, len(s)) // f may hold from lo on
+	hi := len(s) - n                   // f holds from hi on
+	return len(s) - (lo + sort.Search(hi-lo, func(x int) bool { return f(&s[lo+x]) }))
 }
 
 // replan plans one volume again and records its actions.

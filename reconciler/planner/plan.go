@@ -105,12 +105,25 @@ func planVolume(out []Action, dsw *cache.DesiredSnapshot, dv *cache.DesiredVolum
 // Action once, in place: an Action is a few hundred bytes, and swapping
 // them through sort.SliceStable's reflection was most of a busy pass's cost.
 func sortActions(actions []Action) []Action {
+	var s sorter
+	return s.sort(actions)
+}
+
+// sorter is sortActions with its index buffers kept for the next sort
+// (the incremental planner sorts on every full pass).
+type sorter struct {
+	idx    []int32
+	phases []operations.Phase
+}
+
+func (s *sorter) sort(actions []Action) []Action {
 	if len(actions) < 2 {
 		return actions
 	}
 	// Each action's phase is looked up in the table once, not in every
 	// comparison.
-	idx, phases := make([]int32, len(actions)), make([]operations.Phase, len(actions))
+	s.idx, s.phases = slices.Grow(s.idx[:0], len(actions)), slices.Grow(s.phases[:0], len(actions))
+	idx, phases := s.idx[:len(actions)], s.phases[:len(actions)]
 	for i := range idx {
 		idx[i], phases[i] = int32(i), phase(actions[i].Op)
 	}

@@ -82,3 +82,28 @@ func TestGallop(t *testing.T) {
 		}
 	}
 }
+
+// TestGallopBack: gallopBack counts the actions at the end for which a
+// monotone predicate holds, for every length and answer, as a linear scan
+// does, in about twice the log of the count calls.
+func TestGallopBack(t *testing.T) {
+	for n := range 70 {
+		s := make([]Action, n)
+		for k := range n + 1 {
+			for i := range s {
+				s[i].Reason = "before"
+				if i >= k {
+					s[i].Reason = "after"
+				}
+			}
+			calls := 0
+			got := gallopBack(s, func(a *Action) bool { calls++; return a.Reason == "after" })
+			if got != n-k {
+				t.Fatalf("len %d, first at %d: gallopBack says %d hold, want %d", n, k, got, n-k)
+			}
+			if limit := 2*bits.Len(uint(n-k+1)) + 2; calls > limit {
+				t.Fatalf("len %d, first at %d: %d calls, want at most %d", n, k, calls, limit)
+			}
+		}
+	}
+}
