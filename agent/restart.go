@@ -80,7 +80,7 @@ func (d *disk) reconstruct() error {
 	d.orphans.Set("reconstruction", r.Problems)
 	pods, devices := 0, 0
 	for _, v := range r.Volumes {
-		pods += len(v.Pods)
+		pods += v.Pods.Len()
 		if v.DeviceReconstructed {
 			devices++
 		}
@@ -113,7 +113,7 @@ func (d *disk) sweepPins(r *housekeeping.Reconstruction) {
 		if !v.Attributes.Block {
 			continue
 		}
-		for _, m := range v.Pods {
+		for _, m := range v.Pods.All() {
 			known[m.MountPath] = true
 		}
 	}

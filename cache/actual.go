@@ -106,13 +106,13 @@ type ActualVolume struct {
 	ResizeBlocked string `json:"resizeBlocked,omitempty"`
 	// ExpandAfterPublish: the plugin can only grow this volume once a pod
 	// has it, so pending expansion does not hold pods back.
-	ExpandAfterPublish bool                          `json:"expandAfterPublish,omitempty"`
-	Pods               map[types.UID]*ActualPodMount `json:"pods"`
+	ExpandAfterPublish bool                   `json:"expandAfterPublish,omitempty"`
+	Pods               PodSet[ActualPodMount] `json:"pods"`
 }
 
 // empty reports whether nothing is left to undo for the volume.
 func (v *ActualVolume) empty() bool {
-	return len(v.Pods) == 0 && v.released()
+	return v.Pods.Len() == 0 && v.released()
 }
 
 // released reports whether nothing but pods' mounts is left to undo for
@@ -128,7 +128,7 @@ func (v *ActualVolume) hasReconstructed() bool {
 	if v.DeviceReconstructed {
 		return true
 	}
-	for _, m := range v.Pods {
+	for _, m := range v.Pods.All() {
 		if m.Reconstructed {
 			return true
 		}
@@ -136,18 +136,9 @@ func (v *ActualVolume) hasReconstructed() bool {
 	return false
 }
 
+// clone copies the volume; the copy shares its Pods, which are never
+// written (see PodSet).
 func (v *ActualVolume) clone() *ActualVolume {
-	nv := v.cloneShared()
-	nv.Pods = make(map[types.UID]*ActualPodMount, len(v.Pods)+1)
-	for k, p := range v.Pods {
-		nv.Pods[k] = p
-	}
-	return nv
-}
-
-// cloneShared copies the volume but shares its Pods map, which the copy
-// must replace, not write.
-func (v *ActualVolume) cloneShared() *ActualVolume {
 	nv := *v
 	return &nv
 }
@@ -205,8 +196,7 @@ func (s *ActualSnapshot) PodMount(name volume.UniqueName, pod types.UID) (*Actua
 	if !ok {
 		return nil, false
 	}
-	m, ok := v.Pods[pod]
-	return m, ok
+	return v.Pods.Get(pod)
 }
 
 // VolumeIdentity is what identifies a volume when it is first recorded.
@@ -306,14 +296,6 @@ func (a *ActualStateOfWorld) shard(name volume.UniqueName) *aswShard {
 // update applies fn to a copy of the volume's entry (a new one if absent)
 // and publishes the result, dropping the entry when nothing is left of it.
 func (a *ActualStateOfWorld) update(id VolumeIdentity, fn func(v *ActualVolume)) {
-	a.updateWith(id, (*ActualVolume).clone, fn)
-}
-
-// updateWith is update with the copy made by clone. A fn given a copy
-// that shares the Pods map (cloneShared) may set Pods to nil when none
-// is left: the entry then goes if nothing else is left, or gets an empty
-// map.
-func (a *ActualStateOfWorld) updateWith(id VolumeIdentity, clone func(*ActualVolume) *ActualVolume, fn func(v *ActualVolume)) {
 	sh := a.shard(id.Name)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -322,7 +304,7 @@ func (a *ActualStateOfWorld) updateWith(id VolumeIdentity, clone func(*ActualVol
 		if sh.reconstructed > 0 && old.hasReconstructed() {
 			sh.reconstructed--
 		}
-		v = clone(old)
+		v = old.clone()
 		if v.Spec == nil && id.Spec != nil {
 			// A volume reconstructed from disk learns its spec, and the
 			// attributes the plugin derives from it, from the first
@@ -335,16 +317,13 @@ func (a *ActualStateOfWorld) updateWith(id VolumeIdentity, clone func(*ActualVol
 		}
 		v = &ActualVolume{
 			Name: id.Name, Plugin: id.Plugin, Attributes: id.Attributes, Spec: id.Spec,
-			DeviceState: DeviceNotMounted, Pods: map[types.UID]*ActualPodMount{},
+			DeviceState: DeviceNotMounted,
 		}
 	}
 	fn(v)
 	if v.empty() {
 		delete(sh.volumes, id.Name)
 	} else {
-		if v.Pods == nil {
-			v.Pods = map[types.UID]*ActualPodMount{}
-		}
 		sh.volumes[id.Name] = v
 		if v.hasReconstructed() {
 			sh.reconstructed++
@@ -403,7 +382,7 @@ func (a *ActualStateOfWorld) SetPodMount(id VolumeIdentity, m ActualPodMount) {
 	}
 	// The fast path of setPodMountSimple, which it must agree with
 	// (TestActualFastPathsOracle): the new entry and its mount are one
-	// allocation, and the Pods map is made for its size.
+	// allocation, which the Pods of most volumes (one pod) hold inline.
 	sh := a.shard(id.Name)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -417,14 +396,10 @@ func (a *ActualStateOfWorld) SetPodMount(id VolumeIdentity, m ActualPodMount) {
 	if ok {
 		oldRecon = sh.reconstructed > 0 && old.hasReconstructed()
 		*v = *old
-		v.Pods = make(map[types.UID]*ActualPodMount, len(old.Pods)+1)
-		for k, p := range old.Pods {
-			v.Pods[k] = p
-		}
 		if v.Spec == nil && id.Spec != nil {
 			v.Spec, v.Attributes = id.Spec, id.Attributes // see updateWith
 		}
-		if prev, had := old.Pods[m.Pod.UID]; had && prev.State == m.State {
+		if prev, had := old.Pods.Get(m.Pod.UID); had && prev.State == m.State {
 			m.Since = prev.Since
 		} else if !had {
 			v.ResizeBlocked = "" // see setPodMountSimple
@@ -432,11 +407,11 @@ func (a *ActualStateOfWorld) SetPodMount(id VolumeIdentity, m ActualPodMount) {
 	} else {
 		*v = ActualVolume{
 			Name: id.Name, Plugin: id.Plugin, Attributes: id.Attributes, Spec: id.Spec,
-			DeviceState: DeviceNotMounted, Pods: make(map[types.UID]*ActualPodMount, 1),
+			DeviceState: DeviceNotMounted,
 		}
 	}
 	e.m = m
-	v.Pods[m.Pod.UID] = &e.m
+	v.Pods = v.Pods.With(m.Pod.UID, &e.m)
 	if oldRecon {
 		sh.reconstructed--
 	}
@@ -461,7 +436,7 @@ type volumeMount struct {
 // setPodMountSimple is SetPodMount through update.
 func (a *ActualStateOfWorld) setPodMountSimple(id VolumeIdentity, m ActualPodMount) {
 	a.update(id, func(v *ActualVolume) {
-		old, ok := v.Pods[m.Pod.UID]
+		old, ok := v.Pods.Get(m.Pod.UID)
 		if ok && old.State == m.State {
 			m.Since = old.Since
 		}
@@ -471,7 +446,7 @@ func (a *ActualStateOfWorld) setPodMountSimple(id VolumeIdentity, m ActualPodMou
 			v.ResizeBlocked = ""
 		}
 		mm := m
-		v.Pods[m.Pod.UID] = &mm
+		v.Pods = v.Pods.With(m.Pod.UID, &mm)
 	})
 }
 
@@ -479,13 +454,13 @@ func (a *ActualStateOfWorld) setPodMountSimple(id VolumeIdentity, m ActualPodMou
 // if the pod still has one.
 func (a *ActualStateOfWorld) SetSubPaths(name volume.UniqueName, pod types.UID, subPaths []volume.SubPath) {
 	a.update(VolumeIdentity{Name: name}, func(v *ActualVolume) {
-		m, ok := v.Pods[pod]
+		m, ok := v.Pods.Get(pod)
 		if !ok {
 			return
 		}
 		mm := *m
 		mm.SubPaths, mm.SubPathsOutdated = subPaths, false
-		v.Pods[pod] = &mm
+		v.Pods = v.Pods.With(pod, &mm)
 	})
 }
 
@@ -506,7 +481,7 @@ func (a *ActualStateOfWorld) DeletePodMount(name volume.UniqueName, pod types.UI
 	if !ok {
 		return
 	}
-	_, had := old.Pods[pod]
+	_, had := old.Pods.Get(pod)
 	if !had && !old.empty() {
 		return
 	}
@@ -514,19 +489,14 @@ func (a *ActualStateOfWorld) DeletePodMount(name volume.UniqueName, pod types.UI
 	if oldRecon {
 		sh.reconstructed--
 	}
-	if len(old.Pods) == 0 || (len(old.Pods) == 1 && had && old.released()) {
+	if n := old.Pods.Len(); n == 0 || (n == 1 && had && old.released()) {
 		delete(sh.volumes, name)
 		a.marked(sh, name)
 		return
 	}
-	v := old.cloneShared()
+	v := old.clone()
 	v.ResizeBlocked = ""
-	v.Pods = make(map[types.UID]*ActualPodMount, len(old.Pods)-1)
-	for uid, m := range old.Pods {
-		if uid != pod {
-			v.Pods[uid] = m
-		}
-	}
+	v.Pods = old.Pods.Without(pod)
 	if oldRecon && v.hasReconstructed() {
 		sh.reconstructed++
 	}
@@ -534,27 +504,14 @@ func (a *ActualStateOfWorld) DeletePodMount(name volume.UniqueName, pod types.UI
 	a.marked(sh, name)
 }
 
-// deletePodMountSimple is DeletePodMount through updateWith.
-//
-// The volume's Pods map is copied only when other pods are left: in a
-// teardown most volumes lose their last pod and go.
+// deletePodMountSimple is DeletePodMount through update.
 func (a *ActualStateOfWorld) deletePodMountSimple(name volume.UniqueName, pod types.UID) {
-	a.updateWith(VolumeIdentity{Name: name}, (*ActualVolume).cloneShared, func(v *ActualVolume) {
-		if _, ok := v.Pods[pod]; !ok {
+	a.update(VolumeIdentity{Name: name}, func(v *ActualVolume) {
+		if !v.Pods.Has(pod) {
 			return
 		}
 		v.ResizeBlocked = ""
-		if len(v.Pods) == 1 {
-			v.Pods = nil
-			return
-		}
-		pods := make(map[types.UID]*ActualPodMount, len(v.Pods)-1)
-		for uid, m := range v.Pods {
-			if uid != pod {
-				pods[uid] = m
-			}
-		}
-		v.Pods = pods
+		v.Pods = v.Pods.Without(pod)
 	})
 }
 
@@ -596,7 +553,7 @@ func (a *ActualStateOfWorld) PodMounts(pod types.UID) []*ActualPodMount {
 		sh := &a.shards[i]
 		sh.mu.Lock()
 		for _, v := range sh.volumes {
-			if m, ok := v.Pods[pod]; ok {
+			if m, ok := v.Pods.Get(pod); ok {
 				out = append(out, m)
 			}
 		}
@@ -704,10 +661,10 @@ func (a *ActualStateOfWorld) AddReconstructed(vols []*ActualVolume) {
 			continue
 		}
 		nv := v.clone()
-		for uid, m := range nv.Pods {
+		for uid, m := range v.Pods.All() {
 			mm := *m
 			mm.Since = now
-			nv.Pods[uid] = &mm
+			nv.Pods = nv.Pods.With(uid, &mm)
 		}
 		sh.volumes[v.Name] = nv
 		if nv.hasReconstructed() {
@@ -735,7 +692,7 @@ func (a *ActualStateOfWorld) Adopt(id VolumeIdentity, device bool, pods map[type
 			v.DeviceState, v.DeviceReconstructed = DeviceGloballyMounted, false
 		}
 		for uid, p := range pods {
-			m, ok := v.Pods[uid]
+			m, ok := v.Pods.Get(uid)
 			if !ok || !m.Reconstructed {
 				continue
 			}
@@ -747,7 +704,7 @@ func (a *ActualStateOfWorld) Adopt(id VolumeIdentity, device bool, pods map[type
 			// DSW hands out, so it is set up again, which rewrites only
 			// what changed.
 			mm.ContentGeneration = 0
-			v.Pods[uid] = &mm
+			v.Pods = v.Pods.With(uid, &mm)
 		}
 	})
 }

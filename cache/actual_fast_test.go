@@ -25,13 +25,10 @@ func contentDump(t *testing.T, a *ActualStateOfWorld) string {
 			if v.hasReconstructed() {
 				recon++
 			}
-			if v.Pods == nil {
-				t.Fatalf("volume %s has a nil Pods map", name)
-			}
 			vv := *v
-			vv.Pods, vv.Size = nil, nil
+			vv.Pods, vv.Size = PodSet[ActualPodMount]{}, nil
 			out = append(out, fmt.Sprintf("V %s %+v size=%s", name, vv, volume.SizeString(v.Size)))
-			for uid, p := range v.Pods {
+			for uid, p := range v.Pods.All() {
 				out = append(out, fmt.Sprintf("VP %s %s %+v", name, uid, *p))
 			}
 		}
@@ -102,7 +99,7 @@ func TestActualFastPathsOracle(t *testing.T) {
 						a.SetResizeBlocked(id.Name, "in use")
 					case 9:
 						a.AddReconstructed([]*ActualVolume{{Name: id.Name, Plugin: "test", DeviceState: dev, DeviceReconstructed: recon,
-							Pods: map[types.UID]*ActualPodMount{types.UID(pod): {Pod: testPod(pod).PodRef, State: MountUncertain, Reconstructed: true}}}})
+							Pods: PodSetOf(map[types.UID]*ActualPodMount{types.UID(pod): {Pod: testPod(pod).PodRef, State: MountUncertain, Reconstructed: true}})}})
 					}
 				}
 				fclk.Step(1 + step)

@@ -75,7 +75,7 @@ func TestActualSnapshotOracle(t *testing.T) {
 					case 8:
 						if rng.IntN(2) == 0 {
 							a.AddReconstructed([]*ActualVolume{{Name: id.Name, Plugin: "test", DeviceState: DeviceNotMounted,
-								Pods: map[types.UID]*ActualPodMount{types.UID(pod): {Pod: testPod(pod).PodRef, State: MountUncertain, Reconstructed: true}}}})
+								Pods: PodSetOf(map[types.UID]*ActualPodMount{types.UID(pod): {Pod: testPod(pod).PodRef, State: MountUncertain, Reconstructed: true}})}})
 						} else {
 							a.Adopt(id, true, map[types.UID]ActualPodMount{types.UID(pod): {Pod: testPod(pod).PodRef}})
 						}

@@ -52,7 +52,7 @@ func TestActualPodMountLifecycle(t *testing.T) {
 	if v.Name != perPodID.Name || v.Plugin != emptyDirPlugin || v.Spec != perPodID.Spec || v.DeviceState != DeviceNotMounted {
 		t.Errorf("volume = %+v", v)
 	}
-	m := v.Pods["p1"]
+	m := v.Pods.At("p1")
 	if m == nil || m.State != Mounted || m.MountPath != "/pods/p1/volumes/x/spec" || !m.Since.Equal(t0) {
 		t.Errorf("mount = %+v", m)
 	}
@@ -68,8 +68,8 @@ func TestActualPodMountLifecycle(t *testing.T) {
 
 	// Uncertain replaces Mounted.
 	a.SetPodMount(perPodID, mountOf("p1", MountUncertain))
-	if v, _ := a.Volume(perPodID.Name); v.Pods["p1"].State != MountUncertain {
-		t.Errorf("state = %s", v.Pods["p1"].State)
+	if v, _ := a.Volume(perPodID.Name); v.Pods.At("p1").State != MountUncertain {
+		t.Errorf("state = %s", v.Pods.At("p1").State)
 	}
 
 	// The last pod gone, nothing else left: the entry disappears.
@@ -88,12 +88,12 @@ func TestActualTwoPodsOnOneVolume(t *testing.T) {
 	a.SetPodMount(id, mountOf("p1", Mounted))
 	a.SetPodMount(id, mountOf("p2", MountUncertain))
 	v, _ := a.Volume(id.Name)
-	if len(v.Pods) != 2 || v.Pods["p1"].State != Mounted || v.Pods["p2"].State != MountUncertain {
+	if v.Pods.Len() != 2 || v.Pods.At("p1").State != Mounted || v.Pods.At("p2").State != MountUncertain {
 		t.Fatalf("pods = %v", v.Pods)
 	}
 	a.DeletePodMount(id.Name, "p1")
 	v, ok := a.Volume(id.Name)
-	if !ok || len(v.Pods) != 1 || v.Pods["p2"] == nil {
+	if !ok || v.Pods.Len() != 1 || v.Pods.At("p2") == nil {
 		t.Fatalf("after deleting p1: %+v, %v", v, ok)
 	}
 	a.DeletePodMount(id.Name, "p2")
@@ -263,7 +263,7 @@ func TestActualContentGeneration(t *testing.T) {
 func TestActualAdoptedRemountVolumesAreSetUpAgain(t *testing.T) {
 	a, _ := newASW()
 	found := &ActualVolume{Name: remountID.Name, Plugin: "test", Attributes: remountID.Attributes, DeviceState: DeviceNotMounted,
-		Pods: map[types.UID]*ActualPodMount{"p1": {Pod: volume.PodRef{UID: "p1"}, State: MountUncertain, Reconstructed: true, FoundMounted: true}}}
+		Pods: PodSetOf(map[types.UID]*ActualPodMount{"p1": {Pod: volume.PodRef{UID: "p1"}, State: MountUncertain, Reconstructed: true, FoundMounted: true}})}
 	a.AddReconstructed([]*ActualVolume{found})
 	a.Adopt(remountID, false, map[types.UID]ActualPodMount{"p1": {Pod: testPod("p1").PodRef, Spec: remountID.Spec}})
 	m, _ := a.Snapshot().PodMount(remountID.Name, "p1")
@@ -376,7 +376,7 @@ func TestActualSnapshotImmutable(t *testing.T) {
 		a.SetSize(deviceID.Name, &q)
 		reconstructed := &ActualVolume{
 			Name: "test/found", Plugin: "test", DeviceState: DeviceGloballyMounted, DeviceReconstructed: true,
-			Pods: map[types.UID]*ActualPodMount{"p3": {Pod: testPod("p3").PodRef, State: MountUncertain, Reconstructed: true}},
+			Pods: PodSetOf(map[types.UID]*ActualPodMount{"p3": {Pod: testPod("p3").PodRef, State: MountUncertain, Reconstructed: true}}),
 		}
 		a.AddReconstructed([]*ActualVolume{reconstructed})
 		return a
@@ -413,7 +413,7 @@ func TestActualSnapshotImmutable(t *testing.T) {
 	if s2.Volume(perPodID.Name) != nil {
 		t.Error("new snapshot still has the deleted mount's volume")
 	}
-	if v := s2.Volume(deviceID.Name); v.DeviceState != DeviceMountUncertain || len(v.Pods) != 2 || v.Size.Cmp(q) != 0 || !v.ExpandAfterPublish {
+	if v := s2.Volume(deviceID.Name); v.DeviceState != DeviceMountUncertain || v.Pods.Len() != 2 || v.Size.Cmp(q) != 0 || !v.ExpandAfterPublish {
 		t.Errorf("new snapshot volume = %+v", v)
 	}
 	if m, _ := s2.PodMount("test/found", "p3"); m == nil || m.State != Mounted || m.Reconstructed {
@@ -426,7 +426,7 @@ func dumpActual(s *ActualSnapshot) string {
 	var out []string
 	for name, v := range s.Volumes() {
 		out = append(out, fmt.Sprintf("V %s %+v", name, *v))
-		for uid, p := range v.Pods {
+		for uid, p := range v.Pods.All() {
 			out = append(out, fmt.Sprintf("VP %s %s %+v", name, uid, *p))
 		}
 	}
@@ -464,7 +464,7 @@ func TestActualConcurrent(t *testing.T) {
 		for range 200 {
 			s := a.Snapshot()
 			for _, v := range s.Volumes() {
-				for _, m := range v.Pods {
+				for _, m := range v.Pods.All() {
 					_ = m.State
 				}
 			}
@@ -492,7 +492,7 @@ func TestActualConcurrent(t *testing.T) {
 		t.Fatalf("volume = %+v, want its device mounted", v)
 	}
 	got := map[types.UID]bool{}
-	for uid, m := range v.Pods {
+	for uid, m := range v.Pods.All() {
 		got[uid] = m.State == Mounted
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -508,9 +508,9 @@ func TestActualHasReconstructedCount(t *testing.T) {
 	found := func() []*ActualVolume {
 		return []*ActualVolume{
 			{Name: deviceID.Name, Plugin: "test", Attributes: deviceID.Attributes, DeviceState: DeviceMountUncertain, DeviceReconstructed: true,
-				Pods: map[types.UID]*ActualPodMount{"p1": {Pod: volume.PodRef{UID: "p1"}, State: MountUncertain, Reconstructed: true}}},
+				Pods: PodSetOf(map[types.UID]*ActualPodMount{"p1": {Pod: volume.PodRef{UID: "p1"}, State: MountUncertain, Reconstructed: true}})},
 			{Name: remountID.Name, Plugin: "test", Attributes: remountID.Attributes, DeviceState: DeviceNotMounted,
-				Pods: map[types.UID]*ActualPodMount{"p2": {Pod: volume.PodRef{UID: "p2"}, State: MountUncertain, Reconstructed: true}}},
+				Pods: PodSetOf(map[types.UID]*ActualPodMount{"p2": {Pod: volume.PodRef{UID: "p2"}, State: MountUncertain, Reconstructed: true}})},
 		}
 	}
 	steps := []struct {
@@ -530,7 +530,7 @@ func TestActualHasReconstructedCount(t *testing.T) {
 		{"device acted on", func() { a.SetDeviceState(deviceID, DeviceGloballyMounted, "", "") }, false},
 		{"reconstructed once more", func() {
 			a.AddReconstructed([]*ActualVolume{{Name: "test/other", Plugin: "test", DeviceState: DeviceNotMounted,
-				Pods: map[types.UID]*ActualPodMount{"p3": {Pod: volume.PodRef{UID: "p3"}, State: MountUncertain, Reconstructed: true}}}})
+				Pods: PodSetOf(map[types.UID]*ActualPodMount{"p3": {Pod: volume.PodRef{UID: "p3"}, State: MountUncertain, Reconstructed: true}})}})
 		}, true},
 		{"its mount deleted, volume gone", func() { a.DeletePodMount("test/other", "p3") }, false},
 	}
@@ -599,7 +599,7 @@ func TestActualDeletePodMountLeavesSnapshotsAlone(t *testing.T) {
 			}
 			before := a.Snapshot()
 			a.DeletePodMount(deviceID.Name, tt.delete)
-			if got := len(before.Volume(deviceID.Name).Pods); got != len(tt.pods) {
+			if got := before.Volume(deviceID.Name).Pods.Len(); got != len(tt.pods) {
 				t.Errorf("snapshot taken before has %d pods, want %d", got, len(tt.pods))
 			}
 			v := a.Snapshot().Volume(deviceID.Name)
@@ -610,11 +610,11 @@ func TestActualDeletePodMountLeavesSnapshotsAlone(t *testing.T) {
 				}
 				return
 			}
-			if !ok || v.Pods == nil || len(v.Pods) != len(tt.wantPods) {
+			if !ok || v.Pods.Len() != len(tt.wantPods) {
 				t.Fatalf("entry = %+v, %v; want pods %v", v, ok, tt.wantPods)
 			}
 			for _, uid := range tt.wantPods {
-				if v.Pods[uid] == nil {
+				if v.Pods.At(uid) == nil {
 					t.Errorf("pod %s lost", uid)
 				}
 			}

@@ -113,7 +113,7 @@ func TestActualSnapshotFollowsChanges(t *testing.T) {
 				a.DeletePodMount(id.Name, uid)
 			case 3:
 				a.AddReconstructed([]*ActualVolume{{Name: id.Name, Plugin: "p", DeviceState: DeviceMountUncertain, DeviceReconstructed: true,
-					Pods: map[types.UID]*ActualPodMount{}}})
+					Pods: PodSet[ActualPodMount]{}}})
 			}
 		}
 		s := a.Snapshot()

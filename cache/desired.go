@@ -62,9 +62,9 @@ type DesiredVolume struct {
 	// SpecName is the inner volume name (directory name under the pod).
 	SpecName string `json:"specName"`
 	// Spec is the spec of one of the pods, used for volume-wide operations.
-	Spec        *volume.Spec                    `json:"-"`
-	DesiredSize *resource.Quantity              `json:"desiredSize,omitempty"`
-	Pods        map[types.UID]*DesiredPodVolume `json:"pods"`
+	Spec        *volume.Spec             `json:"-"`
+	DesiredSize *resource.Quantity       `json:"desiredSize,omitempty"`
+	Pods        PodSet[DesiredPodVolume] `json:"pods"`
 }
 
 // DesiredPod is what the DSW knows about one pod.
@@ -131,14 +131,13 @@ func (s *DesiredSnapshot) HasPodVolume(name volume.UniqueName, pod types.UID) bo
 	if !ok {
 		return false
 	}
-	_, ok = v.Pods[pod]
-	return ok
+	return v.Pods.Has(pod)
 }
 
 // PodSubPaths returns the sub-paths of a volume the pod's containers mount.
 func (s *DesiredSnapshot) PodSubPaths(name volume.UniqueName, pod types.UID) []volume.SubPath {
 	if v, ok := s.vols.get(name); ok {
-		if p, ok := v.Pods[pod]; ok {
+		if p, ok := v.Pods.Get(pod); ok {
 			return p.SubPaths
 		}
 	}
@@ -283,7 +282,7 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 		v := d.volumes[pv.Name]
 		since, gen := now, uint64(0)
 		if v != nil {
-			if existing, ok := v.Pods[pod.UID]; ok {
+			if existing, ok := v.Pods.Get(pod.UID); ok {
 				since, gen = existing.Since, existing.ContentGeneration
 			}
 		}
@@ -329,15 +328,11 @@ var dedupeScanMax = 16
 func (d *DesiredStateOfWorld) setPodVolume(v *DesiredVolume, pv *PodVolume, dp *DesiredPodVolume, fresh *[]DesiredVolume, left int) bool {
 	ok := v != nil
 	if ok {
-		if cur, ok := v.Pods[dp.Pod.UID]; ok && sameSpec(cur.Spec, dp.Spec) && slices.Equal(cur.OuterNames, dp.OuterNames) &&
+		if cur, ok := v.Pods.Get(dp.Pod.UID); ok && sameSpec(cur.Spec, dp.Spec) && slices.Equal(cur.OuterNames, dp.OuterNames) &&
 			volume.SameSubPaths(cur.SubPaths, dp.SubPaths) && samePodInfo(cur.Pod, dp.Pod) && v.Plugin == pv.Plugin && v.Attributes == pv.Attributes &&
 			sameSize(v.DesiredSize, pv.DesiredSize) {
 			return false
 		}
-	}
-	pods := 1
-	if ok {
-		pods += len(v.Pods)
 	}
 	if *fresh == nil {
 		*fresh = make([]DesiredVolume, 0, left)
@@ -349,20 +344,17 @@ func (d *DesiredStateOfWorld) setPodVolume(v *DesiredVolume, pv *PodVolume, dp *
 		SpecName:    pv.Spec.Name,
 		Spec:        pv.Spec,
 		DesiredSize: pv.DesiredSize,
-		Pods:        make(map[types.UID]*DesiredPodVolume, pods),
 	})
 	nv := &(*fresh)[len(*fresh)-1]
 	if ok {
 		// Keep the volume's spec unless it was this pod's old one: it must
 		// stay the spec of a pod that wants the volume now.
-		if cur, had := v.Pods[dp.Pod.UID]; !had || cur.Spec != v.Spec {
+		if cur, had := v.Pods.Get(dp.Pod.UID); !had || cur.Spec != v.Spec {
 			nv.Spec = v.Spec
 		}
-		for uid, p := range v.Pods {
-			nv.Pods[uid] = p
-		}
+		nv.Pods = v.Pods
 	}
-	nv.Pods[dp.Pod.UID] = dp
+	nv.Pods = nv.Pods.With(dp.Pod.UID, dp)
 	d.volumes[pv.Name] = nv
 	d.changes.Mark(pv.Name, changeLimit(len(d.volumes)))
 	d.snapVols.mark(pv.Name, changeLimit(len(d.volumes)))
@@ -374,27 +366,20 @@ func (d *DesiredStateOfWorld) removePodFromVolume(name volume.UniqueName, pod ty
 	if !ok {
 		return
 	}
-	if _, ok := v.Pods[pod]; !ok {
+	old, ok := v.Pods.Get(pod)
+	if !ok {
 		return
 	}
 	d.changes.Mark(name, changeLimit(len(d.volumes)))
 	d.snapVols.mark(name, changeLimit(len(d.volumes)))
-	if len(v.Pods) == 1 {
+	if v.Pods.Len() == 1 {
 		delete(d.volumes, name)
 		return
 	}
 	nv := *v
-	nv.Pods = make(map[types.UID]*DesiredPodVolume, len(v.Pods)-1)
-	for uid, p := range v.Pods {
-		if uid != pod {
-			nv.Pods[uid] = p
-		}
-	}
-	if nv.Spec == v.Pods[pod].Spec {
-		for _, p := range nv.Pods {
-			nv.Spec = p.Spec
-			break
-		}
+	nv.Pods = v.Pods.Without(pod)
+	if nv.Spec == old.Spec {
+		nv.Spec = nv.Pods.Any().Spec
 	}
 	d.volumes[name] = &nv
 }
@@ -412,7 +397,7 @@ func (d *DesiredStateOfWorld) RefreshPodVolume(name volume.UniqueName, pod types
 	if !ok || !v.Attributes.RequiresRemount {
 		return 0, false
 	}
-	dp, ok := v.Pods[pod]
+	dp, ok := v.Pods.Get(pod)
 	if !ok {
 		return 0, false
 	}
@@ -420,8 +405,7 @@ func (d *DesiredStateOfWorld) RefreshPodVolume(name volume.UniqueName, pod types
 	ndp := *dp
 	ndp.ContentGeneration = d.contentSeq
 	nv := *v
-	nv.Pods = maps.Clone(v.Pods)
-	nv.Pods[pod] = &ndp
+	nv.Pods = v.Pods.With(pod, &ndp)
 	d.volumes[name] = &nv
 	d.changes.Mark(name, changeLimit(len(d.volumes)))
 	d.snapVols.mark(name, changeLimit(len(d.volumes)))
@@ -495,8 +479,7 @@ func (d *DesiredStateOfWorld) HasPodVolume(name volume.UniqueName, pod types.UID
 	if !ok {
 		return false
 	}
-	_, ok = v.Pods[pod]
-	return ok
+	return v.Pods.Has(pod)
 }
 
 // Snapshot returns an immutable view of the DSW.

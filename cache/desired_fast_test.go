@@ -16,7 +16,7 @@ import (
 func dumpDesiredFull(s *DesiredSnapshot) string {
 	out := []string{dumpDesired(s)}
 	for name, v := range s.Volumes() {
-		for uid, p := range v.Pods {
+		for uid, p := range v.Pods.All() {
 			out = append(out, fmt.Sprintf("VPX %s %s %v %d", name, uid, p.SubPaths, p.ContentGeneration))
 		}
 	}

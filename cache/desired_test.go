@@ -111,7 +111,7 @@ func TestDesiredSetPodAdd(t *testing.T) {
 		dv.Spec != data.Spec || dv.DesiredSize == nil || dv.DesiredSize.Cmp(resource.MustParse("5Gi")) != 0 {
 		t.Errorf("volume = %+v", dv)
 	}
-	pv := dv.Pods["p1"]
+	pv := dv.Pods.At("p1")
 	if pv == nil || pv.Pod != pod || !slices.Equal(pv.OuterNames, []string{"data"}) || pv.Spec != data.Spec || !pv.Since.Equal(t0) {
 		t.Errorf("pod volume = %+v", pv)
 	}
@@ -164,10 +164,10 @@ func TestDesiredSetPodReplace(t *testing.T) {
 	if ok := s.Volume(a.Name) != nil; ok || d.HasVolume(a.Name) || d.HasPodVolume(a.Name, "p1") {
 		t.Errorf("volume %s still desired", a.Name)
 	}
-	if v := s.Volume(b.Name); v == nil || !v.Pods["p1"].Since.Equal(t0) {
+	if v := s.Volume(b.Name); v == nil || !v.Pods.At("p1").Since.Equal(t0) {
 		t.Errorf("kept volume %s = %+v, want Since %v", b.Name, v, t0)
 	}
-	if v := s.Volume(c.Name); v == nil || !v.Pods["p1"].Since.Equal(t1) {
+	if v := s.Volume(c.Name); v == nil || !v.Pods.At("p1").Since.Equal(t1) {
 		t.Errorf("new volume %s = %+v, want Since %v", c.Name, v, t1)
 	}
 	if got := s.Pod("p1").Volumes; !slices.Equal(got, []volume.UniqueName{b.Name, c.Name}) {
@@ -234,7 +234,7 @@ func TestDesiredMultipleOuterNames(t *testing.T) {
 	if s.VolumesLen() != 2 {
 		t.Fatalf("%d volumes, want 2", s.VolumesLen())
 	}
-	got := s.Volume(first.Name).Pods["p1"].OuterNames
+	got := s.Volume(first.Name).Pods.At("p1").OuterNames
 	if !slices.Equal(got, []string{"data", "data-again"}) {
 		t.Errorf("outer names = %v", got)
 	}
@@ -250,7 +250,7 @@ func TestDesiredMultipleOuterNames(t *testing.T) {
 	if !d.SetPod(pod, []PodVolume{first, other}, nil, nil) {
 		t.Fatal("SetPod without the second outer name = false")
 	}
-	if got := d.Snapshot().Volume(first.Name).Pods["p1"].OuterNames; !slices.Equal(got, []string{"data"}) {
+	if got := d.Snapshot().Volume(first.Name).Pods.At("p1").OuterNames; !slices.Equal(got, []string{"data"}) {
 		t.Errorf("outer names = %v, want [data]", got)
 	}
 }
@@ -268,14 +268,14 @@ func TestDesiredSharedVolume(t *testing.T) {
 	}
 	s := d.Snapshot()
 	v := s.Volume(name)
-	if s.VolumesLen() != 1 || len(v.Pods) != 2 {
+	if s.VolumesLen() != 1 || v.Pods.Len() != 2 {
 		t.Fatalf("volumes %v", maps.Collect(s.Volumes()))
 	}
-	if !slices.Equal(v.Pods["A"].OuterNames, []string{"a"}) || !slices.Equal(v.Pods["B"].OuterNames, []string{"b"}) {
-		t.Errorf("outer names A %v, B %v", v.Pods["A"].OuterNames, v.Pods["B"].OuterNames)
+	if !slices.Equal(v.Pods.At("A").OuterNames, []string{"a"}) || !slices.Equal(v.Pods.At("B").OuterNames, []string{"b"}) {
+		t.Errorf("outer names A %v, B %v", v.Pods.At("A").OuterNames, v.Pods.At("B").OuterNames)
 	}
-	if !v.Pods["A"].Since.Equal(t0) || !v.Pods["B"].Since.Equal(t0.Add(time.Second)) {
-		t.Errorf("Since A %v, B %v", v.Pods["A"].Since, v.Pods["B"].Since)
+	if !v.Pods.At("A").Since.Equal(t0) || !v.Pods.At("B").Since.Equal(t0.Add(time.Second)) {
+		t.Errorf("Since A %v, B %v", v.Pods.At("A").Since, v.Pods.At("B").Since)
 	}
 	if v.Spec != volA.Spec && v.Spec != volB.Spec {
 		t.Errorf("volume spec %p is neither pod's spec", v.Spec)
@@ -286,7 +286,7 @@ func TestDesiredSharedVolume(t *testing.T) {
 	}
 	s = d.Snapshot()
 	v = s.Volume(name)
-	if v == nil || len(v.Pods) != 1 || v.Pods["B"] == nil {
+	if v == nil || v.Pods.Len() != 1 || v.Pods.At("B") == nil {
 		t.Fatalf("after DeletePod(A): %+v", v)
 	}
 	if v.Spec != volB.Spec {
@@ -303,7 +303,7 @@ func TestDesiredSharedVolume(t *testing.T) {
 	// the other pod's use alone.
 	d.SetPod(testPod("A"), []PodVolume{volA}, nil, nil)
 	d.SetPod(testPod("B"), nil, nil, nil)
-	if v := d.Snapshot().Volume(name); v == nil || len(v.Pods) != 1 || v.Pods["A"] == nil || v.Spec != volA.Spec {
+	if v := d.Snapshot().Volume(name); v == nil || v.Pods.Len() != 1 || v.Pods.At("A") == nil || v.Spec != volA.Spec {
 		t.Fatalf("after B dropped the volume: %+v", v)
 	}
 	d.DeletePod("A")
@@ -340,8 +340,8 @@ func TestDesiredSharedVolumeSpecFollowsPods(t *testing.T) {
 	d2.SetPod(testPod("A"), []PodVolume{localPV(pv1, "a")}, nil, nil)
 	d2.SetPod(testPod("A"), []PodVolume{localPV(pv2, "a")}, nil, nil)
 	v = d2.Snapshot().Volume(newA.Name)
-	if v.Spec != v.Pods["A"].Spec {
-		t.Errorf("volume spec (PV %p) is not the only pod's spec (PV %p)", v.Spec.PV, v.Pods["A"].Spec.PV)
+	if v.Spec != v.Pods.At("A").Spec {
+		t.Errorf("volume spec (PV %p) is not the only pod's spec (PV %p)", v.Spec.PV, v.Pods.At("A").Spec.PV)
 	}
 }
 
@@ -362,7 +362,7 @@ func TestDesiredSincePreserved(t *testing.T) {
 	if p := s.Pod("p1"); !p.Since.Equal(t0) || p.Pod.Name != "renamed" {
 		t.Errorf("pod = %+v, want Since %v", p, t0)
 	}
-	if pv := s.Volume(a.Name).Pods["p1"]; !pv.Since.Equal(t0) || pv.Pod.Name != "renamed" {
+	if pv := s.Volume(a.Name).Pods.At("p1"); !pv.Since.Equal(t0) || pv.Pod.Name != "renamed" {
 		t.Errorf("pod volume = %+v, want Since %v", pv, t0)
 	}
 
@@ -371,8 +371,8 @@ func TestDesiredSincePreserved(t *testing.T) {
 	clk.Step(time.Hour)
 	d.SetPod(pod, []PodVolume{a}, nil, nil)
 	s = d.Snapshot()
-	if want := t0.Add(2 * time.Hour); !s.Pod("p1").Since.Equal(want) || !s.Volume(a.Name).Pods["p1"].Since.Equal(want) {
-		t.Errorf("after re-adding: pod Since %v, volume Since %v, want %v", s.Pod("p1").Since, s.Volume(a.Name).Pods["p1"].Since, want)
+	if want := t0.Add(2 * time.Hour); !s.Pod("p1").Since.Equal(want) || !s.Volume(a.Name).Pods.At("p1").Since.Equal(want) {
+		t.Errorf("after re-adding: pod Since %v, volume Since %v, want %v", s.Pod("p1").Since, s.Volume(a.Name).Pods.At("p1").Since, want)
 	}
 }
 
@@ -592,7 +592,7 @@ func dumpDesired(s *DesiredSnapshot) string {
 	var out []string
 	for name, v := range s.Volumes() {
 		out = append(out, fmt.Sprintf("V %s %s %+v %s %p %v", name, v.Plugin, v.Attributes, v.SpecName, v.Spec, v.DesiredSize))
-		for uid, p := range v.Pods {
+		for uid, p := range v.Pods.All() {
 			out = append(out, fmt.Sprintf("VP %s %s %+v %v %p %v", name, uid, p.Pod, p.OuterNames, p.Spec, p.Since))
 		}
 	}
@@ -651,7 +651,7 @@ func TestDesiredConcurrent(t *testing.T) {
 		for range 200 {
 			s := d.Snapshot()
 			for _, v := range s.Volumes() {
-				for range v.Pods {
+				for range v.Pods.All() {
 				}
 			}
 			for uid := range s.Pods() {
@@ -670,7 +670,7 @@ func TestDesiredConcurrent(t *testing.T) {
 		}
 	}
 	for name, v := range s.Volumes() {
-		for uid := range v.Pods {
+		for uid := range v.Pods.All() {
 			if p := s.Pod(uid); p == nil || !slices.Contains(p.Volumes, name) {
 				t.Errorf("volume %s lists pod %s, which does not list it", name, uid)
 			}
@@ -725,10 +725,10 @@ func TestDesiredRefreshPodVolume(t *testing.T) {
 	d.SetPod(testPod("p1"), []PodVolume{api, plain}, nil, nil)
 	d.TakeChanges()
 	signalled(d)
-	gen := func() uint64 { return d.Snapshot().Volume(api.Name).Pods["p1"].ContentGeneration }
+	gen := func() uint64 { return d.Snapshot().Volume(api.Name).Pods.At("p1").ContentGeneration }
 	first := gen()
-	if first == 0 || d.Snapshot().Volume(plain.Name).Pods["p1"].ContentGeneration != 0 {
-		t.Fatalf("generations %d (content follows sources) and %d (does not): want >0 and 0", first, d.Snapshot().Volume(plain.Name).Pods["p1"].ContentGeneration)
+	if first == 0 || d.Snapshot().Volume(plain.Name).Pods.At("p1").ContentGeneration != 0 {
+		t.Fatalf("generations %d (content follows sources) and %d (does not): want >0 and 0", first, d.Snapshot().Volume(plain.Name).Pods.At("p1").ContentGeneration)
 	}
 
 	before := d.Snapshot()
@@ -736,7 +736,7 @@ func TestDesiredRefreshPodVolume(t *testing.T) {
 	if !ok || g <= first || gen() != g {
 		t.Fatalf("RefreshPodVolume = %d, %v; snapshot has %d; want a generation above %d", g, ok, gen(), first)
 	}
-	if before.Volume(api.Name).Pods["p1"].ContentGeneration != first {
+	if before.Volume(api.Name).Pods.At("p1").ContentGeneration != first {
 		t.Error("an earlier snapshot sees the new generation")
 	}
 	if c := d.TakeChanges(); c.All || !c.Has(api.Name) || c.Has(plain.Name) || !signalled(d) {

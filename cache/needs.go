@@ -96,7 +96,7 @@ func AnyPodMounted(av *ActualVolume) bool {
 	if av == nil {
 		return false
 	}
-	for _, m := range av.Pods {
+	for _, m := range av.Pods.All() {
 		if m.State == Mounted {
 			return true
 		}
@@ -108,13 +108,13 @@ func AnyPodMounted(av *ActualVolume) bool {
 // no pod wants the volume, none has it mounted, and the device may be
 // mounted.
 func DeviceUnmountNeeded(wanted bool, av *ActualVolume) bool {
-	return !wanted && av != nil && len(av.Pods) == 0 && av.DeviceState.MayBeMounted()
+	return !wanted && av != nil && av.Pods.Len() == 0 && av.DeviceState.MayBeMounted()
 }
 
 // DetachNeeded reports whether a volume must be detached: no pod wants it,
 // none has it mounted, its device is unmounted, and it is (or may be)
 // attached.
 func DetachNeeded(wanted bool, av *ActualVolume) bool {
-	return !wanted && av != nil && len(av.Pods) == 0 && !av.DeviceState.MayBeMounted() &&
+	return !wanted && av != nil && av.Pods.Len() == 0 && !av.DeviceState.MayBeMounted() &&
 		(av.AttachState == Attached || av.AttachState == AttachUncertain)
 }

@@ -214,13 +214,13 @@ func Explain(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache.ActualS
 	uid := p.Pod.UID
 	for _, name := range p.Volumes {
 		dv := dsw.Volume(name)
-		if dv == nil || dv.Pods[uid] == nil {
+		if dv == nil || dv.Pods.At(uid) == nil {
 			// Not in the same snapshot (never the case for a snapshot the
 			// DSW made): not ready, under the only name known.
 			add(Volume{Name: string(name), Unique: name, Status: Waiting, Reason: ReasonWaitingForMount, Message: "not resolved yet"})
 			continue
 		}
-		dpv := dv.Pods[uid]
+		dpv := dv.Pods.At(uid)
 		v := resolved(p, dv, dpv, asw, failures)
 		for _, n := range dpv.OuterNames {
 			v.Name = n
@@ -273,7 +273,7 @@ func PodReadyBlocker(p *cache.DesiredPod, dsw *cache.DesiredSnapshot, asw *cache
 	for _, name := range p.Volumes {
 		var dpv *cache.DesiredPodVolume
 		if dv := dsw.Volume(name); dv != nil {
-			dpv = dv.Pods[p.Pod.UID]
+			dpv = dv.Pods.At(p.Pod.UID)
 		}
 		if dpv == nil {
 			return name, false
@@ -294,7 +294,7 @@ func resolved(p *cache.DesiredPod, dv *cache.DesiredVolume, dpv *cache.DesiredPo
 	av := asw.Volume(dv.Name)
 	var m *cache.ActualPodMount
 	if av != nil {
-		m = av.Pods[uid]
+		m = av.Pods.At(uid)
 	}
 	if cache.PodVolumeReady(dpv.SubPaths, m) {
 		v.Status = Ready

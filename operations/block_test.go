@@ -127,10 +127,10 @@ func (w *blockWorld) want() {
 
 func (w *blockWorld) podState() cache.MountState {
 	v, ok := w.asw.Volume(w.t.Volume)
-	if !ok || v.Pods[opPod] == nil {
+	if !ok || v.Pods.At(opPod) == nil {
 		return ""
 	}
-	return v.Pods[opPod].State
+	return v.Pods.At(opPod).State
 }
 
 func TestMapVolume(t *testing.T) {
@@ -179,7 +179,7 @@ func TestMapVolume(t *testing.T) {
 			}
 			if tc.wantState != "" {
 				v, _ := w.asw.Volume(w.t.Volume)
-				if m := v.Pods[opPod]; m.MountPath != w.accessPoint() || !v.Attributes.Block {
+				if m := v.Pods.At(opPod); m.MountPath != w.accessPoint() || !v.Attributes.Block {
 					t.Errorf("ASW records %+v (block %v), want the access point %s", m, v.Attributes.Block, w.accessPoint())
 				}
 			}

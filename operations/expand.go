@@ -77,7 +77,7 @@ func (o *Operator) ExpandVolume(ctx context.Context, t *Target) error {
 // stable), for drivers that need a published path.
 func firstMountPath(av *cache.ActualVolume) string {
 	var paths []string
-	for _, m := range av.Pods {
+	for _, m := range av.Pods.All() {
 		if m.State == cache.Mounted {
 			paths = append(paths, m.MountPath)
 		}

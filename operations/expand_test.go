@@ -364,7 +364,7 @@ func TestExpandVolumeInUse(t *testing.T) {
 	}
 
 	// The same pod's mount changing state is not a change of pods.
-	m := *av.Pods[f.pod1.UID]
+	m := *av.Pods.At(f.pod1.UID)
 	m.State = cache.MountUncertain
 	f.asw.SetPodMount(f.id, m)
 	m.State = cache.Mounted

@@ -28,7 +28,7 @@ func podMount(av *cache.ActualVolume, t *Target) *cache.ActualPodMount {
 	if av == nil {
 		return nil
 	}
-	return av.Pods[t.Pod.UID]
+	return av.Pods.At(t.Pod.UID)
 }
 
 // needed reads the volume's current actual state and reports whether op on

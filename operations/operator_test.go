@@ -317,7 +317,7 @@ func (w *opWorld) makeDir(t *testing.T, dir string) {
 // pod yet.
 func (w *opWorld) reconstructed(t *testing.T, device, pod bool) {
 	v := &cache.ActualVolume{Name: w.vol, Plugin: w.pluginName, Attributes: w.attrs, DeviceState: cache.DeviceNotMounted,
-		Pods: map[types.UID]*cache.ActualPodMount{}}
+		Pods: cache.PodSet[cache.ActualPodMount]{}}
 	if device {
 		w.makeDir(t, w.deviceMountPath())
 		v.DeviceState, v.DeviceReconstructed, v.DeviceMountPath = cache.DeviceMountUncertain, true, w.deviceMountPath()
@@ -327,8 +327,8 @@ func (w *opWorld) reconstructed(t *testing.T, device, pod bool) {
 	}
 	if pod {
 		w.makeDir(t, w.podDir())
-		v.Pods[opPod] = &cache.ActualPodMount{Pod: volume.PodRef{UID: opPod}, SpecName: w.spec.Name, MountPath: w.podDir(),
-			State: cache.MountUncertain, Reconstructed: true}
+		v.Pods = v.Pods.With(opPod, &cache.ActualPodMount{Pod: volume.PodRef{UID: opPod}, SpecName: w.spec.Name, MountPath: w.podDir(),
+			State: cache.MountUncertain, Reconstructed: true})
 	}
 	w.asw.AddReconstructed([]*cache.ActualVolume{v})
 }
@@ -387,8 +387,8 @@ func (w *opWorld) state() string {
 	if av.DeviceReconstructed {
 		s += "(reconstructed)"
 	}
-	for _, uid := range slices.Sorted(maps.Keys(av.Pods)) {
-		m := av.Pods[uid]
+	for _, uid := range slices.Sorted(av.Pods.UIDs()) {
+		m := av.Pods.At(uid)
 		s += fmt.Sprintf(" %s=%s", uid, m.State)
 		if m.Reconstructed {
 			s += "(reconstructed)"
@@ -811,7 +811,7 @@ func TestOperatorUnmountReconstructedDeviceWithoutPath(t *testing.T) {
 	w := newOpWorld(t, opDeviceMountable)
 	w.asw.AddReconstructed([]*cache.ActualVolume{{
 		Name: w.vol, Plugin: w.pluginName, Attributes: w.attrs, DeviceState: cache.DeviceMountUncertain, DeviceReconstructed: true,
-		Pods: map[types.UID]*cache.ActualPodMount{},
+		Pods: cache.PodSet[cache.ActualPodMount]{},
 	}})
 	target := w.target()
 	target.Spec = nil

@@ -81,7 +81,7 @@ func TestPrepareSubPaths(t *testing.T) {
 			if err := w.op.PrepareSubPaths(t.Context(), w.subPathTarget()); !errors.Is(err, f.fail) {
 				t.Fatalf("a failing preparation: %v", err)
 			}
-			if av, _ := w.asw.Volume(w.vol); av.Pods[opPod].SubPaths != nil {
+			if av, _ := w.asw.Volume(w.vol); av.Pods.At(opPod).SubPaths != nil {
 				t.Error("sub-paths recorded although preparing them failed")
 			}
 
@@ -103,7 +103,7 @@ func TestPrepareSubPaths(t *testing.T) {
 				t.Errorf("calls %v: not bound into the pod's volume directory", f.calls)
 			}
 			av, _ := w.asw.Volume(w.vol)
-			if m := av.Pods[opPod]; !volume.SameSubPaths(m.SubPaths, opSubPaths) || m.SubPathsOutdated {
+			if m := av.Pods.At(opPod); !volume.SameSubPaths(m.SubPaths, opSubPaths) || m.SubPathsOutdated {
 				t.Errorf("recorded %+v", m)
 			}
 			if err := w.op.PrepareSubPaths(t.Context(), w.subPathTarget()); !errors.Is(err, ErrStale) {
@@ -118,8 +118,8 @@ func TestPrepareSubPaths(t *testing.T) {
 			if f.calls[len(f.calls)-1] != "Clean" {
 				t.Errorf("calls %v, want the last to remove them all", f.calls)
 			}
-			if av, _ := w.asw.Volume(w.vol); len(av.Pods[opPod].SubPaths) != 0 {
-				t.Errorf("recorded %+v after removing them", av.Pods[opPod].SubPaths)
+			if av, _ := w.asw.Volume(w.vol); len(av.Pods.At(opPod).SubPaths) != 0 {
+				t.Errorf("recorded %+v after removing them", av.Pods.At(opPod).SubPaths)
 			}
 		})
 	}
@@ -151,8 +151,8 @@ func TestUnmountVolumeRemovesSubPathsFirst(t *testing.T) {
 	if got := w.plugin.methods(); len(got) != 0 {
 		t.Errorf("plugin called %v although the sub-paths are still there", got)
 	}
-	if av, _ := w.asw.Volume(w.vol); av.Pods[opPod].State != cache.Mounted {
-		t.Errorf("mount is %s, want it still Mounted", av.Pods[opPod].State)
+	if av, _ := w.asw.Volume(w.vol); av.Pods.At(opPod).State != cache.Mounted {
+		t.Errorf("mount is %s, want it still Mounted", av.Pods.At(opPod).State)
 	}
 
 	f.fail = nil
@@ -180,7 +180,7 @@ func TestRemountMarksSubPathsOutdated(t *testing.T) {
 		t.Fatal(err)
 	}
 	av, _ := w.asw.Volume(w.vol)
-	m := av.Pods[opPod]
+	m := av.Pods.At(opPod)
 	if !volume.SameSubPaths(m.SubPaths, opSubPaths) || !m.SubPathsOutdated {
 		t.Errorf("after a remount: %+v, want the sub-paths kept and outdated", m)
 	}

@@ -231,12 +231,12 @@ func TestSyncRecordsSubPathsAndContainers(t *testing.T) {
 	h.pop.Sync(false)
 
 	s := h.snapshot()
-	dp := s.Volume(volume.SharedName(local.Name, "pv-1")).Pods[pod.UID]
+	dp := s.Volume(volume.SharedName(local.Name, "pv-1")).Pods.At(pod.UID)
 	want := []volume.SubPath{{Container: "main", Index: 3, MountPath: "/logs", Path: "logs/stable"}, {Container: "main", Index: 4, MountPath: "/conf", Path: "conf", ReadOnly: true}}
 	if diff := cmp.Diff(want, dp.SubPaths); diff != "" {
 		t.Errorf("sub-paths of the claim (-want +got):\n%s", diff)
 	}
-	if sp := s.Volume(volume.PodScopedName(emptydir.Name, pod.UID, "scratch")).Pods[pod.UID].SubPaths; len(sp) != 0 {
+	if sp := s.Volume(volume.PodScopedName(emptydir.Name, pod.UID, "scratch")).Pods.At(pod.UID).SubPaths; len(sp) != 0 {
 		t.Errorf("an invalid sub-path is to be prepared: %+v", sp)
 	}
 	p := h.pod(t, pod)
@@ -260,7 +260,7 @@ func TestSyncRecordsSubPathsAndContainers(t *testing.T) {
 	h.src.SetPods(relabelled)
 	h.pop.Sync(false)
 	s = h.snapshot()
-	dp = s.Volume(volume.SharedName(local.Name, "pv-1")).Pods[pod.UID]
+	dp = s.Volume(volume.SharedName(local.Name, "pv-1")).Pods.At(pod.UID)
 	if dp.SubPaths[0].Path != "logs/stable" {
 		t.Errorf("after the label change the sub-path moved: %+v", dp.SubPaths)
 	}
@@ -290,7 +290,7 @@ func TestSyncSubPathExprFromConfigMap(t *testing.T) {
 
 	objs.set(&v1.ConfigMap{Data: map[string]string{"dir": "one"}})
 	h.pop.Sync(false) // what EnvChanged triggers: no pod changed
-	if sp := h.snapshot().Volume(name).Pods[pod.UID].SubPaths; len(sp) != 1 || sp[0].Path != "by/one" {
+	if sp := h.snapshot().Volume(name).Pods.At(pod.UID).SubPaths; len(sp) != 1 || sp[0].Path != "by/one" {
 		t.Fatalf("sub-paths %+v, want by/one once the ConfigMap is read", sp)
 	}
 	if errs := h.pod(t, pod).Errors; len(errs) != 0 {
@@ -299,7 +299,7 @@ func TestSyncSubPathExprFromConfigMap(t *testing.T) {
 
 	objs.set(&v1.ConfigMap{Data: map[string]string{"dir": "two"}})
 	h.pop.Sync(true)
-	if sp := h.snapshot().Volume(name).Pods[pod.UID].SubPaths; len(sp) != 1 || sp[0].Path != "by/one" {
+	if sp := h.snapshot().Volume(name).Pods.At(pod.UID).SubPaths; len(sp) != 1 || sp[0].Path != "by/one" {
 		t.Errorf("sub-paths %+v: a changed value moved a prepared sub-path", sp)
 	}
 }

@@ -109,7 +109,7 @@ func TestSyncAddsRunningPods(t *testing.T) {
 		t.Errorf("DSW has %d volumes, want 3", s.VolumesLen())
 	}
 	dv := s.Volume(volume.SharedName(local.Name, "pv-1"))
-	if dv == nil || dv.Pods[web.UID] == nil || !slices.Equal(dv.Pods[web.UID].OuterNames, []string{"data"}) || dv.Spec.PV != pv {
+	if dv == nil || dv.Pods.At(web.UID) == nil || !slices.Equal(dv.Pods.At(web.UID).OuterNames, []string{"data"}) || dv.Spec.PV != pv {
 		t.Errorf("PV volume = %+v", dv)
 	}
 	if len(h.events.list()) != 0 {
@@ -188,7 +188,7 @@ func TestSyncRemovesTerminatedAndMissingPods(t *testing.T) {
 				t.Errorf("its emptyDir still desired")
 			}
 			shared := s.Volume(volume.SharedName(local.Name, "pv-1"))
-			if shared == nil || len(shared.Pods) != 1 || shared.Pods[other.UID] == nil {
+			if shared == nil || shared.Pods.Len() != 1 || shared.Pods.At(other.UID) == nil {
 				t.Errorf("shared volume = %+v, want only the other pod", shared)
 			}
 			if _, ok := h.pop.state[pod.UID]; ok {
@@ -295,10 +295,10 @@ func TestSyncStickyRule(t *testing.T) {
 				t.Errorf("unresolved = %v: a volume that resolved before must not be listed", p.Unresolved)
 			}
 			after := h.snapshot().Volume(name)
-			if after == nil || after.Pods[pod.UID] == nil {
+			if after == nil || after.Pods.At(pod.UID) == nil {
 				t.Fatal("volume dropped from the DSW")
 			}
-			if after.Pods[pod.UID].Spec != before.Pods[pod.UID].Spec || after.Spec.PV != pv || after.Spec.PVC != pvc {
+			if after.Pods.At(pod.UID).Spec != before.Pods.At(pod.UID).Spec || after.Spec.PV != pv || after.Spec.PVC != pvc {
 				t.Errorf("volume spec changed: %+v", after.Spec)
 			}
 			if !slices.Equal(p.Volumes, []volume.UniqueName{name}) {
@@ -517,7 +517,7 @@ func TestSyncReresolvedButUnchanged(t *testing.T) {
 		t.Error("a changed volume source did not change the DSW")
 	}
 	dv := h.snapshot().Volume(volume.PodScopedName(emptydir.Name, pod.UID, "scratch"))
-	if dv.Pods[pod.UID].Spec.Volume.EmptyDir.Medium != v1.StorageMediumMemory {
+	if dv.Pods.At(pod.UID).Spec.Volume.EmptyDir.Medium != v1.StorageMediumMemory {
 		t.Error("DSW keeps the old emptyDir medium")
 	}
 }
@@ -641,7 +641,7 @@ func TestSyncTwoPodsShareLocalPV(t *testing.T) {
 	s := h.snapshot()
 	name := volume.SharedName(local.Name, "pv-1")
 	v := s.Volume(name)
-	if v == nil || len(v.Pods) != 2 {
+	if v == nil || v.Pods.Len() != 2 {
 		t.Fatalf("shared volume = %+v", v)
 	}
 	if s.VolumesLen() != 3 {
@@ -649,7 +649,7 @@ func TestSyncTwoPodsShareLocalPV(t *testing.T) {
 	}
 	h.src.SetPods(b)
 	h.pop.Sync(false)
-	if v := h.snapshot().Volume(name); v == nil || len(v.Pods) != 1 || v.Pods[b.UID] == nil {
+	if v := h.snapshot().Volume(name); v == nil || v.Pods.Len() != 1 || v.Pods.At(b.UID) == nil {
 		t.Errorf("after a left: %+v", v)
 	}
 }
@@ -663,7 +663,7 @@ func TestSyncTwoNamesOneClaim(t *testing.T) {
 	h.src.Add(pvc, pv, pod)
 	h.pop.Sync(false)
 	v := h.snapshot().Volume(volume.SharedName(local.Name, "pv-1"))
-	if v == nil || !slices.Equal(v.Pods[pod.UID].OuterNames, []string{"one", "two"}) {
+	if v == nil || !slices.Equal(v.Pods.At(pod.UID).OuterNames, []string{"one", "two"}) {
 		t.Errorf("volume = %+v", v)
 	}
 	if p := h.pod(t, pod); len(p.Volumes) != 1 {

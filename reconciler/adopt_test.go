@@ -57,10 +57,10 @@ func rcRef(uid types.UID) volume.PodRef {
 // whether its mount was in place.
 func rcFound(name volume.UniqueName, plugin string, attrs volume.Attributes, found map[types.UID]bool) *cache.ActualVolume {
 	v := &cache.ActualVolume{Name: name, Plugin: plugin, Attributes: attrs, DeviceState: cache.DeviceNotMounted,
-		Pods: map[types.UID]*cache.ActualPodMount{}}
+		Pods: cache.PodSet[cache.ActualPodMount]{}}
 	for uid, mounted := range found {
-		v.Pods[uid] = &cache.ActualPodMount{Pod: volume.PodRef{UID: uid}, SpecName: "spec", MountPath: "/root/pods/" + string(uid),
-			State: cache.MountUncertain, Reconstructed: true, FoundMounted: mounted}
+		v.Pods = v.Pods.With(uid, &cache.ActualPodMount{Pod: volume.PodRef{UID: uid}, SpecName: "spec", MountPath: "/root/pods/" + string(uid),
+			State: cache.MountUncertain, Reconstructed: true, FoundMounted: mounted})
 	}
 	return v
 }

@@ -69,8 +69,8 @@ func Targets(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, hostPath boo
 		if av == nil {
 			continue
 		}
-		for uid, dpv := range dv.Pods {
-			m := av.Pods[uid]
+		for uid, dpv := range dv.Pods.All() {
+			m := av.Pods.At(uid)
 			if m == nil || m.State != cache.Mounted || m.MountPath == "" || len(dpv.OuterNames) == 0 {
 				continue
 			}

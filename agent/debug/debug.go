@@ -144,7 +144,7 @@ func NewDSWDocument(s *cache.DesiredSnapshot, asw *cache.ActualSnapshot, sources
 		if v.DesiredSize != nil {
 			dv.DesiredSize = volume.SizeString(v.DesiredSize)
 		}
-		for _, p := range v.Pods {
+		for _, p := range v.Pods.All() {
 			dv.Pods = append(dv.Pods, DSWVolumePod{PodRef: p.Pod.PodRef, OuterVolumeNames: p.OuterNames, ReadOnly: p.Spec.ReadOnly, SubPaths: p.SubPaths,
 				ContentGeneration: p.ContentGeneration, Since: p.Since})
 		}
@@ -184,10 +184,10 @@ func NewASWDocument(s *cache.ActualSnapshot, dsw *cache.DesiredSnapshot) ASWDocu
 		if v.Size != nil {
 			av.Size = volume.SizeString(v.Size)
 		}
-		for uid, m := range v.Pods {
+		for uid, m := range v.Pods.All() {
 			var want uint64
 			if dv := dsw.Volume(v.Name); dv != nil {
-				if dp, ok := dv.Pods[uid]; ok {
+				if dp, ok := dv.Pods.Get(uid); ok {
 					want = dp.ContentGeneration
 				}
 			}

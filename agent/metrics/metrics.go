@@ -412,7 +412,7 @@ func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsho
 	}
 	volumeChanged := func(name volume.UniqueName) {
 		if dv := dsw.Volume(name); dv != nil {
-			for uid := range dv.Pods {
+			for uid := range dv.Pods.All() {
 				if b, ok := r.blocked[uid]; ok && b != name {
 					r.skipped++ // still waits on another volume
 					continue
@@ -496,11 +496,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	counts := map[key]int{}
 	dsw, asw := c.dsw.Snapshot(), c.asw.Snapshot()
 	for _, v := range dsw.Volumes() {
-		counts[key{"desired", v.Plugin, "desired"}] += len(v.Pods)
+		counts[key{"desired", v.Plugin, "desired"}] += v.Pods.Len()
 	}
 	devices := map[key]int{}
 	for _, v := range asw.Volumes() {
-		for _, m := range v.Pods {
+		for _, m := range v.Pods.All() {
 			state := "mounted"
 			if m.State == cache.MountUncertain {
 				state = "uncertain"

@@ -23,9 +23,9 @@ func ReconstructedPod(uid types.UID, specName, path string, foundMounted bool) *
 // ReconstructedVolume is a volume found on disk without a device mount.
 func ReconstructedVolume(name volume.UniqueName, plugin string, attrs volume.Attributes, pods ...*cache.ActualPodMount) *cache.ActualVolume {
 	v := &cache.ActualVolume{Name: name, Plugin: plugin, Attributes: attrs, DeviceState: cache.DeviceNotMounted,
-		Pods: map[types.UID]*cache.ActualPodMount{}}
+		Pods: cache.PodSet[cache.ActualPodMount]{}}
 	for _, p := range pods {
-		v.Pods[p.Pod.UID] = p
+		v.Pods = v.Pods.With(p.Pod.UID, p)
 	}
 	return v
 }

@@ -34,7 +34,7 @@ func CleanPodDirs(paths volume.Paths, dsw *cache.DesiredSnapshot, asw *cache.Act
 		busy[uid] = true
 	}
 	for _, v := range asw.Volumes() {
-		for uid := range v.Pods {
+		for uid := range v.Pods.All() {
 			busy[uid] = true
 		}
 	}

@@ -118,7 +118,7 @@ func hkActual(uids ...types.UID) *cache.ActualSnapshot {
 	for _, uid := range uids {
 		name := volume.PodScopedName("test", uid, "v")
 		vols[name] = &cache.ActualVolume{Name: name, Plugin: "test", DeviceState: cache.DeviceNotMounted,
-			Pods: map[types.UID]*cache.ActualPodMount{uid: {Pod: volume.PodRef{UID: uid}, State: cache.MountUncertain, Reconstructed: true}}}
+			Pods: cache.PodSetOf(map[types.UID]*cache.ActualPodMount{uid: {Pod: volume.PodRef{UID: uid}, State: cache.MountUncertain, Reconstructed: true}})}
 	}
 	return cache.NewActualSnapshot(vols, 0)
 }

@@ -70,7 +70,7 @@ func TestLoopCleansOnlyWhenIdle(t *testing.T) {
 		{name: "reconstructed state left", setup: func(w *loopWorld) {
 			name := volume.PodScopedName("kubernetes.io/empty-dir", "found", "v")
 			w.asw.AddReconstructed([]*cache.ActualVolume{{Name: name, Plugin: "kubernetes.io/empty-dir", DeviceState: cache.DeviceNotMounted,
-				Pods: map[types.UID]*cache.ActualPodMount{"found": {Pod: volume.PodRef{UID: "found"}, State: cache.MountUncertain, Reconstructed: true}}}})
+				Pods: cache.PodSetOf(map[types.UID]*cache.ActualPodMount{"found": {Pod: volume.PodRef{UID: "found"}, State: cache.MountUncertain, Reconstructed: true}})}})
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

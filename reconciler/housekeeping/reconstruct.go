@@ -45,8 +45,7 @@ func Reconstruct(paths volume.Paths, reg *plugins.Registry, isMountPoint, isMapp
 	get := func(name volume.UniqueName, plugin string, attrs volume.Attributes) *cache.ActualVolume {
 		v, ok := vols[name]
 		if !ok {
-			v = &cache.ActualVolume{Name: name, Plugin: plugin, Attributes: attrs, DeviceState: cache.DeviceNotMounted,
-				Pods: map[types.UID]*cache.ActualPodMount{}}
+			v = &cache.ActualVolume{Name: name, Plugin: plugin, Attributes: attrs, DeviceState: cache.DeviceNotMounted}
 			vols[name] = v
 		}
 		return v
@@ -87,14 +86,14 @@ func Reconstruct(paths volume.Paths, reg *plugins.Registry, isMountPoint, isMapp
 				continue
 			}
 			v := get(name, found.plugin, attrs)
-			v.Pods[uid] = &cache.ActualPodMount{
+			v.Pods = v.Pods.With(uid, &cache.ActualPodMount{
 				Pod: volume.PodRef{UID: uid}, SpecName: found.specName, MountPath: found.path,
 				State: cache.MountUncertain, Reconstructed: true, FoundMounted: mounted,
 				// Sub-paths on disk are checked (kept if still wanted,
 				// removed if not) once the mount is adopted, or removed
 				// with it.
 				SubPathsOutdated: exists(paths.VolumeSubPathsDir(uid, found.plugin, found.specName)),
-			}
+			})
 		}
 	}
 

@@ -462,7 +462,7 @@ func TestReconstructCSIDirAndStateOnce(t *testing.T) {
 	w.csiPodState("pod-a", spec, name, "")
 	r := w.reconstruct()
 	checkNoProblems(t, r)
-	if len(r.Volumes) != 1 || len(r.Volumes[0].Pods) != 1 || !r.Volumes[0].Pods["pod-a"].FoundMounted {
+	if len(r.Volumes) != 1 || r.Volumes[0].Pods.Len() != 1 || !r.Volumes[0].Pods.At("pod-a").FoundMounted {
 		t.Errorf("reconstructed %s", cachetest.JSON(r.Volumes))
 	}
 }
@@ -570,7 +570,7 @@ func TestReconstructRealMountTable(t *testing.T) {
 	checkNoProblems(t, r)
 	found := map[string]bool{}
 	for _, v := range r.Volumes {
-		for _, m := range v.Pods {
+		for _, m := range v.Pods.All() {
 			found[m.MountPath] = m.FoundMounted
 		}
 	}

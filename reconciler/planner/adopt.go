@@ -38,8 +38,8 @@ func Adoptions(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, setUpWitho
 		}
 		a := Adoption{ID: cache.VolumeIdentity{Name: name, Plugin: dv.Plugin, Attributes: dv.Attributes, Spec: dv.Spec},
 			Device: av.DeviceReconstructed && av.DeviceFoundMounted}
-		for uid, m := range av.Pods {
-			dp, ok := dv.Pods[uid]
+		for uid, m := range av.Pods.All() {
+			dp, ok := dv.Pods.Get(uid)
 			if !ok || !m.Reconstructed {
 				continue
 			}

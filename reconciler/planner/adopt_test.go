@@ -27,7 +27,7 @@ func rcDesired(vols ...*cache.DesiredVolume) *cache.DesiredSnapshot {
 	vm, pods := map[volume.UniqueName]*cache.DesiredVolume{}, map[types.UID]*cache.DesiredPod{}
 	for _, v := range vols {
 		vm[v.Name] = v
-		for uid, p := range v.Pods {
+		for uid, p := range v.Pods.All() {
 			dp := pods[uid]
 			if dp == nil {
 				dp = &cache.DesiredPod{Pod: p.Pod}
@@ -50,11 +50,11 @@ func rcActual(vols ...*cache.ActualVolume) *cache.ActualSnapshot {
 // rcWant is a desired volume of plugin wanted by pods with spec.
 func rcWant(name volume.UniqueName, plugin string, attrs volume.Attributes, spec *volume.Spec, uids ...types.UID) *cache.DesiredVolume {
 	v := &cache.DesiredVolume{Name: name, Plugin: plugin, Attributes: attrs, SpecName: spec.Name, Spec: spec,
-		Pods: map[types.UID]*cache.DesiredPodVolume{}}
+		Pods: cache.PodSet[cache.DesiredPodVolume]{}}
 	for _, uid := range uids {
-		v.Pods[uid] = &cache.DesiredPodVolume{
+		v.Pods = v.Pods.With(uid, &cache.DesiredPodVolume{
 			Pod: volume.PodInfo{PodRef: volume.PodRef{UID: uid, Namespace: "ns", Name: "name-" + string(uid)}}, Spec: spec,
-		}
+		})
 	}
 	return v
 }
@@ -64,7 +64,7 @@ func rcWant(name volume.UniqueName, plugin string, attrs volume.Attributes, spec
 func rcFound(name volume.UniqueName, plugin string, attrs volume.Attributes, found map[types.UID]bool) *cache.ActualVolume {
 	v := cachetest.ReconstructedVolume(name, plugin, attrs)
 	for uid, mounted := range found {
-		v.Pods[uid] = cachetest.ReconstructedPod(uid, "spec", "/root/pods/"+string(uid), mounted)
+		v.Pods = v.Pods.With(uid, cachetest.ReconstructedPod(uid, "spec", "/root/pods/"+string(uid), mounted))
 	}
 	return v
 }
@@ -147,7 +147,7 @@ func TestAdoptions(t *testing.T) {
 			asw: rcActual(func() *cache.ActualVolume {
 				v := rcFound(localName, local.Name, shared, map[types.UID]bool{"p1": true, "p2": false, "p3": true})
 				// p4's mount is known to this agent (not reconstructed).
-				v.Pods["p4"] = &cache.ActualPodMount{Pod: rcRef("p4"), State: cache.MountUncertain, MountPath: "/p4"}
+				v.Pods = v.Pods.With("p4", &cache.ActualPodMount{Pod: rcRef("p4"), State: cache.MountUncertain, MountPath: "/p4"})
 				return v
 			}()),
 			want: []Adoption{{ID: cache.VolumeIdentity{Name: localName}, Pods: map[types.UID]cache.ActualPodMount{"p1": {Pod: rcRef("p1")}}}},
@@ -180,7 +180,7 @@ func TestAdoptions(t *testing.T) {
 			name: "nothing reconstructed: nothing to adopt",
 			dsw:  rcDesired(rcWant(memName, emptydir.Name, volume.Attributes{}, memSpec, "p1")),
 			asw: rcActual(&cache.ActualVolume{Name: memName, Plugin: emptydir.Name, DeviceState: cache.DeviceGloballyMounted,
-				Pods: map[types.UID]*cache.ActualPodMount{"p1": {Pod: rcRef("p1"), State: cache.MountUncertain, FoundMounted: true}}}),
+				Pods: cache.PodSetOf(map[types.UID]*cache.ActualPodMount{"p1": {Pod: rcRef("p1"), State: cache.MountUncertain, FoundMounted: true}})}),
 		},
 		{
 			name: "several volumes: sorted by name",
@@ -247,20 +247,20 @@ func TestAdoptionsApplied(t *testing.T) {
 		asw.Adopt(a.ID, a.Device, a.Pods)
 	}
 	s := asw.Snapshot()
-	if m := s.Volume(memName).Pods["p1"]; m.State != cache.Mounted || m.Reconstructed || m.Pod != rcRef("p1") {
+	if m := s.Volume(memName).Pods.At("p1"); m.State != cache.Mounted || m.Reconstructed || m.Pod != rcRef("p1") {
 		t.Errorf("adopted mount: %+v", m)
 	}
 	if v := s.Volume(localName); v.DeviceState != cache.DeviceGloballyMounted || v.DeviceReconstructed ||
-		v.Pods["p1"].State != cache.Mounted || !v.Pods["gone"].Reconstructed {
+		v.Pods.At("p1").State != cache.Mounted || !v.Pods.At("gone").Reconstructed {
 		t.Errorf("adopted device volume: %s", cachetest.JSON(v))
 	}
-	if m := s.Volume(lostName).Pods["p1"]; m.State != cache.MountUncertain || !m.Reconstructed {
+	if m := s.Volume(lostName).Pods.At("p1"); m.State != cache.MountUncertain || !m.Reconstructed {
 		t.Errorf("mount not in place: %+v", m)
 	}
 	// What was guessed from disk gives way to what the pods want: teardown
 	// later knows the spec as if the agent had mounted the volume itself.
-	if v := s.Volume(memName); v.Spec != memSpec || v.Pods["p1"].Spec != memSpec {
-		t.Errorf("adopted volume's spec %p and mount's spec %p, want the desired %p", v.Spec, v.Pods["p1"].Spec, memSpec)
+	if v := s.Volume(memName); v.Spec != memSpec || v.Pods.At("p1").Spec != memSpec {
+		t.Errorf("adopted volume's spec %p and mount's spec %p, want the desired %p", v.Spec, v.Pods.At("p1").Spec, memSpec)
 	}
 	if v := s.Volume(localName); v.Spec != dsw.Volume(localName).Spec || v.Attributes != device {
 		t.Errorf("adopted device volume: spec %+v, attributes %+v", v.Spec, v.Attributes)
@@ -304,9 +304,9 @@ func TestPlanLeavesReconstructedStateUntilOrphanCleanupAllowed(t *testing.T) {
 	}
 	vol := func(name string, attrs volume.Attributes, mounts ...*cache.ActualPodMount) *cache.ActualVolume {
 		v := &cache.ActualVolume{Name: volume.UniqueName(name), Plugin: "test", Attributes: attrs, DeviceState: cache.DeviceNotMounted,
-			Pods: map[types.UID]*cache.ActualPodMount{}}
+			Pods: cache.PodSet[cache.ActualPodMount]{}}
 		for _, m := range mounts {
-			v.Pods[m.Pod.UID] = m
+			v.Pods = v.Pods.With(m.Pod.UID, m)
 		}
 		return v
 	}
@@ -321,7 +321,7 @@ func TestPlanLeavesReconstructedStateUntilOrphanCleanupAllowed(t *testing.T) {
 	ownAttached := vol("test/own-attached", dev)
 	ownAttached.AttachState = cache.Attached
 	mixed := vol("test/shared", volume.Attributes{Identity: "s"}, uncertainMount("rec", true), uncertainMount("own", false))
-	mixed.Pods["own"].State = cache.Mounted
+	mixed.Pods.At("own").State = cache.Mounted
 	asw := rcActual(
 		vol("test/rec-pod", volume.Attributes{}, uncertainMount("rec", true)),
 		vol("test/own-pod", volume.Attributes{}, uncertainMount("own", false)),
@@ -371,7 +371,7 @@ func TestPlanNeverTearsDownReconstructedWithoutOrphanCleanup(t *testing.T) {
 			av := asw.Volume(a.Volume)
 			switch a.Op {
 			case operations.OpUnmountVolume:
-				if m := av.Pods[a.Pod.UID]; m != nil && m.Reconstructed {
+				if m := av.Pods.At(a.Pod.UID); m != nil && m.Reconstructed {
 					t.Fatalf("world %d: %s of a reconstructed mount: %+v", i, a.Op, m)
 				}
 			case operations.OpUnmountDevice, operations.OpDetachVolume:
@@ -438,7 +438,7 @@ func rcRandomWorld(r *rand.Rand) (*cache.DesiredSnapshot, *cache.ActualSnapshot)
 			if !m.Reconstructed && r.IntN(2) == 0 {
 				m.State = cache.Mounted
 			}
-			av.Pods[p] = m
+			av.Pods = av.Pods.With(p, m)
 		}
 		if attrs.DeviceMountable {
 			av.DeviceState = []cache.DeviceMountState{cache.DeviceNotMounted, cache.DeviceMountUncertain, cache.DeviceGloballyMounted}[r.IntN(3)]

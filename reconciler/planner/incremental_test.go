@@ -96,8 +96,8 @@ func (c *churn) actualChange() {
 		// A set up records the content generation it was planned
 		// with: mostly the DSW's current one, sometimes an older one.
 		var gen uint64
-		if dv := c.dsw.Snapshot().Volume(name); dv != nil && dv.Pods[uid] != nil && c.r.IntN(3) > 0 {
-			gen = dv.Pods[uid].ContentGeneration
+		if dv := c.dsw.Snapshot().Volume(name); dv != nil && dv.Pods.At(uid) != nil && c.r.IntN(3) > 0 {
+			gen = dv.Pods.At(uid).ContentGeneration
 		}
 		c.asw.SetPodMount(c.id(name), cache.ActualPodMount{Pod: volume.PodRef{UID: uid}, SpecName: "s", MountPath: "/m/" + string(uid), State: state,
 			ContentGeneration: gen})
@@ -125,7 +125,7 @@ func (c *churn) actualChange() {
 		c.asw.SetResizeBlocked(name, reason)
 	case 10:
 		v := &cache.ActualVolume{Name: name, Plugin: testPlugin, Attributes: c.attrs[name], DeviceState: cache.DeviceNotMounted,
-			Pods: map[types.UID]*cache.ActualPodMount{uid: {Pod: volume.PodRef{UID: uid}, SpecName: "s", State: cache.MountUncertain, Reconstructed: true}}}
+			Pods: cache.PodSetOf(map[types.UID]*cache.ActualPodMount{uid: {Pod: volume.PodRef{UID: uid}, SpecName: "s", State: cache.MountUncertain, Reconstructed: true}})}
 		if c.r.IntN(2) == 0 {
 			v.DeviceState, v.DeviceReconstructed = cache.DeviceMountUncertain, true
 		}
@@ -320,7 +320,7 @@ func TestPlanVolumeMatchesEveryPhase(t *testing.T) {
 						want, wantedMounts = planMounts(dv, av, opts.SourcesReady, want)
 					}
 					if opts.SourcesReady && av != nil {
-						if wantedMounts == len(av.Pods) && len(av.Pods) > 0 {
+						if wantedMounts == av.Pods.Len() && av.Pods.Len() > 0 {
 							skipped++
 						}
 						want = planDeviceTeardown(dv != nil, av, opts.OrphanCleanupAllowed, want)

@@ -82,9 +82,9 @@ func enrichWorld(r *rand.Rand, dsw *cache.DesiredSnapshot, asw *cache.ActualSnap
 		if r.IntN(8) == 0 {
 			av.ResizeBlocked = "in use"
 		}
-		for _, uid := range slices.Sorted(maps.Keys(av.Pods)) {
+		for _, uid := range slices.Sorted(av.Pods.UIDs()) {
 			if r.IntN(4) == 0 {
-				av.Pods[uid].Reconstructed = true
+				av.Pods.At(uid).Reconstructed = true
 			}
 			switch r.IntN(4) {
 			case 0:
@@ -97,7 +97,7 @@ func enrichWorld(r *rand.Rand, dsw *cache.DesiredSnapshot, asw *cache.ActualSnap
 	}
 	for _, name := range slices.Sorted(maps.Keys(maps.Collect(dsw.Volumes()))) {
 		dv := dsw.Volume(name)
-		for _, uid := range slices.Sorted(maps.Keys(dv.Pods)) {
+		for _, uid := range slices.Sorted(dv.Pods.UIDs()) {
 			if r.IntN(3) == 0 {
 				withSubPaths(dv, string(uid), "a")
 			}
@@ -110,7 +110,7 @@ func describeActual(av *cache.ActualVolume) string {
 		return "none"
 	}
 	s := fmt.Sprintf("attach=%q device=%q size=%v expandAfterPublish=%v resizeBlocked=%q", av.AttachState, av.DeviceState, av.Size, av.ExpandAfterPublish, av.ResizeBlocked)
-	for uid, m := range av.Pods {
+	for uid, m := range av.Pods.All() {
 		s += fmt.Sprintf(" pod %s: %s contentGeneration=%d reconstructed=%v", uid, m.State, m.ContentGeneration, m.Reconstructed)
 	}
 	return s
@@ -122,9 +122,9 @@ func describeActual(av *cache.ActualVolume) string {
 // backoff holds back that generation only).
 func TestRewriteCarriesGeneration(t *testing.T) {
 	dv := dvol(vA, remountAttrs, "p1")
-	dv.Pods["p1"].ContentGeneration = 5
+	dv.Pods.At("p1").ContentGeneration = 5
 	av := avol(vA, remountAttrs, mounted("p1"))
-	av.Pods["p1"].ContentGeneration = 3
+	av.Pods.At("p1").ContentGeneration = 3
 	actions := Plan(desiredSnapshot([]*cache.DesiredVolume{dv}, nil), actualSnapshot([]*cache.ActualVolume{av}), Options{SourcesReady: true})
 	if len(actions) != 1 || actions[0].Op != operations.OpMountVolume || actions[0].ContentGeneration != 5 {
 		t.Fatalf("plan %v: want one mount_volume for generation 5", summarize(actions))
@@ -132,7 +132,7 @@ func TestRewriteCarriesGeneration(t *testing.T) {
 	if got := (&operations.Operator{}).Operation(actions[0].Op, actions[0].Target).ContentGeneration; got != 5 {
 		t.Errorf("operation generation %d, want 5", got)
 	}
-	av.Pods["p1"].ContentGeneration = 5
+	av.Pods.At("p1").ContentGeneration = 5
 	if actions := Plan(desiredSnapshot([]*cache.DesiredVolume{dv}, nil), actualSnapshot([]*cache.ActualVolume{av}), Options{SourcesReady: true}); len(actions) != 0 {
 		t.Errorf("content current, yet planned %v", summarize(actions))
 	}

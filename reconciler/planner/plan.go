@@ -89,7 +89,7 @@ func planVolume(out []Action, dsw *cache.DesiredSnapshot, dv *cache.DesiredVolum
 		out, wantedMounts = planMounts(dv, av, opts.SourcesReady, out)
 	}
 	if opts.SourcesReady && av != nil {
-		if wantedMounts != len(av.Pods) {
+		if wantedMounts != av.Pods.Len() {
 			out = planUnmounts(dsw, dv, av, opts.OrphanCleanupAllowed, out)
 		}
 		out = planDeviceTeardown(dv != nil, av, opts.OrphanCleanupAllowed, out)
@@ -171,10 +171,10 @@ func compareActions(pa operations.Phase, a *Action, pb operations.Phase, b *Acti
 // volume because its claim could not be read). dv is the volume's desired
 // entry, nil if no pod wants it.
 func planUnmounts(dsw *cache.DesiredSnapshot, dv *cache.DesiredVolume, av *cache.ActualVolume, orphans bool, out []Action) []Action {
-	for uid, m := range av.Pods {
+	for uid, m := range av.Pods.All() {
 		wanted := false
 		if dv != nil {
-			_, wanted = dv.Pods[uid]
+			_, wanted = dv.Pods.Get(uid)
 		}
 		if !cache.PodUnmountNeeded(wanted, m) {
 			continue
@@ -241,10 +241,10 @@ func planMounts(dv *cache.DesiredVolume, av *cache.ActualVolume, ready bool, out
 		return append(out, volumeAction(operations.OpExpandVolume, expansionReason(dv, av)+" (before publishing)")), -1
 	}
 	wantedMounts := 0
-	for uid, dp := range dv.Pods {
+	for uid, dp := range dv.Pods.All() {
 		var m *cache.ActualPodMount
 		if av != nil {
-			m = av.Pods[uid]
+			m = av.Pods.At(uid)
 		}
 		if m != nil {
 			wantedMounts++
@@ -316,8 +316,8 @@ func planDeviceTeardown(wanted bool, av *cache.ActualVolume, orphans bool, out [
 
 // podRefs lists the pods of a desired volume in a stable order.
 func podRefs(dv *cache.DesiredVolume) []volume.PodRef {
-	out := make([]volume.PodRef, 0, len(dv.Pods))
-	for _, p := range dv.Pods {
+	out := make([]volume.PodRef, 0, dv.Pods.Len())
+	for _, p := range dv.Pods.All() {
 		out = append(out, p.Pod.PodRef)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })

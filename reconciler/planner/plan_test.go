@@ -54,13 +54,13 @@ func specFor(name string) *volume.Spec {
 func dvol(name volume.UniqueName, attrs volume.Attributes, pods ...string) *cache.DesiredVolume {
 	v := &cache.DesiredVolume{
 		Name: name, Plugin: testPlugin, Attributes: attrs, SpecName: specName(name),
-		Spec: specFor(string(name)), Pods: map[types.UID]*cache.DesiredPodVolume{},
+		Spec: specFor(string(name)), Pods: cache.PodSet[cache.DesiredPodVolume]{},
 	}
 	for _, p := range pods {
-		v.Pods[types.UID(p)] = &cache.DesiredPodVolume{
+		v.Pods = v.Pods.With(types.UID(p), &cache.DesiredPodVolume{
 			Pod: podInfo(p), OuterNames: []string{"outer"}, Spec: specFor(string(name) + "@" + p),
 			ContentGeneration: contentGeneration(attrs, false),
-		}
+		})
 	}
 	return v
 }
@@ -82,7 +82,7 @@ type avOpt func(v *cache.ActualVolume)
 func avol(name volume.UniqueName, attrs volume.Attributes, opts ...avOpt) *cache.ActualVolume {
 	v := &cache.ActualVolume{
 		Name: name, Plugin: testPlugin, Attributes: attrs, Spec: specFor(string(name)),
-		DeviceState: cache.DeviceNotMounted, Pods: map[types.UID]*cache.ActualPodMount{},
+		DeviceState: cache.DeviceNotMounted, Pods: cache.PodSet[cache.ActualPodMount]{},
 	}
 	for _, o := range opts {
 		o(v)
@@ -103,10 +103,10 @@ func contentGeneration(attrs volume.Attributes, outdated bool) uint64 {
 
 func podMount(uid string, state cache.MountState, remount bool) avOpt {
 	return func(v *cache.ActualVolume) {
-		v.Pods[types.UID(uid)] = &cache.ActualPodMount{
+		v.Pods = v.Pods.With(types.UID(uid), &cache.ActualPodMount{
 			Pod: podRef(uid), SpecName: specName(v.Name), State: state, ContentGeneration: contentGeneration(v.Attributes, remount),
 			MountPath: "/pods/" + uid + "/volumes/" + specName(v.Name), Spec: specFor(string(v.Name) + "@" + uid),
-		}
+		})
 	}
 }
 
@@ -134,18 +134,18 @@ func subPathsOf(paths ...string) []volume.SubPath {
 
 // withSubPaths makes the pod's containers mount the given sub-paths of v.
 func withSubPaths(v *cache.DesiredVolume, uid string, paths ...string) *cache.DesiredVolume {
-	v.Pods[types.UID(uid)].SubPaths = subPathsOf(paths...)
+	v.Pods.At(types.UID(uid)).SubPaths = subPathsOf(paths...)
 	return v
 }
 
 // prepared records the pod's sub-paths of the volume as prepared.
 func prepared(uid string, paths ...string) avOpt {
-	return func(v *cache.ActualVolume) { v.Pods[types.UID(uid)].SubPaths = subPathsOf(paths...) }
+	return func(v *cache.ActualVolume) { v.Pods.At(types.UID(uid)).SubPaths = subPathsOf(paths...) }
 }
 
 // outdated marks the pod's prepared sub-paths outdated.
 func outdated(uid string) avOpt {
-	return func(v *cache.ActualVolume) { v.Pods[types.UID(uid)].SubPathsOutdated = true }
+	return func(v *cache.ActualVolume) { v.Pods.At(types.UID(uid)).SubPathsOutdated = true }
 }
 
 func device(s cache.DeviceMountState) avOpt {
@@ -178,7 +178,7 @@ func desiredSnapshot(vols []*cache.DesiredVolume, extra []*cache.DesiredPod) *ca
 	}
 	for _, v := range vols {
 		vm[v.Name] = v
-		for uid, pv := range v.Pods {
+		for uid, pv := range v.Pods.All() {
 			p, ok := pods[uid]
 			if !ok {
 				p = &cache.DesiredPod{Pod: pv.Pod}
@@ -834,8 +834,8 @@ func TestPlanActionFields(t *testing.T) {
 			t.Fatalf("got %d actions, want 1", len(got))
 		}
 		a := got[0]
-		if a.Spec != dv.Pods["p1"].Spec {
-			t.Errorf("Spec = %+v, want the pod's spec %+v", a.Spec, dv.Pods["p1"].Spec)
+		if a.Spec != dv.Pods.At("p1").Spec {
+			t.Errorf("Spec = %+v, want the pod's spec %+v", a.Spec, dv.Pods.At("p1").Spec)
 		}
 		if a.Pod != podInfo("p1") || a.Plugin != testPlugin || a.Attributes != sharedDirAttrs || a.SpecName != "dir" {
 			t.Errorf("action = %+v", a)
@@ -850,7 +850,7 @@ func TestPlanActionFields(t *testing.T) {
 		if len(got) != 1 {
 			t.Fatalf("got %d actions, want 1", len(got))
 		}
-		a, m := got[0], av.Pods["p1"]
+		a, m := got[0], av.Pods.At("p1")
 		if a.MountPath != m.MountPath || a.Spec != m.Spec || a.SpecName != m.SpecName || a.Pod.PodRef != m.Pod {
 			t.Errorf("action = %+v, want mount %+v", a, m)
 		}
@@ -860,7 +860,7 @@ func TestPlanActionFields(t *testing.T) {
 	})
 	t.Run("unmount_volume of a reconstructed mount has no spec", func(t *testing.T) {
 		av := avol(vA, perPodAttrs, mounted("p1"))
-		av.Pods["p1"].Spec = nil
+		av.Pods.At("p1").Spec = nil
 		av.Spec = nil
 		got := Plan(desiredSnapshot(nil, nil), actualSnapshot([]*cache.ActualVolume{av}), Options{SourcesReady: true})
 		if len(got) != 1 || got[0].Spec != nil || got[0].MountPath == "" {
@@ -1060,7 +1060,7 @@ func TestPlanInvariants(t *testing.T) {
 				av := asw.Volume(a.Volume)
 				switch a.Op {
 				case operations.OpMountVolume:
-					if dv == nil || dv.Pods[a.Pod.UID] == nil {
+					if dv == nil || dv.Pods.At(a.Pod.UID) == nil {
 						t.Fatalf("%s: %v for a pod that does not want the volume", ctx, a)
 					}
 					if dv.Attributes.DeviceMountable && (av == nil || av.DeviceState != cache.DeviceGloballyMounted) {
@@ -1074,7 +1074,7 @@ func TestPlanInvariants(t *testing.T) {
 						t.Fatalf("%s: %v of a protected pod", ctx, a)
 					}
 				case operations.OpUnmountDevice, operations.OpDetachVolume:
-					if dv != nil || len(av.Pods) > 0 {
+					if dv != nil || av.Pods.Len() > 0 {
 						t.Fatalf("%s: %v of a volume still wanted or mounted", ctx, a)
 					}
 				case operations.OpVerifyAttached, operations.OpMountDevice, operations.OpExpandVolume:
@@ -1158,12 +1158,12 @@ func benchWorld(n int, mountedAll bool) (*cache.DesiredSnapshot, *cache.ActualSn
 		spec := &volume.Spec{Name: "scratch"}
 		dvs = append(dvs, &cache.DesiredVolume{
 			Name: name, Plugin: "kubernetes.io/empty-dir", SpecName: "scratch", Spec: spec,
-			Pods: map[types.UID]*cache.DesiredPodVolume{types.UID(uid): {Pod: podInfo(uid), OuterNames: []string{"scratch"}, Spec: spec}},
+			Pods: cache.PodSetOf(map[types.UID]*cache.DesiredPodVolume{types.UID(uid): {Pod: podInfo(uid), OuterNames: []string{"scratch"}, Spec: spec}}),
 		})
 		if mountedAll {
 			avs = append(avs, &cache.ActualVolume{
 				Name: name, Plugin: "kubernetes.io/empty-dir", Spec: spec, DeviceState: cache.DeviceNotMounted,
-				Pods: map[types.UID]*cache.ActualPodMount{types.UID(uid): {Pod: podRef(uid), SpecName: "scratch", State: cache.Mounted, Spec: spec}},
+				Pods: cache.PodSetOf(map[types.UID]*cache.ActualPodMount{types.UID(uid): {Pod: podRef(uid), SpecName: "scratch", State: cache.Mounted, Spec: spec}}),
 			})
 		}
 	}

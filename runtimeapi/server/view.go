@@ -131,8 +131,8 @@ func viewVolume(p *cache.DesiredPod, name string, ex *explain.Pod, dsw *cache.De
 	}
 	v.SELinuxRelabel = e.Unique != "" && v.VolumeMode == runtimeapi.Filesystem && e.Plugin != hostPathPlugin && !e.NoHostPath
 	dv := dsw.Volume(e.Unique)
-	if dv != nil && dv.Pods[p.Pod.UID] != nil {
-		if src := image.Source(dv.Pods[p.Pod.UID].Spec); src != nil {
+	if dv != nil && dv.Pods.At(p.Pod.UID) != nil {
+		if src := image.Source(dv.Pods.At(p.Pod.UID).Spec); src != nil {
 			v.Image = &runtimeapi.ImageVolume{Reference: src.Reference, PullPolicy: string(image.PullPolicy(src))}
 		}
 	}
@@ -140,7 +140,7 @@ func viewVolume(p *cache.DesiredPod, name string, ex *explain.Pod, dsw *cache.De
 		return v
 	}
 	v.specName = dv.SpecName
-	m := asw.Volume(e.Unique).Pods[p.Pod.UID]
+	m := asw.Volume(e.Unique).Pods.At(p.Pod.UID)
 	if v.VolumeMode == runtimeapi.Block {
 		v.DevicePath = m.MountPath
 	} else {

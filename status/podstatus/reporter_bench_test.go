@@ -28,9 +28,9 @@ func BenchmarkReconciled(b *testing.B) {
 					vol := volume.PodScopedName(plugin, ref.UID, name)
 					p.Volumes = append(p.Volumes, vol)
 					if mounted == "all" || (mounted == "half" && j%2 == 0) {
-						vols[vol] = &cache.ActualVolume{Name: vol, Pods: map[types.UID]*cache.ActualPodMount{
+						vols[vol] = &cache.ActualVolume{Name: vol, Pods: cache.PodSetOf(map[types.UID]*cache.ActualPodMount{
 							ref.UID: {Pod: ref, SpecName: name, State: cache.Mounted},
-						}}
+						})}
 					}
 				}
 				pods[ref.UID] = p

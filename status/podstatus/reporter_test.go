@@ -142,11 +142,11 @@ func (w world) snapshots() (*cache.DesiredSnapshot, *cache.ActualSnapshot) {
 		vol := volume.PodScopedName(plugin, ref.UID, "data")
 		pods[ref.UID] = &cache.DesiredPod{Pod: volume.PodInfo{PodRef: ref}, Volumes: []volume.UniqueName{vol}}
 		dvols[vol] = &cache.DesiredVolume{Name: vol, Plugin: plugin, SpecName: "data",
-			Pods: map[types.UID]*cache.DesiredPodVolume{ref.UID: {OuterNames: []string{"data"}}}}
+			Pods: cache.PodSetOf(map[types.UID]*cache.DesiredPodVolume{ref.UID: {OuterNames: []string{"data"}}})}
 		if mounted {
-			avols[vol] = &cache.ActualVolume{Name: vol, Pods: map[types.UID]*cache.ActualPodMount{
+			avols[vol] = &cache.ActualVolume{Name: vol, Pods: cache.PodSetOf(map[types.UID]*cache.ActualPodMount{
 				ref.UID: {Pod: ref, SpecName: "data", State: cache.Mounted},
-			}}
+			})}
 		}
 	}
 	return cache.NewDesiredSnapshot(dvols, pods, 0), cache.NewActualSnapshot(avols, 0)

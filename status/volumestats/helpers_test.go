@@ -117,17 +117,17 @@ func csiVolume(spec *volume.Spec, staging string, pod types.UID, target string, 
 		Plugin: csiplugin.Name, Spec: spec,
 		Attributes:  volume.Attributes{Identity: src.Driver + "^" + src.VolumeHandle, DeviceMountable: true},
 		DeviceState: cache.DeviceGloballyMounted, DeviceMountPath: staging,
-		Pods: map[types.UID]*cache.ActualPodMount{},
+		Pods: cache.PodSet[cache.ActualPodMount]{},
 	}
 	addPod(v, pod, target, state)
 	return v
 }
 
 func addPod(v *cache.ActualVolume, pod types.UID, target string, state cache.MountState) {
-	v.Pods[pod] = &cache.ActualPodMount{
+	v.Pods = v.Pods.With(pod, &cache.ActualPodMount{
 		Pod: volume.PodRef{UID: pod, Namespace: "ns", Name: "pod-" + string(pod)}, SpecName: v.Spec.Name,
 		MountPath: target, State: state, Spec: v.Spec,
-	}
+	})
 }
 
 // gauge returns the value of a gauge of the collector for a claim.
@@ -429,7 +429,7 @@ func localVolume(pv, ns, pvc string, block bool, pod types.UID, path string) *ca
 	}
 	v := &cache.ActualVolume{
 		Name: volume.SharedName(local.Name, pv), Plugin: local.Name, Spec: spec,
-		Attributes: volume.Attributes{Identity: pv}, Pods: map[types.UID]*cache.ActualPodMount{},
+		Attributes: volume.Attributes{Identity: pv}, Pods: cache.PodSet[cache.ActualPodMount]{},
 	}
 	addPod(v, pod, path, cache.Mounted)
 	return v

@@ -138,7 +138,7 @@ func plan(snap *cache.ActualSnapshot, drivers func(name string) (*registry.Drive
 // through a claim, sorted by pod UID, and the first of them (nil if none).
 func mountedClaimPods(v *cache.ActualVolume) (*cache.ActualPodMount, []podVolume) {
 	var ms []*cache.ActualPodMount
-	for _, m := range v.Pods {
+	for _, m := range v.Pods.All() {
 		if m.State != cache.Mounted || m.Spec == nil || m.Spec.PVC == nil || m.Spec.PV == nil || m.MountPath == "" {
 			continue
 		}

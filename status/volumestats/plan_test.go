@@ -113,7 +113,7 @@ func TestPlan(t *testing.T) {
 				}(),
 				func() *cache.ActualVolume {
 					v := localVolume("pv-r", "ns", "rc", false, "pod-a", "/p/a/pv-r")
-					v.Pods["pod-a"].Spec = nil
+					v.Pods.At("pod-a").Spec = nil
 					return v
 				}(),
 			},

@@ -488,7 +488,7 @@ func (c *Collector) outerNames(name volume.UniqueName) map[types.UID]string {
 		return out
 	}
 	if v := dsw.Volume(name); v != nil {
-		for uid, p := range v.Pods {
+		for uid, p := range v.Pods.All() {
 			if len(p.OuterNames) > 0 {
 				names := append([]string(nil), p.OuterNames...)
 				sort.Strings(names)

@@ -500,7 +500,7 @@ func TestVolumeHealth(t *testing.T) {
 	// pod-a calls the volume "data"; pod-b has no DSW entry (named by
 	// the PV then).
 	dsw := cache.NewDesiredSnapshot(map[volume.UniqueName]*cache.DesiredVolume{v.Name: {
-		Name: v.Name, Pods: map[types.UID]*cache.DesiredPodVolume{"pod-a": {OuterNames: []string{"data"}}},
+		Name: v.Name, Pods: cache.PodSetOf(map[types.UID]*cache.DesiredPodVolume{"pod-a": {OuterNames: []string{"data"}}}),
 	}}, nil, 0)
 	rec := &events.Memory{}
 	core, logs := observer.New(zap.InfoLevel)

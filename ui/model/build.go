@@ -173,7 +173,7 @@ func index(in Input) *indexed {
 	}
 	ix.mounts = map[types.UID][]actualMount{}
 	for name, av := range in.ASW.Volumes() {
-		for uid, m := range av.Pods {
+		for uid, m := range av.Pods.All() {
 			ix.mounts[uid] = append(ix.mounts[uid], actualMount{name: name, vol: av, pod: m})
 		}
 	}
@@ -244,9 +244,9 @@ func (ix *indexed) desiredPod(dp *cache.DesiredPod) Pod {
 				}
 				continue
 			}
-			if dv := ix.DSW.Volume(e.Unique); dv != nil && dv.Pods[uid] != nil {
+			if dv := ix.DSW.Volume(e.Unique); dv != nil && dv.Pods.At(uid) != nil {
 				byVolume[e.Unique] = len(p.Volumes)
-				p.Volumes = append(p.Volumes, ix.desiredVolume(dp, dv, dv.Pods[uid], e, history))
+				p.Volumes = append(p.Volumes, ix.desiredVolume(dp, dv, dv.Pods.At(uid), e, history))
 				continue
 			}
 		}
@@ -368,7 +368,7 @@ func (ix *indexed) desiredVolume(dp *cache.DesiredPod, dv *cache.DesiredVolume, 
 	av := ix.ASW.Volume(dv.Name)
 	var m *cache.ActualPodMount
 	if av != nil {
-		m = av.Pods[uid]
+		m = av.Pods.At(uid)
 		v.DevicePath, v.DeviceMountPath = av.DevicePath, av.DeviceMountPath
 	}
 	if m != nil {

@@ -75,7 +75,7 @@ func (ix *indexed) mountTree(pod *Pod, v PodVolume) MountTree {
 	}
 	t.Origin = origin(spec, av, v)
 	if av != nil {
-		for _, m := range av.Pods {
+		for _, m := range av.Pods.All() {
 			t.Mounts = append(t.Mounts, PodMount{Pod: m.Pod, Path: m.MountPath, State: mountState(m), This: m.Pod.UID == pod.UID})
 		}
 	}
