@@ -3,6 +3,7 @@ package cache
 import (
 	"hash/maphash"
 	"iter"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -12,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 
-	"github.com/volume-agent/volume-agent/internal/changelog"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -241,7 +241,10 @@ type aswShard struct {
 	volumes map[volume.UniqueName]*ActualVolume
 	// reconstructed counts the volumes for which hasReconstructed holds.
 	reconstructed int
-	changes       changelog.Log[volume.UniqueName]
+	// changes lists the volumes changed since the reconciler last took
+	// them (TakeChanges), with repeats, deduplicated at take time: one
+	// append per write where a changelog.Log's set cost a map insert.
+	changes touched[volume.UniqueName]
 	// snapChanges lists the volumes changed since the last snapshot,
 	// which patches a copy of the one before instead of copying every
 	// entry anew.
@@ -261,6 +264,11 @@ type touched[K comparable] struct {
 
 func (t *touched[K]) mark(name K, limit int) {
 	if t.all {
+		return
+	}
+	if n := len(t.names); n > 0 && t.names[n-1] == name {
+		// An operation writes its volume's entry two or three times in
+		// a row; listing it once is the same to every consumer.
 		return
 	}
 	if len(t.names) >= limit {
@@ -284,6 +292,9 @@ func NewActualStateOfWorld(c clock.PassiveClock) *ActualStateOfWorld {
 	a := &ActualStateOfWorld{clock: c, seed: maphash.MakeSeed()}
 	for i := range a.shards {
 		a.shards[i].volumes = map[volume.UniqueName]*ActualVolume{}
+		// Nothing is listed until a consumer first takes the list,
+		// which then says All.
+		a.shards[i].changes.all = true
 		a.shards[i].snapChanges.all = true
 	}
 	return a
@@ -334,8 +345,9 @@ func (a *ActualStateOfWorld) update(id VolumeIdentity, fn func(v *ActualVolume))
 
 // marked records a change of the volume's entry; the caller holds sh.mu.
 func (a *ActualStateOfWorld) marked(sh *aswShard, name volume.UniqueName) {
-	sh.changes.Mark(name, changeLimit(len(sh.volumes)))
-	sh.snapChanges.mark(name, changeLimit(len(sh.volumes)))
+	limit := changeLimit(len(sh.volumes))
+	sh.changes.mark(name, limit)
+	sh.snapChanges.mark(name, limit)
 	a.generation.Add(1)
 }
 
@@ -573,16 +585,18 @@ func (a *ActualStateOfWorld) TakeChanges() Changes {
 	for i := range a.shards {
 		sh := &a.shards[i]
 		sh.mu.Lock()
-		all, names := sh.changes.Take()
+		all, names := sh.changes.take()
+		if !c.All && !all {
+			c.sorted = append(c.sorted, names...) // names is reused
+		}
 		sh.mu.Unlock()
 		c.All = c.All || all
-		if len(names) > 0 {
-			c.sets = append(c.sets, names)
-		}
 	}
 	if c.All {
-		c.sets = nil
+		c.sorted = nil
 	}
+	slices.Sort(c.sorted)
+	c.sorted = slices.Compact(c.sorted)
 	return c
 }
 
@@ -670,11 +684,9 @@ func (a *ActualStateOfWorld) AddReconstructed(vols []*ActualVolume) {
 		if nv.hasReconstructed() {
 			sh.reconstructed++
 		}
-		sh.changes.Mark(v.Name, changeLimit(len(sh.volumes)))
-		sh.snapChanges.mark(v.Name, changeLimit(len(sh.volumes)))
+		a.marked(sh, v.Name)
 		// Counted under the shard's lock, as every change: a consumer
 		// that took the change then finds a newer snapshot.
-		a.generation.Add(1)
 		sh.mu.Unlock()
 	}
 }

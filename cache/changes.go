@@ -1,6 +1,10 @@
 package cache
 
-import "github.com/volume-agent/volume-agent/volume"
+import (
+	"slices"
+
+	"github.com/volume-agent/volume-agent/volume"
+)
 
 // Changes names the volumes whose entries changed between two calls of a
 // cache's TakeChanges, so that the reconciler plans only those again. All
@@ -9,6 +13,9 @@ import "github.com/volume-agent/volume-agent/volume"
 type Changes struct {
 	All  bool
 	sets []map[volume.UniqueName]struct{}
+	// sorted lists more names, sorted and without repeats (the ASW's,
+	// which keeps lists rather than sets).
+	sorted []volume.UniqueName
 }
 
 // Has reports whether the volume is among the changed ones (always when
@@ -22,7 +29,8 @@ func (c Changes) Has(name volume.UniqueName) bool {
 			return true
 		}
 	}
-	return false
+	_, ok := slices.BinarySearch(c.sorted, name)
+	return ok
 }
 
 // Each calls fn for every name listed, once each.
@@ -31,6 +39,9 @@ func (c Changes) Each(fn func(volume.UniqueName)) {
 		for name := range s {
 			fn(name)
 		}
+	}
+	for _, name := range c.sorted {
+		fn(name)
 	}
 }
 
