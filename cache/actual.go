@@ -3,7 +3,6 @@ package cache
 import (
 	"hash/maphash"
 	"iter"
-	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -242,8 +241,7 @@ type aswShard struct {
 	// reconstructed counts the volumes for which hasReconstructed holds.
 	reconstructed int
 	// changes lists the volumes changed since the reconciler last took
-	// them (TakeChanges), with repeats, deduplicated at take time: one
-	// append per write where a changelog.Log's set cost a map insert.
+	// them (TakeChanges, which drops the repeats).
 	changes touched[volume.UniqueName]
 	// snapChanges lists the volumes changed since the last snapshot,
 	// which patches a copy of the one before instead of copying every
@@ -251,16 +249,21 @@ type aswShard struct {
 	snapChanges touched[volume.UniqueName]
 }
 
-// touched lists the volumes changed since the last snapshot, in order and
-// with repeats: patching a snapshot with a volume twice does no harm, and
-// appending to a slice the snapshot hands back is cheaper than the
-// set a changelog.Log keeps (a map insert per change was a tenth of
-// every ASW write in a storm).
+// touched lists the entries changed since its one consumer (the next
+// snapshot, or the reconciler) last took them, in order and with repeats:
+// patching a snapshot with a volume twice does no harm, the reconciler's
+// list is sorted once per take (see Changes), and appending to a slice is
+// cheaper than the set a changelog.Log keeps (a map insert per change was
+// a tenth of every ASW write in a storm). Repeats count towards the limit.
 type touched[K comparable] struct {
 	names []K
-	// all: past the limit, or nothing listed yet; every entry is copied.
+	// all: past the limit, or nothing listed yet; every entry is looked at.
 	all bool
 }
+
+// markAll says that any entry may have changed (nothing, until the list's
+// consumer first takes it: its first take says All anyway).
+func (t *touched[K]) markAll() { t.all, t.names = true, nil }
 
 func (t *touched[K]) mark(name K, limit int) {
 	if t.all {
@@ -587,16 +590,15 @@ func (a *ActualStateOfWorld) TakeChanges() Changes {
 		sh.mu.Lock()
 		all, names := sh.changes.take()
 		if !c.All && !all {
-			c.sorted = append(c.sorted, names...) // names is reused
+			c.names = append(c.names, names...) // names is reused
 		}
 		sh.mu.Unlock()
 		c.All = c.All || all
 	}
 	if c.All {
-		c.sorted = nil
+		return Changes{All: true}
 	}
-	slices.Sort(c.sorted)
-	c.sorted = slices.Compact(c.sorted)
+	c.names = sortedOnce(c.names)
 	return c
 }
 
