@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 
-	"github.com/volume-agent/volume-agent/internal/changelog"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -241,26 +240,38 @@ type aswShard struct {
 	volumes map[volume.UniqueName]*ActualVolume
 	// reconstructed counts the volumes for which hasReconstructed holds.
 	reconstructed int
-	changes       changelog.Log[volume.UniqueName]
+	// changes lists the volumes changed since the reconciler last took
+	// them (TakeChanges, which drops the repeats).
+	changes touched[volume.UniqueName]
 	// snapChanges lists the volumes changed since the last snapshot,
 	// which patches a copy of the one before instead of copying every
 	// entry anew.
 	snapChanges touched[volume.UniqueName]
 }
 
-// touched lists the volumes changed since the last snapshot, in order and
-// with repeats: patching a snapshot with a volume twice does no harm, and
-// appending to a slice the snapshot hands back is cheaper than the
-// set a changelog.Log keeps (a map insert per change was a tenth of
-// every ASW write in a storm).
+// touched lists the entries changed since its one consumer (the next
+// snapshot, or the reconciler) last took them, in order and with repeats:
+// patching a snapshot with a volume twice does no harm, the reconciler's
+// list is sorted once per take (see Changes), and appending to a slice is
+// cheaper than the set a changelog.Log keeps (a map insert per change was
+// a tenth of every ASW write in a storm). Repeats count towards the limit.
 type touched[K comparable] struct {
 	names []K
-	// all: past the limit, or nothing listed yet; every entry is copied.
+	// all: past the limit, or nothing listed yet; every entry is looked at.
 	all bool
 }
 
+// markAll says that any entry may have changed (nothing, until the list's
+// consumer first takes it: its first take says All anyway).
+func (t *touched[K]) markAll() { t.all, t.names = true, nil }
+
 func (t *touched[K]) mark(name K, limit int) {
 	if t.all {
+		return
+	}
+	if n := len(t.names); n > 0 && t.names[n-1] == name {
+		// An operation writes its volume's entry two or three times in
+		// a row; listing it once is the same to every consumer.
 		return
 	}
 	if len(t.names) >= limit {
@@ -284,6 +295,9 @@ func NewActualStateOfWorld(c clock.PassiveClock) *ActualStateOfWorld {
 	a := &ActualStateOfWorld{clock: c, seed: maphash.MakeSeed()}
 	for i := range a.shards {
 		a.shards[i].volumes = map[volume.UniqueName]*ActualVolume{}
+		// Nothing is listed until a consumer first takes the list,
+		// which then says All.
+		a.shards[i].changes.all = true
 		a.shards[i].snapChanges.all = true
 	}
 	return a
@@ -334,8 +348,9 @@ func (a *ActualStateOfWorld) update(id VolumeIdentity, fn func(v *ActualVolume))
 
 // marked records a change of the volume's entry; the caller holds sh.mu.
 func (a *ActualStateOfWorld) marked(sh *aswShard, name volume.UniqueName) {
-	sh.changes.Mark(name, changeLimit(len(sh.volumes)))
-	sh.snapChanges.mark(name, changeLimit(len(sh.volumes)))
+	limit := changeLimit(len(sh.volumes))
+	sh.changes.mark(name, limit)
+	sh.snapChanges.mark(name, limit)
 	a.generation.Add(1)
 }
 
@@ -573,16 +588,17 @@ func (a *ActualStateOfWorld) TakeChanges() Changes {
 	for i := range a.shards {
 		sh := &a.shards[i]
 		sh.mu.Lock()
-		all, names := sh.changes.Take()
+		all, names := sh.changes.take()
+		if !c.All && !all {
+			c.names = append(c.names, names...) // names is reused
+		}
 		sh.mu.Unlock()
 		c.All = c.All || all
-		if len(names) > 0 {
-			c.sets = append(c.sets, names)
-		}
 	}
 	if c.All {
-		c.sets = nil
+		return Changes{All: true}
 	}
+	c.names = sortedOnce(c.names)
 	return c
 }
 
@@ -670,11 +686,9 @@ func (a *ActualStateOfWorld) AddReconstructed(vols []*ActualVolume) {
 		if nv.hasReconstructed() {
 			sh.reconstructed++
 		}
-		sh.changes.Mark(v.Name, changeLimit(len(sh.volumes)))
-		sh.snapChanges.mark(v.Name, changeLimit(len(sh.volumes)))
+		a.marked(sh, v.Name)
 		// Counted under the shard's lock, as every change: a consumer
 		// that took the change then finds a newer snapshot.
-		a.generation.Add(1)
 		sh.mu.Unlock()
 	}
 }

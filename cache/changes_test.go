@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/volume-agent/volume-agent/internal/changelog"
 	"github.com/volume-agent/volume-agent/volume"
 )
 
@@ -159,5 +160,50 @@ func TestShrunk(t *testing.T) {
 	c := shrunk(m, &peak)
 	if reflect.ValueOf(c).UnsafePointer() == reflect.ValueOf(m).UnsafePointer() || !maps.Equal(c, m) || peak != 248 {
 		t.Fatalf("at 248 of 1000 entries: copied=%v equal=%v peak=%d", reflect.ValueOf(c).UnsafePointer() != reflect.ValueOf(m).UnsafePointer(), maps.Equal(c, m), peak)
+	}
+}
+
+// TestTouchedChangesOracle: the ASW's change list (touched, with repeats,
+// deduplicated at take time as TakeChanges does) against the set a
+// changelog.Log keeps, which it replaced: over random marks and takes, both
+// say All on the first take, list the same names when neither is All,
+// and the list is All whenever the set is; the list may be All sooner only
+// when it holds more than the limit (repeats count there).
+func TestTouchedChangesOracle(t *testing.T) {
+	for seed := range uint64(200) {
+		r := rand.New(rand.NewPCG(seed, 1))
+		limit := 1 + r.IntN(12)
+		var list touched[volume.UniqueName]
+		list.all = true
+		var set changelog.Log[volume.UniqueName]
+		marks := 0 // since the last take, after consecutive repeats
+		var last volume.UniqueName
+		for step := range 300 {
+			if r.IntN(8) == 0 {
+				lall, names := list.take()
+				got := slices.Clone(names)
+				slices.Sort(got)
+				got = slices.Compact(got)
+				sall, keys := set.Take()
+				want := slices.Sorted(maps.Keys(keys))
+				switch {
+				case sall && !lall:
+					t.Fatalf("seed %d step %d: set All, list %v", seed, step, got)
+				case lall && !sall && marks <= limit:
+					t.Fatalf("seed %d step %d: list All after %d marks (limit %d), set %v", seed, step, marks, limit, want)
+				case !lall && !slices.Equal(got, want):
+					t.Fatalf("seed %d step %d: list %v, set %v", seed, step, got, want)
+				}
+				marks, last = 0, ""
+				continue
+			}
+			name := volume.UniqueName(fmt.Sprintf("v%d", r.IntN(2*limit)))
+			if name != last {
+				marks++
+			}
+			last = name
+			list.mark(name, limit)
+			set.Mark(name, limit)
+		}
 	}
 }

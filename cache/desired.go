@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 
-	"github.com/volume-agent/volume-agent/internal/changelog"
 	"github.com/volume-agent/volume-agent/internal/notify"
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -162,7 +161,9 @@ type DesiredStateOfWorld struct {
 	// contentSeq is the last content generation handed out.
 	contentSeq uint64
 	snapshot   *DesiredSnapshot // cached for generation
-	changes    changelog.Log[volume.UniqueName]
+	// changes lists the volumes changed since the reconciler last took
+	// them, with repeats (see touched).
+	changes touched[volume.UniqueName]
 	// peakVolumes and peakPods are the most entries the maps held since
 	// they were last made (see shrunk).
 	peakVolumes, peakPods int
@@ -187,6 +188,7 @@ func NewDesiredStateOfWorld(c clock.PassiveClock) *DesiredStateOfWorld {
 		changed:  notify.New(),
 		volumes:  map[volume.UniqueName]*DesiredVolume{},
 		pods:     map[types.UID]*DesiredPod{},
+		changes:  touched[volume.UniqueName]{all: true},
 		snapVols: touched[volume.UniqueName]{all: true},
 		snapPods: touched[types.UID]{all: true},
 	}
@@ -305,7 +307,7 @@ func (d *DesiredStateOfWorld) SetPodWithContainers(pod volume.PodInfo, vols []Po
 	if protects(old) != (len(unresolved) > 0) {
 		// Whether the pod's mounts may be unmounted changed, for volumes
 		// the DSW may not know (mounts from before a restart).
-		d.changes.MarkAll()
+		d.changes.markAll()
 	}
 	since := now
 	if old != nil {
@@ -356,7 +358,7 @@ func (d *DesiredStateOfWorld) setPodVolume(v *DesiredVolume, pv *PodVolume, dp *
 	}
 	nv.Pods = nv.Pods.With(dp.Pod.UID, dp)
 	d.volumes[pv.Name] = nv
-	d.changes.Mark(pv.Name, changeLimit(len(d.volumes)))
+	d.changes.mark(pv.Name, changeLimit(len(d.volumes)))
 	d.snapVols.mark(pv.Name, changeLimit(len(d.volumes)))
 	return true
 }
@@ -370,7 +372,7 @@ func (d *DesiredStateOfWorld) removePodFromVolume(name volume.UniqueName, pod ty
 	if !ok {
 		return
 	}
-	d.changes.Mark(name, changeLimit(len(d.volumes)))
+	d.changes.mark(name, changeLimit(len(d.volumes)))
 	d.snapVols.mark(name, changeLimit(len(d.volumes)))
 	if v.Pods.Len() == 1 {
 		delete(d.volumes, name)
@@ -407,7 +409,7 @@ func (d *DesiredStateOfWorld) RefreshPodVolume(name volume.UniqueName, pod types
 	nv := *v
 	nv.Pods = v.Pods.With(pod, &ndp)
 	d.volumes[name] = &nv
-	d.changes.Mark(name, changeLimit(len(d.volumes)))
+	d.changes.mark(name, changeLimit(len(d.volumes)))
 	d.snapVols.mark(name, changeLimit(len(d.volumes)))
 	d.bump()
 	return ndp.ContentGeneration, true
@@ -422,7 +424,7 @@ func (d *DesiredStateOfWorld) DeletePod(uid types.UID) bool {
 		return false
 	}
 	if protects(p) {
-		d.changes.MarkAll()
+		d.changes.markAll()
 	}
 	for _, name := range p.Volumes {
 		d.removePodFromVolume(name, uid)
@@ -444,12 +446,11 @@ func protects(p *DesiredPod) bool { return p != nil && len(p.Unresolved) > 0 }
 func (d *DesiredStateOfWorld) TakeChanges() Changes {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	all, names := d.changes.Take()
-	c := Changes{All: all}
-	if len(names) > 0 {
-		c.sets = []map[volume.UniqueName]struct{}{names}
+	all, names := d.changes.take()
+	if all {
+		return Changes{All: true}
 	}
-	return c
+	return Changes{names: sortedOnce(slices.Clone(names))} // names is reused
 }
 
 // PodUIDs lists the pods the DSW knows.
