@@ -352,7 +352,7 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target) error {
 	req, log := withLog[plugins.TearDownRequest](o, t, OpUnmountVolume)
 	*req = plugins.TearDownRequest{
 		VolumeName: t.Volume, Spec: prev.Spec, Pod: t.Pod.PodRef, Dir: t.MountPath,
-		DeviceMountPath: av.DeviceMountPath, Log: log,
+		DeviceMountPath: av.DeviceMountPath, NoSizeLimit: t.Attributes.NoSizeLimit, Log: log,
 	}
 	if err := p.TearDown(ctx, req); err != nil {
 		if prev.State != cache.MountUncertain || len(prev.SubPaths) > 0 {

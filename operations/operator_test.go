@@ -778,12 +778,13 @@ func TestOperatorPassesRecordedState(t *testing.T) {
 	// The pod goes away: the planner's target for it no longer has a spec.
 	gone := w.unmountTarget()
 	gone.Spec = nil
+	gone.Attributes.NoSizeLimit = true // the hint travels from the target's attributes
 	if err := w.op.UnmountVolume(ctx, gone); err != nil {
 		t.Fatal(err)
 	}
 	treq := w.plugin.last(t, "TearDown").(plugins.TearDownRequest)
-	if treq.Dir != w.podDir() || treq.DeviceMountPath != w.deviceMountPath() || treq.Spec != w.spec || treq.Pod != w.pod.PodRef {
-		t.Errorf("TearDown request %+v: want dir %s, device mount path %s, the mount's spec and pod", treq, w.podDir(), w.deviceMountPath())
+	if treq.Dir != w.podDir() || treq.DeviceMountPath != w.deviceMountPath() || treq.Spec != w.spec || treq.Pod != w.pod.PodRef || !treq.NoSizeLimit {
+		t.Errorf("TearDown request %+v: want dir %s, device mount path %s, the mount's spec and pod, the no-size-limit hint", treq, w.podDir(), w.deviceMountPath())
 	}
 
 	if err := w.op.UnmountDevice(ctx, w.target()); err != nil {

@@ -109,7 +109,10 @@ type TearDownRequest struct {
 	Pod             volume.PodRef
 	Dir             string
 	DeviceMountPath string
-	Log             Log
+	// NoSizeLimit is the volume's Attributes.NoSizeLimit: true only when
+	// the plugin said so while the spec was known.
+	NoSizeLimit bool
+	Log         Log
 }
 
 // DeviceMounter is implemented by plugins whose volumes are mounted once per

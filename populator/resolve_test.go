@@ -481,6 +481,7 @@ func TestResolveSuccess(t *testing.T) {
 			wantName: func(pod *v1.Pod) volume.UniqueName {
 				return volume.PodScopedName(emptydir.Name, pod.UID, "scratch")
 			},
+			wantAttrs: volume.Attributes{NoSizeLimit: true},
 			check: func(t *testing.T, pod *v1.Pod, _ []any, pv cache.PodVolume) {
 				s := pv.Spec
 				if s.Name != "scratch" || s.Volume != &pod.Spec.Volumes[0] || s.PV != nil || s.PVC != nil || s.ReadOnly ||
@@ -496,7 +497,8 @@ func TestResolveSuccess(t *testing.T) {
 				vol.EmptyDir.Medium = v1.StorageMediumMemory
 				return newPod("web", withVolume(vol)), nil
 			},
-			wantName: func(pod *v1.Pod) volume.UniqueName { return volume.PodScopedName(emptydir.Name, pod.UID, "shm") },
+			wantName:  func(pod *v1.Pod) volume.UniqueName { return volume.PodScopedName(emptydir.Name, pod.UID, "shm") },
+			wantAttrs: volume.Attributes{NoSizeLimit: true},
 		},
 		{
 			name:  "hostPath",
@@ -631,7 +633,8 @@ func TestResolveSuccess(t *testing.T) {
 				pod.Spec.InitContainers = []v1.Container{{Name: "init", VolumeMounts: []v1.VolumeMount{{Name: "init-only", MountPath: "/x"}}}}
 				return pod, nil
 			},
-			wantName: func(pod *v1.Pod) volume.UniqueName { return volume.PodScopedName(emptydir.Name, pod.UID, "init-only") },
+			wantName:  func(pod *v1.Pod) volume.UniqueName { return volume.PodScopedName(emptydir.Name, pod.UID, "init-only") },
+			wantAttrs: volume.Attributes{NoSizeLimit: true},
 		},
 	}
 	for _, tc := range tests {

@@ -111,6 +111,11 @@ type Attributes struct {
 	// sub-path is prepared (the runtime resolves it inside what it
 	// mounts), no fsGroup is applied, and the pod's mount has no path.
 	NoHostPath bool `json:"noHostPath,omitempty"`
+	// NoSizeLimit volumes have no size limit to release at teardown (an
+	// emptyDir in memory, or on disk without a sizeLimit), so teardown
+	// need not read the spec, cold by then, to learn it. False says one
+	// may apply: a volume found on disk after a restart has no attributes.
+	NoSizeLimit bool `json:"noSizeLimit,omitempty"`
 }
 
 // Mode is the volume mode the attributes describe, as Kubernetes spells it.

@@ -48,13 +48,14 @@ func (p *Plugin) CanSupport(spec *volume.Spec) bool {
 }
 
 func (p *Plugin) Attributes(spec *volume.Spec) (volume.Attributes, error) {
+	attrs := volume.Attributes{NoSizeLimit: !mayBeLimited(spec)}
 	switch m := spec.Volume.EmptyDir.Medium; m {
 	case v1.StorageMediumDefault, v1.StorageMediumMemory, v1.StorageMediumHugePages:
-		return volume.Attributes{}, nil
+		return attrs, nil
 	default:
 		if isHugePages(m) {
 			_, err := mediumPageSize(m)
-			return volume.Attributes{}, err
+			return attrs, err
 		}
 		return volume.Attributes{}, fmt.Errorf("emptyDir medium %q is not supported (use \"\", Memory, HugePages or HugePages-<size>)", m)
 	}

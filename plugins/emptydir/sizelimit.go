@@ -46,6 +46,12 @@ func mayBeLimited(spec *volume.Spec) bool {
 	return spec.Volume.EmptyDir.Medium == v1.StorageMediumDefault && sizeLimit(spec) > 0
 }
 
+// mayHoldLimit is mayBeLimited answered by the request's hint when the
+// volume's attributes carry one (they must agree: TestSizeLimitHint).
+func mayHoldLimit(req *plugins.TearDownRequest) bool {
+	return !req.NoSizeLimit && mayBeLimited(req.Spec)
+}
+
 // mountsImage tells whether the volume is set up as a mounted image (and
 // so is not set up until something is mounted at its directory).
 func (p *Plugin) mountsImage(spec *volume.Spec) bool {
@@ -116,9 +122,11 @@ func (p *Plugin) TearDown(ctx context.Context, req *plugins.TearDownRequest) err
 		return err
 	}
 	// Without enforcement there is nothing to release, and the spec (cold
-	// in memory by the time a pod goes) is not even read.
+	// in memory by the time a pod goes) is not even read; nor is it when
+	// the volume's attributes already said it has no limit (the hint is
+	// absent, and mayBeLimited decides, after a restart).
 	im, pr := p.limits.Images(), p.limits.Projects()
-	if (im == nil && pr == nil) || !mayBeLimited(req.Spec) {
+	if (im == nil && pr == nil) || !mayHoldLimit(req) {
 		return nil
 	}
 	if im != nil {

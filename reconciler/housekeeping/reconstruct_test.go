@@ -250,6 +250,8 @@ func TestReconstructEmptyDir(t *testing.T) {
 	diskName, plugin, attrs := w.populatorName("pod-a", disk)
 	memName, _, memAttrs := w.populatorName("pod-a", mem)
 	otherName, _, _ := w.populatorName("pod-b", disk)
+	// Without a spec there is no size-limit hint: teardown checks.
+	attrs.NoSizeLimit, memAttrs.NoSizeLimit = false, false
 	want := []*cache.ActualVolume{
 		cachetest.ReconstructedVolume(memName, plugin, memAttrs, cachetest.ReconstructedPod("pod-a", "cache", memDir, true)),
 		cachetest.ReconstructedVolume(diskName, plugin, attrs, cachetest.ReconstructedPod("pod-a", "scratch", diskDir, false)),
@@ -529,6 +531,7 @@ func TestReconstructProblems(t *testing.T) {
 		t.Errorf("unexpected problem for %s: %+v", path, p)
 	}
 	name, _, attrs := w.populatorName("pod-a", emptyDirSpec("scratch", ""))
+	attrs.NoSizeLimit = false // no spec, no size-limit hint
 	checkVolumes(t, r.Volumes, []*cache.ActualVolume{cachetest.ReconstructedVolume(name, emptydir.Name, attrs, cachetest.ReconstructedPod("pod-a", "scratch", good, false))})
 
 	if _, err := os.Lstat(filepath.Dir(csiDevEmpty)); err == nil {
@@ -633,6 +636,7 @@ func TestReconstructSubPaths(t *testing.T) {
 	checkNoProblems(t, r)
 	name, plugin, attrs := w.populatorName("pod-a", disk)
 	plainName, _, _ := w.populatorName("pod-a", emptyDirSpec("plain", v1.StorageMediumDefault))
+	attrs.NoSizeLimit = false // no spec, no size-limit hint
 	withSubPaths := cachetest.ReconstructedPod("pod-a", "scratch", dir, true)
 	withSubPaths.SubPathsOutdated = true
 	want := []*cache.ActualVolume{
