@@ -60,49 +60,37 @@ func TestSortActionsMatchesStableSort(t *testing.T) {
 }
 
 // TestGallop: gallop finds the first action at which a monotone predicate
-// holds, for every length and answer, as a linear scan does.
+// holds, and gallopBack counts the actions at the end for which it holds,
+// for every length and answer, as a linear scan does, in about twice the
+// log of the answer calls.
 func TestGallop(t *testing.T) {
-	for n := range 70 {
-		s := make([]Action, n)
-		for k := range n + 1 {
-			for i := range s {
-				s[i].Reason = "before"
-				if i >= k {
-					s[i].Reason = "after"
+	for _, tc := range []struct {
+		name string
+		find func([]Action, func(*Action) bool) int
+		// want is the answer for n actions of which the first holding is k.
+		want func(n, k int) int
+	}{
+		{"gallop", gallop, func(_, k int) int { return k }},
+		{"gallopBack", gallopBack, func(n, k int) int { return n - k }},
+	} {
+		for n := range 70 {
+			s := make([]Action, n)
+			for k := range n + 1 {
+				for i := range s {
+					s[i].Reason = "before"
+					if i >= k {
+						s[i].Reason = "after"
+					}
 				}
-			}
-			calls := 0
-			got := gallop(s, func(a *Action) bool { calls++; return a.Reason == "after" })
-			if got != k {
-				t.Fatalf("len %d, first at %d: gallop says %d", n, k, got)
-			}
-			if limit := 2*bits.Len(uint(k+1)) + 2; calls > limit {
-				t.Fatalf("len %d, first at %d: %d calls, want at most %d", n, k, calls, limit)
-			}
-		}
-	}
-}
-
-// TestGallopBack: gallopBack counts the actions at the end for which a
-// monotone predicate holds, for every length and answer, as a linear scan
-// does, in about twice the log of the count calls.
-func TestGallopBack(t *testing.T) {
-	for n := range 70 {
-		s := make([]Action, n)
-		for k := range n + 1 {
-			for i := range s {
-				s[i].Reason = "before"
-				if i >= k {
-					s[i].Reason = "after"
+				calls := 0
+				got := tc.find(s, func(a *Action) bool { calls++; return a.Reason == "after" })
+				want := tc.want(n, k)
+				if got != want {
+					t.Fatalf("%s: len %d, first at %d: says %d, want %d", tc.name, n, k, got, want)
 				}
-			}
-			calls := 0
-			got := gallopBack(s, func(a *Action) bool { calls++; return a.Reason == "after" })
-			if got != n-k {
-				t.Fatalf("len %d, first at %d: gallopBack says %d hold, want %d", n, k, got, n-k)
-			}
-			if limit := 2*bits.Len(uint(n-k+1)) + 2; calls > limit {
-				t.Fatalf("len %d, first at %d: %d calls, want at most %d", n, k, calls, limit)
+				if limit := 2*bits.Len(uint(want+1)) + 2; calls > limit {
+					t.Fatalf("%s: len %d, first at %d: %d calls, want at most %d", tc.name, n, k, calls, limit)
+				}
 			}
 		}
 	}
