@@ -19,13 +19,17 @@ import (
 // steady state (50, for a small resident size); each collection costs
 // the whole process CPU (mark workers, assists, write barriers), and
 // GOGC=off took a third of the user CPU of a 1000-pod setup away. During
-// a burst the GC percent is raised and a soft memory limit holds the heap
-// to what the steady percent would allow plus Extra, so the burst's
+// a burst the GC percent is off and a soft memory limit alone holds the
+// heap, to what the steady percent would allow plus Extra: the burst's
 // collections come Extra bytes further apart and the peak stays within
-// Extra of what it was. Extra follows the burst's work (the files read
-// and actions planned since it began, PerItem bytes each, up to
-// MaxExtra): a 1000-pod storm then needs no collection of its own, while
-// a burst of a hundred pods keeps the peak of 8 MiB more.
+// Extra of what it was. (A raised percent, 400, collected first: 400 % of
+// a live heap of a few MiB came before the limit, twice in a 1000-pod
+// setup.) Extra follows the burst's work, up to MaxExtra: PerFile bytes
+// for each file read, the parse and the operations a pod's manifest
+// leads to, and PerItem for each action planned. A 1000-pod storm then
+// needs no collection of its own (it allocates about 30 KiB per pod of
+// four volumes), while a burst of a hundred pods keeps the peak of 8 MiB
+// more.
 //
 // A storm's manifests are parsed before the reconciler plans anything,
 // and parsing a thousand of them took two collections at the steady
@@ -45,8 +49,8 @@ type GC struct {
 	steadyPercent int
 	steadyLimit   int64
 	limit         int64
-	// work counts the files read and actions planned since the burst
-	// began; Extra follows it.
+	// work is what the files read and actions planned since the burst
+	// began may allocate (PerFile and PerItem each); Extra follows it.
 	work  int64
 	extra int64
 	// live is the live heap the limit was computed from: it changes only
@@ -62,15 +66,17 @@ type GCOptions struct {
 	// Files is how many manifest files in one read make a burst
 	// (default 32).
 	Files int
-	// Percent is the GC percent during a burst (default 400): above what
-	// the memory limit allows, so the limit decides.
+	// Percent is the GC percent during a burst (default -1, off: the
+	// memory limit alone decides).
 	Percent int
 	// Extra is how much more the heap may grow during a burst than the
-	// steady GC percent lets it (default 8 MiB); PerItem (default 6 KiB,
-	// a little less than a 1000x4 emptyDir setup allocates per file and
-	// action) times the burst's work raises it up to MaxExtra (default
-	// 24 MiB).
-	Extra, PerItem, MaxExtra int64
+	// steady GC percent lets it (default 8 MiB). The burst's work raises
+	// it up to MaxExtra (default 64 MiB): PerFile for each manifest file
+	// read (default 24 KiB, a little less than a 1000x4 emptyDir setup
+	// allocates per pod, from its parse to its last mount) and PerItem
+	// for each action planned (default 6 KiB, what a teardown allocates
+	// per volume, with room).
+	Extra, PerFile, PerItem, MaxExtra int64
 }
 
 // NewGC returns the burst tuning of the process's GC; nil (the agent's
@@ -80,8 +86,8 @@ func NewGC(o GCOptions) *GC {
 	if o.Actions <= 0 {
 		o.Actions = 64
 	}
-	if o.Percent <= 0 {
-		o.Percent = 400
+	if o.Percent == 0 {
+		o.Percent = -1
 	}
 	if o.Files <= 0 {
 		o.Files = 32
@@ -89,11 +95,14 @@ func NewGC(o GCOptions) *GC {
 	if o.Extra <= 0 {
 		o.Extra = 8 << 20
 	}
+	if o.PerFile <= 0 {
+		o.PerFile = 24 << 10
+	}
 	if o.PerItem <= 0 {
 		o.PerItem = 6 << 10
 	}
 	if o.MaxExtra <= 0 {
-		o.MaxExtra = 24 << 20
+		o.MaxExtra = 64 << 20
 	}
 	o.MaxExtra = max(o.MaxExtra, o.Extra)
 	return &GC{opts: o, samples: []metrics.Sample{
@@ -119,9 +128,9 @@ func (g *GC) Reconciled(_ *cache.DesiredSnapshot, _ *cache.ActualSnapshot, actio
 		debug.SetGCPercent(g.steadyPercent)
 		debug.SetMemoryLimit(g.steadyLimit)
 	case len(actions) >= g.opts.Actions && !g.bursting:
-		g.start(len(actions))
+		g.start(int64(len(actions)) * g.opts.PerItem)
 	case len(actions) > 0 && g.bursting:
-		g.work += int64(len(actions))
+		g.work += int64(len(actions)) * g.opts.PerItem
 		g.follow(false)
 	}
 }
@@ -137,19 +146,20 @@ func (g *GC) Reading(files int) {
 	defer g.mu.Unlock()
 	switch {
 	case g.bursting:
-		g.work += int64(files)
+		g.work += int64(files) * g.opts.PerFile
 		g.follow(false)
 	case files >= g.opts.Files:
-		g.start(files)
+		g.start(int64(files) * g.opts.PerFile)
 	}
 }
 
-// start begins a burst of work items. g.mu must be held.
-func (g *GC) start(work int) {
+// start begins a burst whose work may allocate work bytes. g.mu must be
+// held.
+func (g *GC) start(work int64) {
 	g.bursting = true
 	g.steadyPercent = debug.SetGCPercent(g.opts.Percent)
 	g.steadyLimit = debug.SetMemoryLimit(-1)
-	g.limit, g.work = 0, int64(work)
+	g.limit, g.work = 0, work
 	g.follow(true)
 }
 
@@ -182,14 +192,11 @@ func (g *GC) follow(first bool) {
 }
 
 // extraFor is how much more than the steady goal the heap may grow in a
-// burst of work items: Extra, or PerItem for each item, up to MaxExtra.
-// Rounded down to MiB, so that a few more items do not stop the world to
-// set a limit a few KiB higher.
+// burst whose work may allocate work bytes: Extra, or work, up to
+// MaxExtra. Rounded down to MiB, so that a few more items do not stop the
+// world to set a limit a few KiB higher.
 func (g *GC) extraFor(work int64) int64 {
-	if work > g.opts.MaxExtra/g.opts.PerItem {
-		return g.opts.MaxExtra
-	}
-	return max(g.opts.Extra, work*g.opts.PerItem&^(1<<20-1))
+	return min(g.opts.MaxExtra, max(g.opts.Extra, work&^(1<<20-1)))
 }
 
 func clampInt64(v uint64) int64 {

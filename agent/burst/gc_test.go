@@ -82,7 +82,7 @@ func TestBurstGCFromReads(t *testing.T) {
 	debug.SetGCPercent(50)
 	debug.SetMemoryLimit(math.MaxInt64)
 
-	const extra, perItem, maxExtra = 4 << 20, 64 << 10, 16 << 20
+	const extra, perFile, perItem, maxExtra = 4 << 20, 64 << 10, 128 << 10, 16 << 20
 	// The extra moves in whole MiB.
 	mib := func(n int64) int64 { return n &^ (1<<20 - 1) }
 	type step struct {
@@ -102,19 +102,19 @@ func TestBurstGCFromReads(t *testing.T) {
 		}},
 		{"large read, then its work", []step{
 			{read: 8, percent: 300, extra: extra},
-			{read: 100, percent: 300, extra: mib(108 * perItem)},
-			{actions: 3, percent: 300, extra: mib(111 * perItem)},
+			{read: 100, percent: 300, extra: mib(108 * perFile)},
+			{actions: 3, percent: 300, extra: mib(108*perFile + 3*perItem)},
 			{actions: 1000, percent: 300, extra: maxExtra},
 			{actions: -1, percent: 50},
 		}},
 		{"a pass starts it, reads add to it", []step{
 			{actions: 4, percent: 300, extra: extra},
-			{read: 200, percent: 300, extra: mib(204 * perItem)},
+			{read: 200, percent: 300, extra: mib(200*perFile + 4*perItem)},
 			{actions: -1, percent: 50},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			g := NewGC(GCOptions{Actions: 4, Files: 8, Percent: 300, Extra: extra, PerItem: perItem, MaxExtra: maxExtra})
+			g := NewGC(GCOptions{Actions: 4, Files: 8, Percent: 300, Extra: extra, PerFile: perFile, PerItem: perItem, MaxExtra: maxExtra})
 			for i, s := range tc.steps {
 				if s.read > 0 {
 					g.Reading(s.read)
@@ -144,5 +144,31 @@ func TestBurstGCFromReads(t *testing.T) {
 	none.Reading(1000)
 	if p, _ := gcSettings(); p != 50 {
 		t.Fatalf("a nil GC changed the GC percent to %d", p)
+	}
+}
+
+// By default a burst turns the GC percent off, so that the memory limit
+// alone decides: a raised percent of a small live heap came first and
+// collected twice in a 1000-pod setup.
+func TestBurstGCDefaultPercentOff(t *testing.T) {
+	percent, limit := gcSettings()
+	t.Cleanup(func() { debug.SetGCPercent(percent); debug.SetMemoryLimit(limit) })
+	debug.SetGCPercent(50)
+	debug.SetMemoryLimit(math.MaxInt64)
+
+	g := NewGC(GCOptions{})
+	g.Reading(1000)
+	p, l := gcSettings()
+	if p != -1 {
+		t.Fatalf("GC percent %d in a burst, want -1 (off)", p)
+	}
+	// 1000 files at the default 24 KiB each: the extra covers the storm
+	// they lead to, so the limit is at least that above the steady goal.
+	if least := int64(1000*24<<10)&^(1<<20-1) + int64(liveHeap())*3/2; l < least || l == math.MaxInt64 {
+		t.Fatalf("memory limit %d in a burst of 1000 files, want at least %d and a limit", l, least)
+	}
+	g.Reconciled(nil, nil, nil, 0)
+	if p, l := gcSettings(); p != 50 || l != math.MaxInt64 {
+		t.Fatalf("after the burst: GC percent %d, limit %d; want 50 and none", p, l)
 	}
 }
