@@ -104,42 +104,13 @@ func (e *lineEncoder) appendString(b []byte, s string) []byte {
 	ascii := true
 	i := 0
 	// Eight bytes at a time while none is below 0x20, '"', '\\' or
-	// above 0x7f; such a word is left to appendChecked.
+	// above 0x7f; such a word is left to the loop below.
 	for ; i+8 <= len(s); i += 8 {
 		x := binary.LittleEndian.Uint64([]byte(s[i : i+8]))
 		if (below(x, 0x20)|zeroByte(x^(ones*'"'))|zeroByte(x^(ones*'\\'))|x)&highBits != 0 {
 			break
 		}
 	}
-	// When the words ran out with 1 to 7 bytes left: the string's last
-	// eight bytes as one more word, or, in a string shorter than a word,
-	// each byte by its class.
-	if n := len(s); i < n && i+8 > n {
-		if n >= 8 {
-			x := binary.LittleEndian.Uint64([]byte(s[n-8:]))
-			if (below(x, 0x20)|zeroByte(x^(ones*'"'))|zeroByte(x^(ones*'\\'))|x)&highBits == 0 {
-				i = n
-			}
-		} else {
-			for i < n && !special[s[i]] {
-				i++
-			}
-		}
-	}
-	return e.appendChecked(b, s, i, ascii)
-}
-
-// special are the bytes appendString looks at one by one.
-var special = func() (t [256]bool) {
-	for c := range t {
-		t[c] = c < 0x20 || c == '"' || c == '\\' || c >= utf8.RuneSelf
-	}
-	return t
-}()
-
-// appendChecked is appendString's end: s[:i] is plain ASCII, the rest is
-// checked byte by byte.
-func (e *lineEncoder) appendChecked(b []byte, s string, i int, ascii bool) []byte {
 	for ; i < len(s); i++ {
 		switch c := s[i]; {
 		case c < 0x20 || c == '"' || c == '\\':
