@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -227,6 +228,42 @@ func TestDirectLinesLikeZap(t *testing.T) {
 	for i := range gl {
 		if gl[i] != wl[i] {
 			t.Fatalf("line %d:\n got %s\nwant %s", i, gl[i], wl[i])
+		}
+	}
+}
+
+// appendString's word checks (a string's last word, the byte classes of a
+// string shorter than a word) agree with the simple rule byte by byte: a
+// string is written as it is when it has no control byte, quote or
+// backslash and is valid UTF-8. Every length around the word sizes, with
+// each kind of byte at each position.
+func TestAppendStringLikeByteRule(t *testing.T) {
+	simple := func(s string) bool {
+		for i := 0; i < len(s); i++ {
+			if c := s[i]; c < 0x20 || c == '"' || c == '\\' {
+				return false
+			}
+		}
+		return utf8.ValidString(s)
+	}
+	odd := []string{"\x00", "\x1f", `"`, `\`, "\x7f", "\x80", "\xff", "é", "\xc3", "日", " ", "!", "#", "[", "]", "~"}
+	for n := 0; n <= 26; n++ {
+		base := strings.Repeat("a", n)
+		cases := []string{base}
+		for p := 0; p < n; p++ {
+			for _, o := range odd {
+				cases = append(cases, base[:p]+o+base[p+1:])
+			}
+		}
+		for _, s := range cases {
+			var e lineEncoder
+			got := e.appendString(nil, s)
+			if want := simple(s); e.failed == want {
+				t.Fatalf("%q: written %v, want %v", s, !e.failed, want)
+			}
+			if !e.failed && string(got) != `"`+s+`"` {
+				t.Fatalf("%q: wrote %q", s, got)
+			}
 		}
 	}
 }
