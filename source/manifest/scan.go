@@ -172,7 +172,9 @@ func (s *Source) update(names []string, only, force, hold map[string]bool, force
 	for _, name := range gone {
 		c := countKinds(s.files[name].objects)
 		s.removeFile(name)
-		s.log.Info("Removed manifest file", append([]zap.Field{zap.String("file", filepath.Join(s.dir, name))}, c.fields()...)...)
+		s.fileLine("Removed manifest file", func() []zap.Field {
+			return append([]zap.Field{zap.String("file", filepath.Join(s.dir, name))}, c.fields()...)
+		})
 		changed = true
 	}
 	if changed {
@@ -332,7 +334,9 @@ func (s *Source) apply(j *job) bool {
 		}
 		s.removeFile(j.name)
 		c := countKinds(st.objects)
-		s.log.Info("Removed manifest file", append([]zap.Field{zap.String("file", path)}, c.fields()...)...)
+		s.fileLine("Removed manifest file", func() []zap.Field {
+			return append([]zap.Field{zap.String("file", path)}, c.fields()...)
+		})
 		return true
 	}
 	if st == nil {
@@ -369,9 +373,9 @@ func (s *Source) apply(j *job) bool {
 	objs := j.parsed.objects
 	reuseUnchanged(objs, st.objects)
 	st.objects, st.warnings, st.fatal, st.good = objs, j.parsed.warnings, "", true
-	if ce := s.log.Check(zap.InfoLevel, "Loaded manifest file"); ce != nil {
-		ce.Write(countKinds(objs).appendFields(zap.String("file", path), zap.Int("ignoredPods", len(j.parsed.ignored)))...)
-	}
+	s.fileLine("Loaded manifest file", func() []zap.Field {
+		return countKinds(objs).appendFields(zap.String("file", path), zap.Int("ignoredPods", len(j.parsed.ignored)))
+	})
 	for _, w := range j.parsed.warnings {
 		s.log.Warn("Problem in manifest file", zap.String("file", path), zap.String("error", w))
 	}
