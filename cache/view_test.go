@@ -43,3 +43,62 @@ func TestViewPatchOracle(t *testing.T) {
 		}
 	}
 }
+
+// TestViewEachChangedOracle: between any two views of a sequence that
+// share their base, eachChanged reports what comparing every entry of both
+// reports: each key whose entry differs, once, with its entry in the newer
+// view.
+func TestViewEachChangedOracle(t *testing.T) {
+	shared := 0
+	for seed := range uint64(200) {
+		r := rand.New(rand.NewPCG(seed, 4))
+		views := []view[int, int]{viewOf(map[int]*int{})}
+		peak := 0
+		for range 30 {
+			p := newPatcher(views[len(views)-1], 0)
+			for range r.IntN(6) {
+				k := r.IntN(16)
+				var e *int
+				if r.IntN(3) > 0 {
+					e = new(int)
+				}
+				p.set(k, e)
+			}
+			views = append(views, p.done(&peak))
+		}
+		for i := range views {
+			for j := range views {
+				cur, prev := &views[i], &views[j]
+				got := map[int]*int{}
+				if !cur.eachChanged(prev, func(k int, e *int) {
+					if _, dup := got[k]; dup {
+						t.Fatalf("seed %d: key %d reported twice", seed, k)
+					}
+					got[k] = e
+				}) {
+					continue
+				}
+				if i != j {
+					shared++
+				}
+				want := map[int]*int{}
+				for k, e := range cur.all() {
+					if old, _ := prev.get(k); old != e {
+						want[k] = e
+					}
+				}
+				for k := range prev.all() {
+					if _, ok := cur.get(k); !ok {
+						want[k] = nil
+					}
+				}
+				if !maps.Equal(got, want) {
+					t.Fatalf("seed %d views %d, %d: eachChanged %v, want %v", seed, i, j, got, want)
+				}
+			}
+		}
+	}
+	if shared < 200*60 {
+		t.Fatalf("only %d pairs shared a base", shared)
+	}
+}
