@@ -37,6 +37,38 @@ func (c Changes) Each(fn func(volume.UniqueName)) {
 	}
 }
 
+// Union calls fn for every name either a or b lists, once each, in name
+// order (for neither when one of them is All: the caller plans everything
+// then). It walks the two sorted lists side by side: calling Each of one
+// and Has of the other, then sorting the names again for the planner's
+// patch, was a tenth of a storm's planning.
+func Union(a, b Changes, fn func(volume.UniqueName)) {
+	if a.All || b.All {
+		return
+	}
+	i, j := 0, 0
+	for i < len(a.names) && j < len(b.names) {
+		switch x, y := a.names[i], b.names[j]; {
+		case x < y:
+			fn(x)
+			i++
+		case y < x:
+			fn(y)
+			j++
+		default:
+			fn(x)
+			i++
+			j++
+		}
+	}
+	for _, name := range a.names[i:] {
+		fn(name)
+	}
+	for _, name := range b.names[j:] {
+		fn(name)
+	}
+}
+
 // sortedOnce sorts names and drops the repeats, in place.
 func sortedOnce(names []volume.UniqueName) []volume.UniqueName {
 	slices.Sort(names)

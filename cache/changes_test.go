@@ -207,3 +207,38 @@ func TestTouchedChangesOracle(t *testing.T) {
 		}
 	}
 }
+
+// TestUnionOracle: Union walks two sorted lists side by side; the simple
+// version is Each of one, then Each of the other with what the first has
+// left out, sorted. Both must give the same names in the same order.
+func TestUnionOracle(t *testing.T) {
+	random := func(r *rand.Rand) Changes {
+		if r.IntN(10) == 0 {
+			return Changes{All: true}
+		}
+		var names []volume.UniqueName
+		for range r.IntN(10) {
+			names = append(names, volume.UniqueName(fmt.Sprintf("v%d", r.IntN(12))))
+		}
+		return Changes{names: sortedOnce(names)}
+	}
+	for seed := range uint64(500) {
+		r := rand.New(rand.NewPCG(seed, 2))
+		a, b := random(r), random(r)
+		var want []volume.UniqueName
+		if !a.All && !b.All {
+			a.Each(func(n volume.UniqueName) { want = append(want, n) })
+			b.Each(func(n volume.UniqueName) {
+				if !a.Has(n) {
+					want = append(want, n)
+				}
+			})
+			slices.Sort(want)
+		}
+		var got []volume.UniqueName
+		Union(a, b, func(n volume.UniqueName) { got = append(got, n) })
+		if !slices.Equal(got, want) {
+			t.Fatalf("seed %d: Union(%v, %v) = %v, want %v", seed, a, b, got, want)
+		}
+	}
+}

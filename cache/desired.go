@@ -124,6 +124,31 @@ func (s *DesiredSnapshot) Volumes() iter.Seq2[volume.UniqueName, *DesiredVolume]
 // Pods yields every pod, in no particular order.
 func (s *DesiredSnapshot) Pods() iter.Seq2[types.UID, *DesiredPod] { return s.pods.all() }
 
+// EachPodChanged calls fn for every pod whose entry in s is not the one in
+// prev: new and changed pods with their entry in s, gone ones with nil.
+// When the two snapshots share their base (see view) only the entries
+// changed since it are compared: the readiness metrics looked at every
+// pod of every pass's snapshot to find the few that changed.
+func (s *DesiredSnapshot) EachPodChanged(prev *DesiredSnapshot, fn func(types.UID, *DesiredPod)) {
+	if !s.pods.eachChanged(&prev.pods, fn) {
+		eachPodChanged(s, prev, fn)
+	}
+}
+
+// eachPodChanged is EachPodChanged comparing every pod.
+func eachPodChanged(s, prev *DesiredSnapshot, fn func(types.UID, *DesiredPod)) {
+	for uid, p := range s.Pods() {
+		if prev.Pod(uid) != p {
+			fn(uid, p)
+		}
+	}
+	for uid := range prev.Pods() {
+		if s.Pod(uid) == nil {
+			fn(uid, nil)
+		}
+	}
+}
+
 // HasPodVolume reports whether pod wants volume.
 func (s *DesiredSnapshot) HasPodVolume(name volume.UniqueName, pod types.UID) bool {
 	v, ok := s.vols.get(name)

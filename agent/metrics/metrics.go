@@ -375,9 +375,8 @@ func (r *readiness) all(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, o
 // of pods too big to list does not make it look at every pod). A pod's
 // readiness follows its own entry and its volumes' entries in both
 // snapshots: a pod not yet ready is looked at again when its entry
-// changed (found by comparing the pods of the two desired snapshots, only
-// when the desired state changed at all: its snapshot then copied every
-// pod anyway) or one of its actual volumes did.
+// changed (cache.DesiredSnapshot.EachPodChanged, when the desired state
+// changed at all) or one of its actual volumes did.
 func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapshot, chg reconciler.Changed, observe func(*cache.DesiredPod)) {
 	if chg.Full || chg.ASW.All || r.last == nil {
 		r.all(dsw, asw, observe)
@@ -389,25 +388,15 @@ func (r *readiness) changed(dsw *cache.DesiredSnapshot, asw *cache.ActualSnapsho
 		r.todo = map[types.UID]*cache.DesiredPod{}
 	}
 	if dsw != r.last {
-		kept := 0
-		for uid, p := range dsw.Pods() {
-			old := r.last.Pod(uid)
-			ok := old != nil
-			if ok {
-				kept++
-			}
-			if old != p && !r.ready[uid] {
+		dsw.EachPodChanged(r.last, func(uid types.UID, p *cache.DesiredPod) {
+			switch {
+			case p == nil:
+				delete(r.ready, uid)
+				delete(r.blocked, uid)
+			case !r.ready[uid]:
 				r.todo[uid] = p
 			}
-		}
-		if kept < r.last.PodsLen() {
-			for uid := range r.last.Pods() {
-				if dsw.Pod(uid) == nil {
-					delete(r.ready, uid)
-					delete(r.blocked, uid)
-				}
-			}
-		}
+		})
 		r.last = dsw
 	}
 	volumeChanged := func(name volume.UniqueName) {

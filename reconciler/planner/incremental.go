@@ -63,27 +63,33 @@ func (p *Incremental) Plan(buf []Action, dsw *cache.DesiredSnapshot, asw *cache.
 		})
 		p.opts, p.valid = opts, true
 	} else {
-		changed := p.changed[:0]
+		// The changed volumes come in name order, once each, as patch
+		// needs them; their actions are gathered as they are planned,
+		// as references into the memo (copies, kept for the next pass,
+		// cost as much as the result itself once most volumes change in
+		// a pass, as in a storm's).
+		patching := len(buf) > 0 && len(buf) == len(p.last) && &buf[0] == &p.last[0]
+		changed, add := p.changed[:0], p.add[:0]
 		defer func() {
 			clear(changed)
-			p.changed = nil
+			clear(add)
+			p.changed, p.add = nil, nil
 			if p.memo != nil { // not idle
-				p.changed = changed[:0]
+				p.changed, p.add = changed[:0], add[:0]
 			}
 		}()
-		dchg.Each(func(name volume.UniqueName) {
-			p.replan(name, dsw, dsw.Volume(name), asw.Volume(name), opts)
-			changed = append(changed, name)
-		})
-		achg.Each(func(name volume.UniqueName) {
-			if !dchg.Has(name) {
-				p.replan(name, dsw, dsw.Volume(name), asw.Volume(name), opts)
+		cache.Union(dchg, achg, func(name volume.UniqueName) {
+			actions := p.replan(name, dsw, dsw.Volume(name), asw.Volume(name), opts)
+			if patching {
 				changed = append(changed, name)
+				for i := range actions {
+					add = append(add, actionRef{&actions[i], phase(actions[i].Op)})
+				}
 			}
 		})
-		if len(buf) > 0 && len(buf) == len(p.last) && &buf[0] == &p.last[0] {
+		if patching {
 			p.patched++
-			return p.keep(p.patch(buf, changed))
+			return p.keep(p.patch(buf, changed, add))
 		}
 	}
 	out := buf[:0]
@@ -109,8 +115,8 @@ func (p *Incremental) keep(out []Action) []Action {
 }
 
 // patch turns last, the sorted actions of the last pass, into this pass's:
-// it drops the actions of the changed volumes, then merges in their
-// actions now, sorted, from the back: each new action's place is found by
+// it drops the actions of the changed volumes (sorted, once each), then
+// merges in their actions now (add), sorted, from the back: each new action's place is found by
 // galloping back from the last one's and the actions after it move up in
 // one copy, so each Action moves at most twice.
 //
@@ -119,24 +125,11 @@ func (p *Incremental) keep(out []Action) []Action {
 // names, and what lies between is moved in one copy: a lookup of every
 // action's volume in a set, and moving the actions one by one, was most
 // of a pass with thousands of actions pending.
-func (p *Incremental) patch(last []Action, changed []volume.UniqueName) []Action {
+func (p *Incremental) patch(last []Action, changed []volume.UniqueName, add []actionRef) []Action {
 	if len(changed) == 0 {
 		return last
 	}
-	slices.Sort(changed)
-	changed = slices.Compact(changed) // listed by both caches, or twice by one
-	// The new actions are sorted as references into the memo: copies of
-	// them, kept for the next pass, cost as much as the result itself
-	// once most volumes change in a pass, as in a storm's.
-	add := p.add[:0]
-	for _, name := range changed {
-		actions := p.memo[name]
-		for i := range actions {
-			add = append(add, actionRef{&actions[i], phase(actions[i].Op)})
-		}
-	}
 	slices.SortFunc(add, func(x, y actionRef) int { return compareActions(x.phase, x.a, y.phase, y.a) })
-	defer func() { clear(add); p.add = add[:0] }()
 
 	kept, from := 0, 0 // last[:kept] are kept; last[from:] not looked at yet
 	for start := 0; start < len(last); {
@@ -218,8 +211,9 @@ func gallopBack(s []Action, f func(*Action) bool) int {
 	return len(s) - (lo + sort.Search(hi-lo, func(x int) bool { return f(&s[lo+x]) }))
 }
 
-// replan plans one volume again and records its actions.
-func (p *Incremental) replan(name volume.UniqueName, dsw *cache.DesiredSnapshot, dv *cache.DesiredVolume, av *cache.ActualVolume, opts Options) {
+// replan plans one volume again and records its actions, which it returns
+// (they stay in the memo until the volume is planned again).
+func (p *Incremental) replan(name volume.UniqueName, dsw *cache.DesiredSnapshot, dv *cache.DesiredVolume, av *cache.ActualVolume, opts Options) []Action {
 	old, had := p.memo[name]
 	if !had && len(p.free) > 0 {
 		old = p.free[len(p.free)-1]
@@ -232,6 +226,7 @@ func (p *Incremental) replan(name volume.UniqueName, dsw *cache.DesiredSnapshot,
 			p.memo = map[volume.UniqueName][]Action{}
 		}
 		p.memo[name] = actions
+		return actions
 	case old != nil:
 		if had {
 			delete(p.memo, name)
@@ -241,6 +236,7 @@ func (p *Incremental) replan(name volume.UniqueName, dsw *cache.DesiredSnapshot,
 			p.free = append(p.free, old[:0])
 		}
 	}
+	return nil
 }
 
 // maxFree bounds the free slices kept while some volume needs actions (an
