@@ -89,12 +89,13 @@ func (m *Mounter) MountTmpfs(target string, o TmpfsOptions) error {
 		}
 		return nil
 	}
-	var err error = unix.ENOSYS
+	var err error
 	if o.NoSwap {
 		err = mountTmpfs(target, tmpfsData(o, true))
 	}
-	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
-		// Kernels before 6.4 do not know noswap.
+	// Kernels before 6.4 do not know noswap. Without it, nothing was tried
+	// (no error to match, which took a storm's errors.Is twice a volume).
+	if !o.NoSwap || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
 		err = mountTmpfs(target, tmpfsData(o, false))
 	}
 	if err != nil {
