@@ -146,7 +146,9 @@ func (o *Operator) UnmapVolume(ctx context.Context, t *Target) error {
 		return fail(err)
 	}
 	o.ASW.DeletePodMount(t.Volume, t.Pod.UID)
-	o.removePodDirs(t, accessPoint)
+	o.removePodDirs(t, volume.PodVolumeDirs{
+		Dir: accessPoint, Plugin: filepath.Dir(accessPoint), Pod: o.Paths.PodDir(t.Pod.UID), Pods: o.Paths.PodsDir(),
+	})
 	return nil
 }
 

@@ -274,10 +274,10 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 		return err
 	}
 	req, log := withLog[plugins.SetUpRequest](o, t, OpMountVolume)
+	dirs := o.Paths.PodVolumeDirs(t.Pod.UID, t.Plugin, t.SpecName)
 	*req = plugins.SetUpRequest{
 		VolumeName: t.Volume, Spec: t.Spec, Pod: t.Pod,
-		Dir: o.Paths.PodVolumeDir(t.Pod.UID, t.Plugin, t.SpecName),
-		Log: log,
+		Dir: dirs.Dir, Log: log,
 	}
 	if t.Attributes.DeviceMountable {
 		req.DeviceMountPath = av.DeviceMountPath
@@ -291,12 +291,10 @@ func (o *Operator) MountVolume(ctx context.Context, t *Target) error {
 		req.Dir = ""
 		err = p.SetUp(ctx, req)
 	} else {
-		parent := filepath.Dir(req.Dir)
-		pods, _ := o.podPrefixes(req.Dir, t.Pod.UID)
-		made := o.dirs.ensure(pods, parent)
+		made := o.dirs.ensure(dirs.Pods, dirs.Plugin)
 		err = p.SetUp(ctx, req)
 		if err != nil && !volume.IsUncertain(err) {
-			o.dirs.undo(parent, made)
+			o.dirs.undo(dirs.Plugin, made)
 		}
 	}
 	mount := cache.ActualPodMount{Pod: t.Pod.PodRef, SpecName: t.SpecName, MountPath: req.Dir, Spec: t.Spec}
@@ -341,8 +339,13 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target) error {
 		return err
 	}
 	prev := podMount(av, t)
-	dir := o.Paths.PodVolumeDir(t.Pod.UID, t.Plugin, t.SpecName)
-	lone := o.onlyVolumesDir(t, prev, dir)
+	// The recorded mount is the volume's directory, unless it is a block
+	// volume's access point: then it is named here.
+	dirs, ok := o.Paths.MatchPodVolumeDirs(t.MountPath, t.Pod.UID, t.Plugin, t.SpecName)
+	if !ok {
+		dirs = o.Paths.PodVolumeDirs(t.Pod.UID, t.Plugin, t.SpecName)
+	}
+	lone := o.onlyVolumesDir(t, prev, dirs)
 	// Never tear a volume down under a sub-path bind mount of it.
 	if !lone {
 		if err := o.cleanSubPaths(t, prev); err != nil {
@@ -365,9 +368,9 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target) error {
 	o.ASW.DeletePodMount(t.Volume, t.Pod.UID)
 	if lone {
 		// Nor a state file: only the volume's own operations write it.
-		o.removeVolumeDirs(t, dir)
+		o.removeVolumeDirs(dirs)
 	} else {
-		o.removePodDirs(t, dir)
+		o.removePodDirs(t, dirs)
 	}
 	return nil
 }
@@ -381,30 +384,13 @@ func (o *Operator) UnmountVolume(ctx context.Context, t *Target) error {
 // storm. It knows "volumes" is the one only while m, a set up volume, is
 // in it (at dir); otherwise, or when the count says anything else, it says
 // no and each is checked on its own.
-func (o *Operator) onlyVolumesDir(t *Target, m *cache.ActualPodMount, dir string) bool {
+func (o *Operator) onlyVolumesDir(t *Target, m *cache.ActualPodMount, dirs volume.PodVolumeDirs) bool {
 	if m == nil || m.State != cache.Mounted || len(m.SubPaths) > 0 || m.SubPathsOutdated ||
-		t.Attributes.NoHostPath || t.Attributes.Block || m.MountPath != dir {
+		t.Attributes.NoHostPath || t.Attributes.Block || m.MountPath != dirs.Dir {
 		return false
 	}
-	_, pod := o.podPrefixes(dir, t.Pod.UID)
-	isDir, nlink, err := pathcall.Links(pod)
+	isDir, nlink, err := pathcall.Links(dirs.Pod)
 	return err == nil && isDir && nlink == 3
-}
-
-// podPrefixes returns o.Paths.PodsDir() and o.Paths.PodDir(uid), taken
-// from dir, a directory of the pod's the paths built, when it begins with
-// them: a storm built them anew for every volume, an allocation each. A
-// clean path's prefix that ends before a "/" is clean too, so when dir
-// starts with <root>/pods/<uid>/ literally, those prefixes are what
-// filepath.Join makes of their elements; otherwise they are built.
-func (o *Operator) podPrefixes(dir string, uid types.UID) (pods, pod string) {
-	root := o.Paths.Root
-	r, n := len(root)+len("/pods"), len(root)+len("/pods/")+len(uid)
-	if root != "" && uid != "" && len(dir) > n && dir[n] == '/' && dir[:len(root)] == root &&
-		dir[len(root):r+1] == "/pods/" && dir[r+1:n] == string(uid) && filepath.Clean(dir) == dir {
-		return dir[:r], dir[:n]
-	}
-	return o.Paths.PodsDir(), o.Paths.PodDir(uid)
 }
 
 // PrepareSubPaths prepares the sub-paths of a pod's volume that its
@@ -467,10 +453,9 @@ func exists(path string) bool {
 }
 
 // removePodDirs removes the volume's state file and the directories above
-// its path in the pod (podPath: mount point or block access point)
-// that are now empty, up to the pod directory itself once nothing is left.
-func (o *Operator) removePodDirs(t *Target, podPath string) {
-	pods, _ := o.podPrefixes(podPath, t.Pod.UID)
+// its directory in the pod that are now empty, up to the pod directory
+// itself once nothing is left.
+func (o *Operator) removePodDirs(t *Target, dirs volume.PodVolumeDirs) {
 	// Plugins that keep state remove their file themselves; remove it in
 	// case one did not, then its directories once empty. Most plugins keep
 	// none: when the pod has no state directory at all, that is one lstat
@@ -479,18 +464,21 @@ func (o *Operator) removePodDirs(t *Target, podPath string) {
 	if exists(o.Paths.PodVolumeStateDir(t.Pod.UID)) {
 		state := o.Paths.PodVolumeStateFile(t.Pod.UID, t.Plugin, t.SpecName)
 		_ = unix.Unlink(state)
-		mountutil.RemoveEmptyDirs(filepath.Dir(state), pods)
+		mountutil.RemoveEmptyDirs(filepath.Dir(state), dirs.Pods)
 	}
-	o.removeVolumeDirs(t, podPath)
+	o.removeVolumeDirs(dirs)
 }
 
-// removeVolumeDirs removes the directories above podPath that are now
-// empty, up to the pod directory itself once nothing is left.
-func (o *Operator) removeVolumeDirs(t *Target, podPath string) {
-	parent := filepath.Dir(podPath)
-	o.dirs.forget(parent)
-	pods, _ := o.podPrefixes(podPath, t.Pod.UID)
-	mountutil.RemoveEmptyDirs(parent, pods)
+// removeVolumeDirs removes the directories above the volume's directory
+// that are now empty, up to the pod directory itself once nothing is
+// left. ensure's hint for the plugin's directory goes with it (it is only
+// a hint: an ensure that trusts it in between finds the directory gone by
+// the plugin's own mkdir); while the pod's other volumes keep it, the hint
+// stays.
+func (o *Operator) removeVolumeDirs(dirs volume.PodVolumeDirs) {
+	if mountutil.RemoveEmptyCleanDirs(dirs.Plugin, dirs.Pods) {
+		o.dirs.forget(dirs.Plugin)
+	}
 }
 
 // UnmountDevice unmounts (unstages) a shared volume's device once no pod

@@ -23,13 +23,20 @@ import (
 // removed behind its back makes the plugin's own mkdir fail with ENOENT,
 // and the plugin then creates the parents itself.
 type podDirs struct {
-	mu   sync.Mutex
-	made map[string]struct{}
-	// making holds, for each chain being made, a channel closed when it
-	// is done: a pod's other volumes wait for the first instead of racing
-	// it, and nothing else waits (a lock shared between pods, held over
-	// the mkdirs, made unrelated pods queue behind each other's syscalls).
-	making map[string]chan struct{}
+	mu sync.Mutex
+	// dirs holds a chain made, or being made: a pod's other volumes wait
+	// for the first instead of racing it, and nothing else waits (a lock
+	// shared between pods, held over the mkdirs, made unrelated pods
+	// queue behind each other's syscalls). One entry per chain, added
+	// once: the chain's first volume used to add and delete one map entry
+	// and add another, under the lock twice.
+	dirs map[string]*dirChain
+}
+
+// dirChain is a chain of directories ensure makes: done is closed once it
+// is made (or ensure gave up, and then the entry is gone).
+type dirChain struct {
+	done chan struct{}
 }
 
 // maxKnownDirs bounds the hints: pods whose directories went without a
@@ -46,38 +53,38 @@ func (d *podDirs) ensure(root, dir string) (top string) {
 		return ""
 	}
 	d.mu.Lock()
-	if _, ok := d.made[dir]; ok {
+	if c, ok := d.dirs[dir]; ok {
 		d.mu.Unlock()
+		<-c.done // closed already but while the chain is being made
 		return ""
 	}
-	if done, ok := d.making[dir]; ok {
-		d.mu.Unlock()
-		<-done
-		return ""
+	if d.dirs == nil || len(d.dirs) >= maxKnownDirs {
+		d.dirs = map[string]*dirChain{}
 	}
-	if d.making == nil {
-		d.making = map[string]chan struct{}{}
-	}
-	done := make(chan struct{})
-	d.making[dir] = done
+	c := &dirChain{done: make(chan struct{})}
+	d.dirs[dir] = c
 	d.mu.Unlock()
-	made := false
-	defer func() {
+	defer close(c.done)
+	top, made := makeChain(root, dir, rel)
+	if !made {
+		// Not remembered: the next volume tries again.
 		d.mu.Lock()
-		defer d.mu.Unlock()
-		delete(d.making, dir)
-		close(done)
-		if made {
-			if d.made == nil || len(d.made) >= maxKnownDirs {
-				d.made = map[string]struct{}{}
-			}
-			d.made[dir] = struct{}{}
+		if d.dirs[dir] == c {
+			delete(d.dirs, dir)
 		}
-	}()
+		d.mu.Unlock()
+	}
+	return top
+}
+
+// makeChain makes the directories from root (excluded) down to dir, rel
+// being dir below root, and returns the topmost it made and whether dir is
+// there now.
+func makeChain(root, dir, rel string) (top string, made bool) {
 	end := len(root)
 	for c := range strings.SplitSeq(rel, "/") {
 		if c == "" || c == "." || c == ".." {
-			return top // not a plain path below root
+			return top, false // not a plain path below root
 		}
 		end += 1 + len(c)
 		p := dir[:end] // root and the elements up to c
@@ -88,11 +95,10 @@ func (d *podDirs) ensure(root, dir string) (top string) {
 				top = p
 			}
 		case !errors.Is(err, unix.EEXIST):
-			return top
+			return top, false
 		}
 	}
-	made = true
-	return top
+	return top, true
 }
 
 // undo removes what ensure made for dir, as far as it is still empty: a
@@ -110,5 +116,5 @@ func (d *podDirs) undo(dir, top string) {
 func (d *podDirs) forget(dir string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	delete(d.made, dir)
+	delete(d.dirs, dir)
 }

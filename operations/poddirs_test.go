@@ -5,10 +5,6 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
-
-	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/volume-agent/volume-agent/volume"
 )
 
 func TestPodDirsEnsure(t *testing.T) {
@@ -177,36 +173,6 @@ func TestPodDirsUndo(t *testing.T) {
 func (d *podDirs) known(dir string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	_, ok := d.made[dir]
+	_, ok := d.dirs[dir]
 	return ok
-}
-
-// podPrefixes (the fast path) takes from a pod's path what the paths
-// build (the simple version), whatever the root, pod UID and path.
-func TestPodPrefixesLikePaths(t *testing.T) {
-	for _, root := range []string{"/var/lib/volume-agent", "/var/lib/volume-agent/", "/", "", "rel/dir", "/a/./b", "/a//b", "/a/../b"} {
-		for _, uid := range []types.UID{"0b6c2f1e-7d1a-4c55-9a51-000000000001", "a/b", "..", ".", "x/../y", "", "pods", "u/"} {
-			o := &Operator{Paths: volume.Paths{Root: root}}
-			for _, dir := range []string{
-				o.Paths.PodVolumeDir(uid, "kubernetes.io/empty-dir", "scratch"),
-				o.Paths.PodVolumeDir(uid, "kubernetes.io/empty-dir", "../x"),
-				o.Paths.PodDevicePath(uid, "kubernetes.io/local-volume", "blk"),
-				root + "/pods/" + string(uid) + "/volumes/x/y",
-				root + "/pods/" + string(uid) + "//volumes",
-				root + "/pods/" + string(uid),
-			} {
-				pods, pod := o.podPrefixes(dir, uid)
-				if pods != o.Paths.PodsDir() || pod != o.Paths.PodDir(uid) {
-					t.Errorf("podPrefixes(%q, %q) with root %q = %q, %q; want %q, %q", dir, uid, root, pods, pod, o.Paths.PodsDir(), o.Paths.PodDir(uid))
-				}
-			}
-		}
-	}
-	// And it builds nothing for a storm's paths.
-	o := &Operator{Paths: volume.Paths{Root: "/var/lib/volume-agent"}}
-	uid := types.UID("0b6c2f1e-7d1a-4c55-9a51-000000000001")
-	dir := o.Paths.PodVolumeDir(uid, "kubernetes.io/empty-dir", "scratch")
-	if n := testing.AllocsPerRun(100, func() { o.podPrefixes(dir, uid) }); n != 0 {
-		t.Errorf("podPrefixes of a volume directory: %v allocations", n)
-	}
 }

@@ -342,13 +342,13 @@ func (r *Refresher) mark(pvs []podVolume, why string) {
 // refresh.
 func (r *Refresher) MountDone(name volume.UniqueName, pod types.UID, gen uint64, refreshAt time.Time) {
 	pv := podVolume{pod, name}
-	now := r.opts.Clock.Now()
 	r.mu.Lock()
 	var took time.Duration
 	since, wasStale := r.stale[pv]
 	caughtUp := wasStale && gen >= r.want[pv]
 	if caughtUp {
-		took = now.Sub(since)
+		// The clock only when it is needed: most set ups were never stale.
+		took = r.opts.Clock.Now().Sub(since)
 		delete(r.stale, pv)
 		delete(r.want, pv)
 	}

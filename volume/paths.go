@@ -256,3 +256,85 @@ func (p Paths) VolumeSubPathsDir(pod types.UID, plugin, specName string) string 
 func (p Paths) SubPathTarget(pod types.UID, plugin, specName, container string, index int) string {
 	return filepath.Join(p.Root, "pods", string(pod), "volume-subpaths", EscapePlugin(plugin), specName, container, strconv.Itoa(index))
 }
+
+// PodVolumeDirs are a pod's volume directory and the directories above it
+// that setting it up makes and tearing it down removes, all clean.
+type PodVolumeDirs struct {
+	Dir    string // PodVolumeDir
+	Plugin string // its parent: <pod>/volumes/<plugin>
+	Pod    string // PodDir
+	Pods   string // PodsDir
+}
+
+// PodVolumeDirs names the directories of the pod's volume. An operation
+// used to build each (and Clean them again) one by one, several times per
+// volume in a storm; when the elements are plain they are one string and
+// its prefixes. podVolumeDirsSimple is what it must agree with.
+func (p Paths) PodVolumeDirs(pod types.UID, plugin, specName string) PodVolumeDirs {
+	if !plainPodVolume(p.Root, pod, plugin, specName) {
+		return p.podVolumeDirsSimple(pod, plugin, specName)
+	}
+	return slicePodVolume(p.PodVolumeDir(pod, plugin, specName), len(p.Root), len(pod), len(plugin))
+}
+
+// slicePodVolume is the PodVolumeDirs of dir, a PodVolumeDir with plain
+// elements, a root, pod UID and plugin of these lengths.
+func slicePodVolume(dir string, root, pod, plugin int) PodVolumeDirs {
+	podEnd := root + len("/pods/") + pod
+	pluginEnd := podEnd + len("/volumes/") + plugin
+	return PodVolumeDirs{Dir: dir, Plugin: dir[:pluginEnd], Pod: dir[:podEnd], Pods: dir[:root+len("/pods")]}
+}
+
+// MatchPodVolumeDirs reports whether path is the pod's volume directory
+// (path == PodVolumeDir(pod, plugin, specName)) and, when it is, returns
+// its PodVolumeDirs, taken from path without building anything when the
+// elements are plain: a teardown has the recorded mount path at hand.
+func (p Paths) MatchPodVolumeDirs(path string, pod types.UID, plugin, specName string) (PodVolumeDirs, bool) {
+	if d, ok := p.podVolumeDirsOf(path, pod, plugin, specName); ok {
+		return d, true
+	}
+	if plainPodVolume(p.Root, pod, plugin, specName) || path != p.PodVolumeDir(pod, plugin, specName) {
+		// With plain elements podVolumeDirsOf matched what PodVolumeDir
+		// builds exactly, so anything else differs.
+		return PodVolumeDirs{}, false
+	}
+	return p.podVolumeDirsSimple(pod, plugin, specName), true
+}
+
+// podVolumeDirsSimple builds each of PodVolumeDirs on its own.
+func (p Paths) podVolumeDirsSimple(pod types.UID, plugin, specName string) PodVolumeDirs {
+	dir := p.PodVolumeDir(pod, plugin, specName)
+	return PodVolumeDirs{Dir: dir, Plugin: filepath.Dir(dir), Pod: p.PodDir(pod), Pods: p.PodsDir()}
+}
+
+// plainPodVolume reports whether PodVolumeDir is
+// root/pods/<pod>/volumes/<escaped plugin>/<specName> as it is, with no
+// element that Join would change.
+func plainPodVolume(root string, pod types.UID, plugin, specName string) bool {
+	return cleanRoot(root) && plainElement(string(pod)) && plainElement(specName) &&
+		plugin != "" && plugin != "." && plugin != ".."
+}
+
+// podVolumeDirsOf returns the PodVolumeDirs sliced from path when the
+// elements are plain and path spells PodVolumeDir exactly.
+func (p Paths) podVolumeDirsOf(path string, pod types.UID, plugin, specName string) (PodVolumeDirs, bool) {
+	const pods, volumes = "/pods/", "/volumes/"
+	r := len(p.Root)
+	podEnd := r + len(pods) + len(pod)
+	pluginEnd := podEnd + len(volumes) + len(plugin)
+	if len(path) != pluginEnd+1+len(specName) || !plainPodVolume(p.Root, pod, plugin, specName) ||
+		path[:r] != p.Root || path[r:r+len(pods)] != pods || path[r+len(pods):podEnd] != string(pod) ||
+		path[podEnd:podEnd+len(volumes)] != volumes || path[pluginEnd] != '/' || path[pluginEnd+1:] != specName {
+		return PodVolumeDirs{}, false
+	}
+	for i := 0; i < len(plugin); i++ {
+		c, want := path[podEnd+len(volumes)+i], plugin[i]
+		if want == '/' {
+			want = '~'
+		}
+		if c != want {
+			return PodVolumeDirs{}, false
+		}
+	}
+	return slicePodVolume(path, r, len(pod), len(plugin)), true
+}

@@ -121,3 +121,43 @@ func FuzzCleanRoot(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPodVolumeDirs checks PodVolumeDirs and MatchPodVolumeDirs, sliced
+// from one string, against the simple version: each directory built and
+// cleaned on its own, and a match by comparing with PodVolumeDir.
+func FuzzPodVolumeDirs(f *testing.F) {
+	for _, seed := range [][5]string{
+		{"/var/lib/volume-agent", "0b6c2f1e-7d1a", "kubernetes.io/empty-dir", "cache", ""},
+		{"/var/lib/volume-agent", "0b6c2f1e-7d1a", "kubernetes.io/empty-dir", "cache", "/var/lib/volume-agent/pods/0b6c2f1e-7d1a/volumes/kubernetes.io~empty-dir/cache"},
+		{"/var/lib/volume-agent", "0b6c2f1e-7d1a", "kubernetes.io/empty-dir", "cache", "/var/lib/volume-agent/pods/0b6c2f1e-7d1a/volumes/kubernetes.io/empty-dir/cache"},
+		{"/r", "u", "p", "v", "/r/pods/u/volumes/p/w"}, {"/r", "u", "p", "v", "/r/pods/u/volumes/p/v/"},
+		{"/r", "u", "p", "v", "/r//pods/u/volumes/p/v"}, {"/r", "u", "p~", "v", "/r/pods/u/volumes/p//v"},
+		{"/", "uid", "p", "v", "/pods/uid/volumes/p/v"}, {"", "uid", "p", "v", "pods/uid/volumes/p/v"},
+		{"/r/", "uid", "p", "v", "/r/pods/uid/volumes/p/v"}, {"/r", "..", "p", "v", "/r/volumes/p/v"},
+		{"/r", "uid", "..", "v", "/r/pods/uid/v"}, {"/r", "uid", "/", "v", "/r/pods/uid/volumes/~/v"},
+		{"/r", "uid", "p", "../../etc", "/r/pods/uid/etc"}, {"/r", "a/b", "p", ".", "/r/pods/a/b/volumes/p"},
+	} {
+		f.Add(seed[0], seed[1], seed[2], seed[3], seed[4])
+	}
+	f.Fuzz(func(t *testing.T, root, pod, plugin, name, path string) {
+		p, uid := Paths{Root: root}, types.UID(pod)
+		simple := p.podVolumeDirsSimple(uid, plugin, name)
+		want := PodVolumeDirs{
+			Dir: filepath.Join(root, "pods", pod, "volumes", EscapePlugin(plugin), name), Pod: filepath.Join(root, "pods", pod),
+			Pods: filepath.Join(root, "pods"),
+		}
+		want.Plugin = filepath.Dir(want.Dir)
+		if simple != want {
+			t.Fatalf("podVolumeDirsSimple(%q %q %q %q) = %+v, want %+v", root, pod, plugin, name, simple, want)
+		}
+		if got := p.PodVolumeDirs(uid, plugin, name); got != want {
+			t.Errorf("PodVolumeDirs(%q %q %q %q) = %+v, want %+v", root, pod, plugin, name, got, want)
+		}
+		for _, path := range []string{path, want.Dir} {
+			got, ok := p.MatchPodVolumeDirs(path, uid, plugin, name)
+			if ok != (path == want.Dir) || (ok && got != want) {
+				t.Errorf("MatchPodVolumeDirs(%q, %q %q %q %q) = %+v, %v; PodVolumeDirs %+v", path, root, pod, plugin, name, got, ok, want)
+			}
+		}
+	})
+}

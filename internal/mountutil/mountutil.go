@@ -89,12 +89,13 @@ func (m *Mounter) MountTmpfs(target string, o TmpfsOptions) error {
 		}
 		return nil
 	}
-	var err error = unix.ENOSYS
+	var err error
 	if o.NoSwap {
 		err = mountTmpfs(target, tmpfsData(o, true))
 	}
-	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
-		// Kernels before 6.4 do not know noswap.
+	// Kernels before 6.4 do not know noswap. Without it, nothing was tried
+	// (no error to match, which took a storm's errors.Is twice a volume).
+	if !o.NoSwap || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
 		err = mountTmpfs(target, tmpfsData(o, false))
 	}
 	if err != nil {
@@ -410,24 +411,31 @@ func hasSubdirs(dir string) (subdirs, missing bool) {
 // where dir itself is missing is it unknown whether it ever existed, and
 // the climb goes on.
 func RemoveEmptyDirs(dir, stop string) {
-	stop = filepath.Clean(stop)
+	RemoveEmptyCleanDirs(filepath.Clean(dir), filepath.Clean(stop))
+}
+
+// RemoveEmptyCleanDirs is RemoveEmptyDirs of paths already clean (a
+// storm's operations name theirs once), and reports whether this call
+// removed dir itself.
+func RemoveEmptyCleanDirs(dir, stop string) (removedDir bool) {
 	removed := false // the level below, by this climb
 	// Each parent of a clean path is the part before its last "/" (all
 	// the d below are strictly below stop, so never "/"): no Clean per
 	// level, nor a "stop/" to concatenate.
-	for d := filepath.Clean(dir); below(d, stop); d = d[:strings.LastIndexByte(d, '/')] {
+	for d := dir; below(d, stop); d = d[:strings.LastIndexByte(d, '/')] {
 		subdirs, missing := hasSubdirs(d)
 		switch {
 		case subdirs, missing && removed:
-			return
+			return removedDir
 		case missing:
 			continue // as a failing rmdir would: its parent may be empty
 		}
 		if err := pathcall.Rmdir(d); err != nil {
-			return
+			return removedDir
 		}
-		removed = true
+		removed, removedDir = true, removedDir || len(d) == len(dir)
 	}
+	return removedDir
 }
 
 // below reports whether clean path d is strictly below clean path stop
