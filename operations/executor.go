@@ -786,6 +786,13 @@ func (e *Executor) Forget(relevant func(Key) bool) int {
 	return dropped
 }
 
+// Queued reports how many admitted operations wait for a worker.
+func (e *Executor) Queued() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.queue)
+}
+
 // Idle returns a channel that is closed once no operation runs: at once if
 // none runs now.
 func (e *Executor) Idle() <-chan struct{} {
