@@ -39,7 +39,7 @@ func (p *yamlScanner) decodePodTree(root *yamlNode) (*corev1.Pod, bool) {
 	size := 0
 	for i := range p.nodes {
 		if n := &p.nodes[i].node; n.kind == yamlString {
-			size += int(n.end - n.start)
+			size += int(n.n)
 		}
 	}
 	d := treeDecoder{p: p, arena: make([]byte, 0, size)}
@@ -74,7 +74,7 @@ func (d *treeDecoder) fields(n *yamlNode, set func(k string, v *yamlNode) bool) 
 		return false
 	}
 	for i := range d.p.entries(n) {
-		e := &d.p.nodes[int(n.first)+i]
+		e := &d.p.nodes[int(n.off)+i]
 		if !set(d.p.str(&e.key), &e.node) {
 			return false
 		}
@@ -89,7 +89,7 @@ func items[T any](d *treeDecoder, n *yamlNode, dst *[]T, item func(v *yamlNode, 
 	}
 	*dst = make([]T, n.n)
 	for i := range *dst {
-		if !item(&d.p.nodes[int(n.first)+i].node, &(*dst)[i]) {
+		if !item(&d.p.nodes[int(n.off)+i].node, &(*dst)[i]) {
 			return false
 		}
 	}
