@@ -65,6 +65,23 @@ func (p *yamlScanner) decodePodTree(root *yamlNode) (*corev1.Pod, bool) {
 type treeDecoder struct {
 	p     *yamlScanner
 	arena []byte
+	// limited holds emptyDir sources with their sizeLimit for the
+	// volumes still to decode, taken at the first that has a limit: one
+	// allocation for the pod's instead of one each.
+	limited []limitedEmptyDir
+	// volumesLeft counts the volumes not yet decoded, for limited.
+	volumesLeft int
+	// qText and q are the last quantity parsed: a pod's volumes or
+	// containers often repeat one ("sizeLimit: 1Mi").
+	qText string
+	q     resource.Quantity
+}
+
+// limitedEmptyDir is an emptyDir source and its sizeLimit, allocated
+// together.
+type limitedEmptyDir struct {
+	corev1.EmptyDirVolumeSource
+	limit resource.Quantity
 }
 
 // fields calls set for each entry of the mapping n; set answers false
@@ -172,11 +189,24 @@ func (d *treeDecoder) quantity(n *yamlNode, dst *resource.Quantity) bool {
 			return false
 		}
 	}
-	q, err := resource.ParseQuantity(strings.TrimSpace(s))
+	if s == d.qText && s != "" {
+		// The same text parses to the same value; DeepCopy keeps the two
+		// from sharing a big number's memory.
+		*dst = d.q.DeepCopy()
+		return true
+	}
+	t := strings.TrimSpace(s)
+	if t == "0" {
+		// ParseQuantity keeps this text as the quantity's string, and
+		// t is the scanner's memory, which the next document reuses.
+		t = "0"
+	}
+	q, err := resource.ParseQuantity(t)
 	if err != nil {
 		return false
 	}
 	*dst = q
+	d.qText, d.q = s, q.DeepCopy()
 	return true
 }
 
@@ -239,6 +269,7 @@ func (d *treeDecoder) podSpec(n *yamlNode, s *corev1.PodSpec) bool {
 	return d.fields(n, func(k string, v *yamlNode) bool {
 		switch k {
 		case "volumes":
+			d.volumesLeft = v.seqLen()
 			return items(d, v, &s.Volumes, d.volume)
 		case "containers":
 			return items(d, v, &s.Containers, d.container)
@@ -389,17 +420,20 @@ func (d *treeDecoder) resourceFieldRef(f *corev1.ResourceFieldSelector, k string
 
 func (d *treeDecoder) volume(n *yamlNode, vol *corev1.Volume) bool {
 	vs := &vol.VolumeSource
+	d.volumesLeft--
 	return d.fields(n, func(k string, v *yamlNode) bool {
 		switch k {
 		case "name":
 			return str(d, v, &vol.Name)
 		case "emptyDir":
 			if d.p.get(v, "sizeLimit") != nil {
-				// The limit in the same allocation as the source.
-				e := new(struct {
-					corev1.EmptyDirVolumeSource
-					limit resource.Quantity
-				})
+				// The limit in the same allocation as the source, and the
+				// pod's limited sources in one.
+				if len(d.limited) == 0 {
+					d.limited = make([]limitedEmptyDir, d.volumesLeft+1)
+				}
+				e := &d.limited[0]
+				d.limited = d.limited[1:]
 				e.SizeLimit, vs.EmptyDir = &e.limit, &e.EmptyDirVolumeSource
 				return d.fields(v, func(k string, v *yamlNode) bool { return d.emptyDir(vs.EmptyDir, k, v) })
 			}
