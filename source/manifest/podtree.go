@@ -65,12 +65,10 @@ func (p *yamlScanner) decodePodTree(root *yamlNode) (*corev1.Pod, bool) {
 type treeDecoder struct {
 	p     *yamlScanner
 	arena []byte
-	// limited holds emptyDir sources with their sizeLimit for the
-	// volumes still to decode, taken at the first that has a limit: one
-	// allocation for the pod's instead of one each.
+	// limited holds an emptyDir source with its sizeLimit for each
+	// volume that has one: one allocation for the pod's instead of one
+	// each.
 	limited []limitedEmptyDir
-	// volumesLeft counts the volumes not yet decoded, for limited.
-	volumesLeft int
 	// qText and q are the last quantity parsed: a pod's volumes or
 	// containers often repeat one ("sizeLimit: 1Mi").
 	qText string
@@ -269,7 +267,9 @@ func (d *treeDecoder) podSpec(n *yamlNode, s *corev1.PodSpec) bool {
 	return d.fields(n, func(k string, v *yamlNode) bool {
 		switch k {
 		case "volumes":
-			d.volumesLeft = v.seqLen()
+			if n := d.limitedEmptyDirs(v); n > 0 {
+				d.limited = make([]limitedEmptyDir, n)
+			}
 			return items(d, v, &s.Volumes, d.volume)
 		case "containers":
 			return items(d, v, &s.Containers, d.container)
@@ -420,7 +420,6 @@ func (d *treeDecoder) resourceFieldRef(f *corev1.ResourceFieldSelector, k string
 
 func (d *treeDecoder) volume(n *yamlNode, vol *corev1.Volume) bool {
 	vs := &vol.VolumeSource
-	d.volumesLeft--
 	return d.fields(n, func(k string, v *yamlNode) bool {
 		switch k {
 		case "name":
@@ -428,9 +427,10 @@ func (d *treeDecoder) volume(n *yamlNode, vol *corev1.Volume) bool {
 		case "emptyDir":
 			if d.p.get(v, "sizeLimit") != nil {
 				// The limit in the same allocation as the source, and the
-				// pod's limited sources in one.
+				// pod's limited sources in one (limitedEmptyDirs counted
+				// them).
 				if len(d.limited) == 0 {
-					d.limited = make([]limitedEmptyDir, d.volumesLeft+1)
+					d.limited = make([]limitedEmptyDir, 1)
 				}
 				e := &d.limited[0]
 				d.limited = d.limited[1:]
@@ -455,6 +455,18 @@ func (d *treeDecoder) volume(n *yamlNode, vol *corev1.Volume) bool {
 		}
 		return false
 	})
+}
+
+// limitedEmptyDirs counts the emptyDir volumes with a sizeLimit in the
+// volumes n.
+func (d *treeDecoder) limitedEmptyDirs(n *yamlNode) int {
+	count := 0
+	for i := range n.seqLen() {
+		if d.p.get(d.p.get(&d.p.nodes[int(n.off)+i].node, "emptyDir"), "sizeLimit") != nil {
+			count++
+		}
+	}
+	return count
 }
 
 func (d *treeDecoder) emptyDir(e *corev1.EmptyDirVolumeSource, k string, v *yamlNode) bool {
