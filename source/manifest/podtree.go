@@ -39,7 +39,7 @@ func (p *yamlScanner) decodePodTree(root *yamlNode) (*corev1.Pod, bool) {
 	size := 0
 	for i := range p.nodes {
 		if n := &p.nodes[i].node; n.kind == yamlString {
-			size += int(n.end - n.start)
+			size += int(n.n)
 		}
 	}
 	d := treeDecoder{p: p, arena: make([]byte, 0, size)}
@@ -65,6 +65,21 @@ func (p *yamlScanner) decodePodTree(root *yamlNode) (*corev1.Pod, bool) {
 type treeDecoder struct {
 	p     *yamlScanner
 	arena []byte
+	// limited holds an emptyDir source with its sizeLimit for each
+	// volume that has one: one allocation for the pod's instead of one
+	// each.
+	limited []limitedEmptyDir
+	// qText and q are the last quantity parsed: a pod's volumes or
+	// containers often repeat one ("sizeLimit: 1Mi").
+	qText string
+	q     resource.Quantity
+}
+
+// limitedEmptyDir is an emptyDir source and its sizeLimit, allocated
+// together.
+type limitedEmptyDir struct {
+	corev1.EmptyDirVolumeSource
+	limit resource.Quantity
 }
 
 // fields calls set for each entry of the mapping n; set answers false
@@ -74,7 +89,7 @@ func (d *treeDecoder) fields(n *yamlNode, set func(k string, v *yamlNode) bool) 
 		return false
 	}
 	for i := range d.p.entries(n) {
-		e := &d.p.nodes[int(n.first)+i]
+		e := &d.p.nodes[int(n.off)+i]
 		if !set(d.p.str(&e.key), &e.node) {
 			return false
 		}
@@ -89,7 +104,7 @@ func items[T any](d *treeDecoder, n *yamlNode, dst *[]T, item func(v *yamlNode, 
 	}
 	*dst = make([]T, n.n)
 	for i := range *dst {
-		if !item(&d.p.nodes[int(n.first)+i].node, &(*dst)[i]) {
+		if !item(&d.p.nodes[int(n.off)+i].node, &(*dst)[i]) {
 			return false
 		}
 	}
@@ -172,11 +187,24 @@ func (d *treeDecoder) quantity(n *yamlNode, dst *resource.Quantity) bool {
 			return false
 		}
 	}
-	q, err := resource.ParseQuantity(strings.TrimSpace(s))
+	if s == d.qText && s != "" {
+		// The same text parses to the same value; DeepCopy keeps the two
+		// from sharing a big number's memory.
+		*dst = d.q.DeepCopy()
+		return true
+	}
+	t := strings.TrimSpace(s)
+	if t == "0" {
+		// ParseQuantity keeps this text as the quantity's string, and
+		// t is the scanner's memory, which the next document reuses.
+		t = "0"
+	}
+	q, err := resource.ParseQuantity(t)
 	if err != nil {
 		return false
 	}
 	*dst = q
+	d.qText, d.q = s, q.DeepCopy()
 	return true
 }
 
@@ -239,6 +267,9 @@ func (d *treeDecoder) podSpec(n *yamlNode, s *corev1.PodSpec) bool {
 	return d.fields(n, func(k string, v *yamlNode) bool {
 		switch k {
 		case "volumes":
+			if n := d.limitedEmptyDirs(v); n > 0 {
+				d.limited = make([]limitedEmptyDir, n)
+			}
 			return items(d, v, &s.Volumes, d.volume)
 		case "containers":
 			return items(d, v, &s.Containers, d.container)
@@ -395,11 +426,14 @@ func (d *treeDecoder) volume(n *yamlNode, vol *corev1.Volume) bool {
 			return str(d, v, &vol.Name)
 		case "emptyDir":
 			if d.p.get(v, "sizeLimit") != nil {
-				// The limit in the same allocation as the source.
-				e := new(struct {
-					corev1.EmptyDirVolumeSource
-					limit resource.Quantity
-				})
+				// The limit in the same allocation as the source, and the
+				// pod's limited sources in one (limitedEmptyDirs counted
+				// them).
+				if len(d.limited) == 0 {
+					d.limited = make([]limitedEmptyDir, 1)
+				}
+				e := &d.limited[0]
+				d.limited = d.limited[1:]
 				e.SizeLimit, vs.EmptyDir = &e.limit, &e.EmptyDirVolumeSource
 				return d.fields(v, func(k string, v *yamlNode) bool { return d.emptyDir(vs.EmptyDir, k, v) })
 			}
@@ -421,6 +455,18 @@ func (d *treeDecoder) volume(n *yamlNode, vol *corev1.Volume) bool {
 		}
 		return false
 	})
+}
+
+// limitedEmptyDirs counts the emptyDir volumes with a sizeLimit in the
+// volumes n.
+func (d *treeDecoder) limitedEmptyDirs(n *yamlNode) int {
+	count := 0
+	for i := range n.seqLen() {
+		if d.p.get(d.p.get(&d.p.nodes[int(n.off)+i].node, "emptyDir"), "sizeLimit") != nil {
+			count++
+		}
+	}
+	return count
 }
 
 func (d *treeDecoder) emptyDir(e *corev1.EmptyDirVolumeSource, k string, v *yamlNode) bool {

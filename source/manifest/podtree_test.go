@@ -261,3 +261,39 @@ func FuzzPodTreeScalar(f *testing.F) {
 		}
 	})
 }
+
+// TestPodTreeKeepsNoScannerMemory: what a decoded pod keeps stays as it
+// was when the pooled scanner reads the next documents (ParseQuantity
+// keeps a "0"'s text; repeated quantities come from decodePodTree's last
+// one).
+func TestPodTreeKeepsNoScannerMemory(t *testing.T) {
+	doc := func(limit string) []byte {
+		return []byte(strings.ReplaceAll(benchStormPod, "sizeLimit: 1Mi", "sizeLimit: "+limit))
+	}
+	tests := []struct{ limit, want string }{
+		{`"0"`, "0"},
+		{`'0'`, "0"},
+		{"0", "0"},
+		{"1Mi", "1Mi"},
+		{`"64Mi"`, "64Mi"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.limit, func(t *testing.T) {
+			pod := treeDecodes(t, doc(tt.limit))
+			if pod == nil {
+				t.Fatalf("decodePodTree refused sizeLimit %s", tt.limit)
+			}
+			for range 3 {
+				treeDecodes(t, doc(`"9Gi"`))
+			}
+			for _, v := range pod.Spec.Volumes {
+				if got := v.EmptyDir.SizeLimit.String(); got != tt.want {
+					t.Errorf("volume %s: sizeLimit %q after more documents, want %q", v.Name, got, tt.want)
+				}
+			}
+			if pod.Spec.Volumes[0].EmptyDir.SizeLimit == pod.Spec.Volumes[1].EmptyDir.SizeLimit {
+				t.Error("two volumes share one sizeLimit")
+			}
+		})
+	}
+}
