@@ -55,7 +55,7 @@ func (d *podDirs) ensure(root, dir string) (top string) {
 	d.mu.Lock()
 	if c, ok := d.dirs[dir]; ok {
 		d.mu.Unlock()
-		<-c.done // closed already but while the chain is being made
+		<-c.done // closed, unless the chain is still being made
 		return ""
 	}
 	if d.dirs == nil || len(d.dirs) >= maxKnownDirs {

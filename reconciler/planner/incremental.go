@@ -116,9 +116,10 @@ func (p *Incremental) keep(out []Action) []Action {
 
 // patch turns last, the sorted actions of the last pass, into this pass's:
 // it drops the actions of the changed volumes (sorted, once each), then
-// merges in their actions now (add), sorted, from the back: each new action's place is found by
-// galloping back from the last one's and the actions after it move up in
-// one copy, so each Action moves at most twice.
+// merges in their actions now (add), sorted, from the back: each new
+// action's place is found by galloping back from the last one's and the
+// actions after it move up in one copy, so each Action moves at most
+// twice.
 //
 // The changed volumes' actions are found by galloping search, per phase
 // (within which last is sorted by volume) and in the order of their
