@@ -122,12 +122,7 @@ func TestActualFastPathsOracle(t *testing.T) {
 // BenchmarkASWMountUnmount records and removes one pod's mount of each of
 // 4000 volumes, as a storm of single-pod volumes does.
 func BenchmarkASWMountUnmount(b *testing.B) {
-	ids, uids := make([]VolumeIdentity, 4000), make([]types.UID, 4000)
-	for i := range ids {
-		uids[i] = types.UID(fmt.Sprint("pod", i/4))
-		ids[i] = VolumeIdentity{Name: volume.UniqueName(fmt.Sprintf("kubernetes.io/empty-dir/pod%d-v%d", i/4, i%4)), Plugin: "kubernetes.io/empty-dir",
-			Spec: &volume.Spec{Name: fmt.Sprint("v", i%4)}}
-	}
+	ids, uids := stormVolumes(4000)
 	a, _ := newASW()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -138,4 +133,16 @@ func BenchmarkASWMountUnmount(b *testing.B) {
 			a.DeletePodMount(id.Name, uids[i])
 		}
 	}
+}
+
+// stormVolumes names n single-pod emptyDir volumes, four per pod, as a
+// storm of pods with four volumes each has, and each volume's pod.
+func stormVolumes(n int) ([]VolumeIdentity, []types.UID) {
+	ids, uids := make([]VolumeIdentity, n), make([]types.UID, n)
+	for i := range ids {
+		uids[i] = types.UID(fmt.Sprint("pod", i/4))
+		ids[i] = VolumeIdentity{Name: volume.UniqueName(fmt.Sprintf("kubernetes.io/empty-dir/pod%d-v%d", i/4, i%4)), Plugin: "kubernetes.io/empty-dir",
+			Spec: &volume.Spec{Name: fmt.Sprint("v", i%4)}}
+	}
+	return ids, uids
 }

@@ -1,10 +1,7 @@
 package cache
 
 import (
-	"fmt"
 	"testing"
-
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/volume-agent/volume-agent/volume"
 )
@@ -13,12 +10,7 @@ import (
 // as BenchmarkASWMountUnmount does, with a reconciler pass's TakeChanges
 // and Snapshot every 16 writes, so that the changes are recorded.
 func BenchmarkASWWritesWithPasses(b *testing.B) {
-	ids, uids := make([]VolumeIdentity, 4000), make([]types.UID, 4000)
-	for i := range ids {
-		uids[i] = types.UID(fmt.Sprint("pod", i/4))
-		ids[i] = VolumeIdentity{Name: volume.UniqueName(fmt.Sprintf("kubernetes.io/empty-dir/pod%d-v%d", i/4, i%4)), Plugin: "kubernetes.io/empty-dir",
-			Spec: &volume.Spec{Name: fmt.Sprint("v", i%4)}}
-	}
+	ids, uids := stormVolumes(4000)
 	a, _ := newASW()
 	n := 0
 	pass := func() {
