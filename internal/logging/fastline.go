@@ -22,6 +22,17 @@ import (
 type lineEncoder struct {
 	buf    []byte
 	failed bool
+	// heads are the logger and message parts of recent lines, encoded:
+	// most lines repeat a few of them (a storm's are all "operations",
+	// "operation succeeded"), so they are checked and quoted once.
+	heads    [4]head
+	nextHead int
+}
+
+// head is the encoded logger and message of a line (`,"logger":"x","msg":"y"`).
+type head struct {
+	logger, msg string
+	text        []byte
 }
 
 var lineEncoders = sync.Pool{New: func() any { return &lineEncoder{buf: make([]byte, 0, 512)} }}
@@ -63,19 +74,59 @@ func (e *lineEncoder) encode(ent zapcore.Entry, fields []zapcore.Field) {
 
 // appendLine is encode appending to e.buf; on failure e.buf holds a part.
 func (e *lineEncoder) appendLine(ent zapcore.Entry, fields []zapcore.Field) {
-	e.buf, e.failed = append(e.buf, '{'), false
-	e.AddString("level", ent.Level.String())
+	e.failed = false
+	if l := ent.Level - zapcore.DebugLevel; l >= 0 && int(l) < len(levelRuns) {
+		e.buf = append(e.buf, levelRuns[l]...)
+	} else {
+		e.buf = append(e.buf, '{')
+		e.AddString("level", ent.Level.String())
+	}
 	if !ent.Time.IsZero() {
-		e.AddString("time", timeText(ent.Time))
+		// timeText is digits, '-', ':', 'T', '.', '+' and 'Z': nothing
+		// to check or escape.
+		e.buf = append(e.buf, `,"time":"`...)
+		e.buf = append(append(e.buf, timeText(ent.Time)...), '"')
 	}
-	if ent.LoggerName != "" {
-		e.AddString("logger", ent.LoggerName)
-	}
-	e.AddString("msg", ent.Message)
+	e.appendHead(ent.LoggerName, ent.Message)
 	for i := range fields {
 		fields[i].AddTo(e)
 	}
 	e.buf = append(e.buf, '}', '\n')
+}
+
+// levelRuns are the starts of lines at the levels zap names, debug to
+// fatal: `{"level":"info"`.
+var levelRuns = func() (runs [zapcore.FatalLevel - zapcore.DebugLevel + 1][]byte) {
+	for i := range runs {
+		var e lineEncoder
+		e.buf = append(e.buf, '{')
+		e.AddString("level", (zapcore.DebugLevel + zapcore.Level(i)).String())
+		runs[i] = e.buf
+	}
+	return runs
+}()
+
+// appendHead appends the logger (if any) and message of a line, from
+// e.heads when a recent line had the same.
+func (e *lineEncoder) appendHead(logger, msg string) {
+	for i := range e.heads {
+		if h := &e.heads[i]; h.text != nil && h.msg == msg && h.logger == logger {
+			e.buf = append(e.buf, h.text...)
+			return
+		}
+	}
+	start := len(e.buf)
+	if logger != "" {
+		e.AddString("logger", logger)
+	}
+	e.AddString("msg", msg)
+	if e.failed {
+		return
+	}
+	h := &e.heads[e.nextHead]
+	e.nextHead = (e.nextHead + 1) % len(e.heads)
+	h.logger, h.msg = logger, msg
+	h.text = append(h.text[:0], e.buf[start:]...)
 }
 
 // addKey is jsonEncoder.addKey for keys that need no escaping.

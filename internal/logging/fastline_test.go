@@ -82,9 +82,22 @@ func TestLineEncoderLikeZap(t *testing.T) {
 	zones := []*time.Location{time.UTC, time.FixedZone("plus", 5*3600+30*60)}
 	levels := []zapcore.Level{zapcore.DebugLevel, zapcore.InfoLevel, zapcore.WarnLevel, zapcore.ErrorLevel, zapcore.Level(-7)}
 	zapEnc := zapcore.NewJSONEncoder(encoderConfig())
+	// A few loggers and messages repeat, as in a log, for the encoded
+	// heads the reused encoder keeps (more of them than it keeps).
+	var names []string
+	for range 7 {
+		names = append(names, randString(r))
+	}
+	name := func() string {
+		if r.IntN(2) == 0 {
+			return names[r.IntN(len(names))]
+		}
+		return randString(r)
+	}
+	var reused lineEncoder
 	fast := 0
 	for i := range 20000 {
-		ent := zapcore.Entry{Level: levels[r.IntN(len(levels))], LoggerName: randString(r), Message: randString(r)}
+		ent := zapcore.Entry{Level: levels[r.IntN(len(levels))], LoggerName: name(), Message: name()}
 		if r.IntN(8) != 0 {
 			ent.Time = time.Unix(1_700_000_000+r.Int64N(1000), r.Int64N(1e9)).In(zones[r.IntN(len(zones))])
 		}
@@ -106,6 +119,9 @@ func TestLineEncoderLikeZap(t *testing.T) {
 			if !bytes.Equal(e.buf, want.Bytes()) {
 				t.Errorf("line %d:\n got %s\nwant %s", i, e.buf, want.Bytes())
 			}
+		}
+		if reused.encode(ent, fields); reused.failed != e.failed || !e.failed && !bytes.Equal(reused.buf, e.buf) {
+			t.Errorf("line %d: a reused encoder wrote %s (failed %v), a new one %s (failed %v)", i, reused.buf, reused.failed, e.buf, e.failed)
 		}
 		want.Free()
 	}
