@@ -67,10 +67,7 @@ type Ring struct {
 	mu      sync.Mutex
 	seq     uint64
 	overall ring
-	// pods and volumes are the keyRings of pod keys and volume keys: maps
-	// by a string hash and compare faster than one by a struct of two.
-	pods    map[types.UID]*keyRing
-	volumes map[volume.UniqueName]*keyRing
+	keys    map[key]*keyRing
 	// lru is a circular list of keyRings, most recently updated first.
 	lru keyRing
 	// spare are keyRings made in a block, for new keys, with their first
@@ -162,7 +159,7 @@ func New(o Options) *Ring {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	r := &Ring{opts: o, overall: ring{size: o.Overall}, pods: map[types.UID]*keyRing{}, volumes: map[volume.UniqueName]*keyRing{}}
+	r := &Ring{opts: o, overall: ring{size: o.Overall}, keys: map[key]*keyRing{}}
 	r.lru.prev, r.lru.next = &r.lru, &r.lru
 	return r
 }
@@ -220,7 +217,7 @@ func (r *Ring) slot(pod types.UID, vol volume.UniqueName) *Record {
 	// volumes are mounted one after another): it needs no lookup by its
 	// long name, nor moving to the front.
 	if kr := r.lru.next; kr == &r.lru || kr.key != k {
-		kr = r.lookup(k)
+		kr = r.keys[k]
 		if kr == nil {
 			kr = r.newKey(k)
 		} else {
@@ -241,18 +238,14 @@ func (r *Ring) copyToKey(rec *Record) {
 // updated one when the ring holds Keys keys already.
 func (r *Ring) newKey(k key) *keyRing {
 	var kr *keyRing
-	if r.count() >= r.opts.Keys {
+	if len(r.keys) >= r.opts.Keys {
 		kr = r.lru.prev
 		kr.unlink()
-		if kr.key.pod != "" {
-			delete(r.pods, kr.key.pod)
-		} else {
-			delete(r.volumes, kr.key.volume)
-		}
+		delete(r.keys, kr.key)
 		kr.ring.reset()
 	} else {
 		if len(r.spare) == 0 {
-			r.spare = make([]keyRing, min(64, r.opts.Keys-r.count()))
+			r.spare = make([]keyRing, min(64, r.opts.Keys-len(r.keys)))
 			// Their first buffers too, in one block: they live as long.
 			n := min(firstBuf, r.opts.PerKey)
 			recs := make([]Record, n*len(r.spare))
@@ -264,24 +257,9 @@ func (r *Ring) newKey(k key) *keyRing {
 		kr.ring.size = r.opts.PerKey
 	}
 	kr.key = k
-	if k.pod != "" {
-		r.pods[k.pod] = kr
-	} else {
-		r.volumes[k.volume] = kr
-	}
+	r.keys[k] = kr
 	return kr
 }
-
-// lookup is k's keyRing, or nil.
-func (r *Ring) lookup(k key) *keyRing {
-	if k.pod != "" {
-		return r.pods[k.pod]
-	}
-	return r.volumes[k.volume]
-}
-
-// count is how many keys have records.
-func (r *Ring) count() int { return len(r.pods) + len(r.volumes) }
 
 func (kr *keyRing) unlink() {
 	kr.prev.next, kr.next.prev = kr.next, kr.prev
@@ -314,11 +292,11 @@ func (r *Ring) Recent() []Record {
 func (r *Ring) ForPod(pod types.UID, volumes []volume.UniqueName) []Record {
 	r.mu.Lock()
 	var out []Record
-	if kr := r.lookup(key{pod: pod}); kr != nil {
+	if kr := r.keys[key{pod: pod}]; kr != nil {
 		out = kr.ring.appendTo(out)
 	}
 	for _, v := range volumes {
-		if kr := r.volumes[v]; kr != nil {
+		if kr := r.keys[key{volume: v}]; kr != nil {
 			out = kr.ring.appendTo(out)
 		}
 	}

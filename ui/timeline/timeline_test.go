@@ -153,7 +153,7 @@ func TestBufferGrowsWithRecords(t *testing.T) {
 	a := pod("a")
 	for n := 1; n <= 40; n++ {
 		finish(r, "v", a, operations.OpMountVolume, nil)
-		kr := r.pods[a.UID]
+		kr := r.keys[key{pod: a.UID}]
 		if c := cap(kr.ring.buf); c > max(firstBuf, 2*n) || c > 32 {
 			t.Fatalf("after %d records the buffer holds %d", n, c)
 		}
