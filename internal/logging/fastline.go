@@ -30,6 +30,9 @@ type lineEncoder struct {
 }
 
 // head is the encoded logger and message of a line (`,"logger":"x","msg":"y"`).
+// maxHead bounds what one keeps.
+const maxHead = 256
+
 type head struct {
 	logger, msg string
 	text        []byte
@@ -120,7 +123,9 @@ func (e *lineEncoder) appendHead(logger, msg string) {
 		e.AddString("logger", logger)
 	}
 	e.AddString("msg", msg)
-	if e.failed {
+	// A long head (a message built from data) is not kept: the pooled
+	// encoder would hold its bytes, and it seldom repeats.
+	if e.failed || len(e.buf)-start > maxHead {
 		return
 	}
 	h := &e.heads[e.nextHead]

@@ -88,6 +88,7 @@ func TestLineEncoderLikeZap(t *testing.T) {
 	for range 7 {
 		names = append(names, randString(r))
 	}
+	names = append(names, strings.Repeat("a message built from data ", 12)) // longer than maxHead
 	name := func() string {
 		if r.IntN(2) == 0 {
 			return names[r.IntN(len(names))]
@@ -124,6 +125,11 @@ func TestLineEncoderLikeZap(t *testing.T) {
 			t.Errorf("line %d: a reused encoder wrote %s (failed %v), a new one %s (failed %v)", i, reused.buf, reused.failed, e.buf, e.failed)
 		}
 		want.Free()
+	}
+	for _, h := range reused.heads {
+		if len(h.text) > maxHead {
+			t.Errorf("the reused encoder keeps a head of %d bytes, more than %d", len(h.text), maxHead)
+		}
 	}
 	if fast < 4000 {
 		t.Errorf("only %d of 20000 random lines were written by the line encoder", fast)
