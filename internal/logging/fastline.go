@@ -29,10 +29,10 @@ type lineEncoder struct {
 	nextHead int
 }
 
-// head is the encoded logger and message of a line (`,"logger":"x","msg":"y"`).
-// maxHead bounds what one keeps.
+// maxHead bounds the bytes a head keeps.
 const maxHead = 256
 
+// head is the encoded logger and message of a line (`,"logger":"x","msg":"y"`).
 type head struct {
 	logger, msg string
 	text        []byte
